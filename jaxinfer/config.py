@@ -1,0 +1,199 @@
+"""Model and engine configuration.
+
+`ModelConfig` describes the network (read from an HF ``config.json`` or from GGUF metadata);
+`EngineConfig` describes how the engine runs it (page size, page count, buckets, dtypes).
+Both are frozen dataclasses whose checks live in ``__post_init__`` (as in nano-vllm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Families the engine implements. "llama" covers Llama 3/3.1, Mistral, Qwen2, Qwen3 and
+# SmolLM2 through config flags (attention_bias, qk_norm, rope_scaling).
+FAMILIES = ("llama", "gemma3")
+
+
+class ConfigError(ValueError):
+    """A model or engine configuration value is missing or out of range."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only transformer.
+
+    Attributes use HF transformers' meaning. ``layer_types`` holds one entry per layer,
+    ``"full_attention"`` or ``"sliding_attention"`` (the latter uses ``sliding_window`` and,
+    for Gemma 3, ``rope_local_base_freq``). Norm weights are always applied as ``x * w``
+    (Gemma's "+1" is folded into the weights at load time).
+    """
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    hidden_act: str = "silu"
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    rope_local_base_freq: float | None = None
+    query_pre_attn_scalar: float | None = None
+    embed_scale: float = 1.0
+    post_norms: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(f"unknown model family {self.family!r}; supported: {FAMILIES}")
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                  "num_kv_heads", "head_dim"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"ModelConfig.{f} must be a positive integer, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})")
+        if not self.layer_types:
+            kind = "sliding_attention" if self.sliding_window else "full_attention"
+            object.__setattr__(self, "layer_types", (kind,) * self.num_layers)
+        if len(self.layer_types) != self.num_layers:
+            raise ConfigError(
+                f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
+        if bad:
+            raise ConfigError(f"unknown layer types {sorted(bad)}")
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise ConfigError("sliding_attention layers need sliding_window > 0")
+        if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise ConfigError(f"unsupported hidden_act {self.hidden_act!r}")
+        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attn_scale(self) -> float:
+        """Softmax scale: 1/sqrt(query_pre_attn_scalar) for Gemma 3, else 1/sqrt(head_dim)."""
+        return 1.0 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        d = json.loads(text)
+        d["layer_types"] = tuple(d.get("layer_types", ()))
+        d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        return cls(**d)
+
+    def replace(self, **kw: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+
+def _pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
+    out, b = [], lo
+    while b < hi:
+        out.append(b)
+        b *= 2
+    out.append(hi)
+    return tuple(sorted(set(out)))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs a model (names follow vLLM where the concept is the same).
+
+    Attributes:
+      max_model_len: longest sequence (prompt + output) in tokens.
+      block_size: tokens per KV page.
+      num_kv_pages: pages in the device pool, the reserved null page 0 included. ``None``
+        sizes the pool to hold ``max_num_seqs`` sequences of ``max_model_len`` tokens.
+      max_num_seqs: most sequences running at once (also the largest decode bucket).
+      max_num_batched_tokens: most tokens in one prefill step (largest prefill bucket).
+      max_prefill_seqs: most sequences packed into one prefill step.
+      decode_buckets / prefill_buckets: compiled batch sizes / packed token counts; derived
+        from the limits above when empty.
+      dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on
+        CPU and bfloat16 on accelerators.
+      attention_backend: "auto" (Pallas on GPU, reference elsewhere), "reference", "pallas".
+      seed: base seed for requests that do not set their own.
+    """
+
+    max_model_len: int = 2048
+    block_size: int = 16
+    num_kv_pages: int | None = None
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    max_prefill_seqs: int = 8
+    decode_buckets: tuple[int, ...] = ()
+    prefill_buckets: tuple[int, ...] = ()
+    dtype: str = "auto"
+    attention_backend: str = "auto"
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def pos(name: str) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+
+        for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "max_prefill_seqs"):
+            pos(name)
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "reference", "pallas"):
+            raise ConfigError(
+                f"attention_backend must be 'auto', 'reference' or 'pallas', "
+                f"got {self.attention_backend!r}")
+        if not self.decode_buckets:
+            object.__setattr__(self, "decode_buckets", _pow2_buckets(1, self.max_num_seqs))
+        if not self.prefill_buckets:
+            lo = min(16, self.max_num_batched_tokens)
+            object.__setattr__(self, "prefill_buckets",
+                               _pow2_buckets(lo, self.max_num_batched_tokens))
+        object.__setattr__(self, "decode_buckets", tuple(sorted(set(self.decode_buckets))))
+        object.__setattr__(self, "prefill_buckets", tuple(sorted(set(self.prefill_buckets))))
+        if self.decode_buckets[-1] < self.max_num_seqs:
+            raise ConfigError("the largest decode bucket must hold max_num_seqs sequences")
+        if self.prefill_buckets[-1] < self.max_num_batched_tokens:
+            raise ConfigError("the largest prefill bucket must hold max_num_batched_tokens")
+        if self.num_kv_pages is not None and self.num_kv_pages < 2:
+            raise ConfigError(f"num_kv_pages must be at least 2, got {self.num_kv_pages}")
+
+    @property
+    def max_pages_per_seq(self) -> int:
+        """Width of a block table: pages needed by one sequence of max_model_len tokens."""
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def total_kv_pages(self) -> int:
+        """Pages in the device pool, null page 0 included."""
+        if self.num_kv_pages is not None:
+            return self.num_kv_pages
+        return self.max_num_seqs * self.max_pages_per_seq + 1

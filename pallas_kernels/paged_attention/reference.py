@@ -1,0 +1,150 @@
+"""Plain-jnp paged attention: the reference every Pallas kernel is checked against.
+
+KV cache layout (shared by the engine and all kernels)::
+
+    k_cache, v_cache: [L, Hkv, P, ps, D]   L layers, Hkv KV heads, P pages, ps tokens a page
+
+Page 0 is the null page: padding tokens write there and nothing reads it. A sequence's
+token at position ``p`` lives in page ``block_table[p // ps]`` at offset ``p % ps``; its
+flat *slot* is ``page * ps + offset`` (vLLM's slot mapping).
+
+Kernels take the whole stacked cache plus a ``layer`` index (a traced int32 scalar), so
+that inside the engine's ``lax.scan`` over layers no per-layer copy of the cache is made.
+
+Sliding windows follow HF transformers: a query at position ``p`` sees key ``k`` iff
+``k <= p`` and ``p - k < window`` (``window == 0`` means no window).
+
+FP8 KV (``float8_e4m3fn`` cache): stored = value / scale, read = stored * scale, one
+scale per K and per V (vLLM's per-tensor ``k_scale`` / ``v_scale``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e30
+
+
+def _dequant(x: jax.Array, scale: jax.Array | float | None) -> jax.Array:
+    x = x.astype(jnp.float32)
+    return x if scale is None else x * scale
+
+
+def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
+                 k_new: jax.Array, v_new: jax.Array, slot_mapping: jax.Array,
+                 k_scale: jax.Array | float | None = None,
+                 v_scale: jax.Array | float | None = None) -> tuple[jax.Array, jax.Array]:
+    """Scatter new keys/values into their pages.
+
+    Args:
+      k_cache, v_cache: [L, Hkv, P, ps, D] (bf16/f32, or float8_e4m3fn with scales).
+      layer: int32 scalar, which layer to write.
+      k_new, v_new: [T, Hkv, D] new keys/values.
+      slot_mapping: [T] int32 flat slots (padding tokens point into null page 0).
+    Returns:
+      The updated caches (in place when the caller donates them).
+    """
+    ps = k_cache.shape[3]
+    page, off = slot_mapping // ps, slot_mapping % ps
+
+    def quant(x, scale):
+        if scale is not None:
+            x = x.astype(jnp.float32) / scale
+        return x.astype(k_cache.dtype)
+
+    # Advanced indices split by a slice put the token axis first: the target is [T, Hkv, D].
+    k_cache = k_cache.at[layer, :, page, off].set(quant(k_new, k_scale))
+    v_cache = v_cache.at[layer, :, page, off].set(quant(v_new, v_scale))
+    return k_cache, v_cache
+
+
+def _gather_context(cache: jax.Array, layer: jax.Array, block_table: jax.Array) -> jax.Array:
+    """[L, Hkv, P, ps, D] x [..., maxp] -> [..., Hkv, maxp*ps, D]."""
+    c = cache[layer]  # [Hkv, P, ps, D]
+    g = c[:, block_table]  # [Hkv, ..., maxp, ps, D]
+    g = jnp.moveaxis(g, 0, -4)  # [..., Hkv, maxp, ps, D]
+    return g.reshape(*g.shape[:-3], g.shape[-3] * g.shape[-2], g.shape[-1])
+
+
+def paged_decode_attention_ref(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                               layer: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
+                               *, scale: float, window: jax.Array | int = 0,
+                               k_scale: jax.Array | float | None = None,
+                               v_scale: jax.Array | float | None = None) -> jax.Array:
+    """One query token per sequence against its paged context (decode).
+
+    Args:
+      q: [B, Hq, D] queries of the newest token of each sequence (position seq_len - 1).
+      k_cache, v_cache: [L, Hkv, P, ps, D].
+      layer: int32 scalar.
+      block_tables: [B, maxp] int32 page ids (unused entries 0).
+      seq_lens: [B] int32 context length including the newest token; 0 for padding rows.
+      scale: softmax scale. window: sliding window (0 = none), int or int32 scalar.
+    Returns:
+      [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
+    """
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    k = _dequant(_gather_context(k_cache, layer, block_tables), k_scale)  # [B, Hkv, C, D]
+    v = _dequant(_gather_context(v_cache, layer, block_tables), v_scale)
+    qg = q.astype(jnp.float32).reshape(B, Hkv, Hq // Hkv, D)
+    s = jnp.einsum("bhgd,bhkd->bhgk", qg, k) * scale
+    kpos = jnp.arange(k.shape[2])[None, :]
+    qpos = (seq_lens - 1)[:, None]
+    mask = kpos <= qpos
+    window = jnp.asarray(window)
+    mask &= (window <= 0) | (qpos - kpos < window)
+    s = jnp.where(mask[:, None, None, :], s, NEG_INF)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bhgk,bhkd->bhgd", p, v).reshape(B, Hq, D)
+    o = jnp.where((seq_lens > 0)[:, None, None], o, 0.0)
+    return o.astype(q.dtype)
+
+
+def paged_prefill_attention_ref(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                                layer: jax.Array, block_tables: jax.Array,
+                                seq_lens: jax.Array, positions: jax.Array, seq_ids: jax.Array,
+                                *, scale: float, window: jax.Array | int = 0,
+                                k_scale: jax.Array | float | None = None,
+                                v_scale: jax.Array | float | None = None) -> jax.Array:
+    """Packed ragged causal attention for prefill / chunked prefill.
+
+    The new tokens' K/V must already be written to the cache (see :func:`write_kv_ref`), so
+    each query attends to its sequence's earlier pages (cached prefix or earlier chunks)
+    and to the new tokens up to itself, all through the block table.
+
+    Args:
+      q: [T, Hq, D] packed queries of several sequences.
+      block_tables: [S, maxp] int32; seq_lens: [S] int32 context length after this step.
+      positions: [T] int32 absolute position of each query token.
+      seq_ids: [T] int32 row of each token in block_tables; padding tokens have -1.
+    Returns:
+      [T, Hq, D] in q.dtype; padding tokens give zeros.
+
+    Memory is O(T * Hq * C) per sequence (sequences are scanned one at a time), C being
+    maxp * ps: fine as a reference and for CPU, not for speed.
+    """
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    G = Hq // Hkv
+    qg = q.astype(jnp.float32).reshape(T, Hkv, G, D)
+    window = jnp.asarray(window)
+
+    def one_seq(acc, s_idx):
+        k = _dequant(_gather_context(k_cache, layer, block_tables[s_idx]), k_scale)  # [Hkv,C,D]
+        v = _dequant(_gather_context(v_cache, layer, block_tables[s_idx]), v_scale)
+        s = jnp.einsum("thgd,hkd->thgk", qg, k) * scale
+        kpos = jnp.arange(k.shape[1])[None, :]
+        qpos = positions[:, None]
+        mask = (kpos <= qpos) & (kpos < seq_lens[s_idx])
+        mask &= (window <= 0) | (qpos - kpos < window)
+        mask &= (seq_ids == s_idx)[:, None]
+        s = jnp.where(mask[:, None, None, :], s, NEG_INF)
+        p = jax.nn.softmax(s, axis=-1)
+        o = jnp.einsum("thgk,hkd->thgd", p, v)
+        return jnp.where((seq_ids == s_idx)[:, None, None, None], o, acc), None
+
+    acc0 = jnp.zeros((T, Hkv, G, D), jnp.float32)
+    out, _ = jax.lax.scan(one_seq, acc0, jnp.arange(block_tables.shape[0]))
+    return out.reshape(T, Hq, D).astype(q.dtype)

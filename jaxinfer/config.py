@@ -134,7 +134,9 @@ class EngineConfig:
       max_num_batched_tokens: most tokens in one prefill step (largest prefill bucket).
       max_prefill_seqs: most sequences packed into one prefill step.
       decode_buckets / prefill_buckets: compiled batch sizes / packed token counts; derived
-        from the limits above when empty.
+        from the limits above when empty (powers of two up to the limit).
+      page_buckets: compiled block-table widths in pages (powers of two from 16 pages up to
+        max_pages_per_seq when empty); short contexts run in narrow programs.
       dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on
         CPU and bfloat16 on accelerators.
       attention_backend: "auto" (Pallas on GPU, reference elsewhere), "reference", "pallas".
@@ -149,6 +151,7 @@ class EngineConfig:
     max_prefill_seqs: int = 8
     decode_buckets: tuple[int, ...] = ()
     prefill_buckets: tuple[int, ...] = ()
+    page_buckets: tuple[int, ...] = ()
     dtype: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0
@@ -177,6 +180,17 @@ class EngineConfig:
             lo = min(16, self.max_num_batched_tokens)
             object.__setattr__(self, "prefill_buckets",
                                _pow2_buckets(lo, self.max_num_batched_tokens))
+        if not self.page_buckets:
+            object.__setattr__(self, "page_buckets",
+                               _pow2_buckets(min(16, self.max_pages_per_seq),
+                                             self.max_pages_per_seq))
+        for name in ("decode_buckets", "prefill_buckets", "page_buckets"):
+            vals = getattr(self, name)
+            if any(not isinstance(b, int) or b <= 0 for b in vals):
+                raise ConfigError(f"{name} must hold positive integers, got {vals!r}")
+            object.__setattr__(self, name, tuple(sorted(set(vals))))
+        if self.page_buckets[-1] < self.max_pages_per_seq:
+            raise ConfigError("the largest page bucket must hold max_model_len tokens")
         object.__setattr__(self, "decode_buckets", tuple(sorted(set(self.decode_buckets))))
         object.__setattr__(self, "prefill_buckets", tuple(sorted(set(self.prefill_buckets))))
         if self.decode_buckets[-1] < self.max_num_seqs:
@@ -190,6 +204,11 @@ class EngineConfig:
     def max_pages_per_seq(self) -> int:
         """Width of a block table: pages needed by one sequence of max_model_len tokens."""
         return -(-self.max_model_len // self.block_size)
+
+    @property
+    def prefill_seq_buckets(self) -> tuple[int, ...]:
+        """Sequence rows of the prefill programs: powers of two up to max_prefill_seqs."""
+        return _pow2_buckets(1, self.max_prefill_seqs)
 
     @property
     def total_kv_pages(self) -> int:

@@ -1,0 +1,299 @@
+"""``LLMEngine`` (add_request / abort / step) and ``LLM``, the offline batch facade.
+
+Names and behaviour follow vLLM so users can move over: ``LLM(model, max_model_len=...,
+block_size=..., max_num_seqs=..., dtype=...)``, ``llm.generate(prompts, SamplingParams(...))``,
+``llm.chat(messages, params)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any, Iterable, Sequence as Seq
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxinfer.batch import build_step
+from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
+from jaxinfer.layers.attention import get_backend
+from jaxinfer.loading import load_model
+from jaxinfer.models.transformer import CausalLM
+from jaxinfer.outputs import CompletionOutput, RequestOutput
+from jaxinfer.runner import LOGITS, ModelRunner
+from jaxinfer.sampling_params import ParameterError, SamplingParams
+from jaxinfer.scheduler import Scheduler, SchedulerConfig
+from jaxinfer.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class RequestError(ValueError):
+    """A request cannot be accepted (empty or too-long prompt, bad parameters)."""
+
+
+def _resolve_dtype(name: str) -> Any:
+    if name == "auto":
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
+class LLMEngine:
+    """Continuous-batching engine over one model.
+
+    Args:
+      model: named model (``smollm2-135m``, ``gemma3-270m``), GGUF file, HF directory,
+        converted orbax directory or ``dummy:<shape>``.
+      **engine_args: fields of :class:`EngineConfig` (max_model_len, block_size, ...).
+    Raises:
+      CheckpointError: the model cannot be found or read. ConfigError: bad engine options.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, **engine_args: Any):
+        t0 = time.perf_counter()
+        loaded = load_model(model)
+        self.model_name = model
+        self.model_config: ModelConfig = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.load_seconds = time.perf_counter() - t0
+        if "max_model_len" not in engine_args:
+            engine_args["max_model_len"] = min(2048, self.model_config.max_position_embeddings)
+        self.config = EngineConfig(**engine_args)
+        cfg, ec = self.model_config, self.config
+        if ec.max_model_len > cfg.max_position_embeddings:
+            raise ConfigError(f"max_model_len {ec.max_model_len} exceeds the model's context "
+                              f"length {cfg.max_position_embeddings}")
+        self.dtype = _resolve_dtype(ec.dtype)
+        net = CausalLM(cfg, loaded.params, self.dtype)
+        del loaded
+        self.runner = ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
+                                  attention=get_backend(ec.attention_backend),
+                                  kv_dtype=self.dtype)
+        eos = set(cfg.eos_token_ids)
+        if self.tokenizer is not None:
+            eos |= set(self.tokenizer.eos_token_ids)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
+            max_model_len=ec.max_model_len, page_size=ec.block_size,
+            num_pages=ec.total_kv_pages, max_prefill_seqs=ec.max_prefill_seqs,
+            eos_token_ids=tuple(sorted(eos))))
+        self._ids = itertools.count()
+        self._seed_rng = np.random.default_rng(ec.seed)
+        self._seeds: dict[int, int] = {}
+        self._prompts: dict[int, str | None] = {}
+        self._first_token_time: dict[int, float] = {}
+        log.info("engine ready: %s, %d KV pages of %d tokens (%.1f MiB), dtype %s",
+                 model, ec.total_kv_pages, ec.block_size,
+                 self.runner.kv_cache_bytes() / 2**20, jnp.dtype(self.dtype).name)
+
+    # ------------------------------------------------------------------ requests
+    def encode_prompt(self, prompt: str | Seq[int]) -> list[int]:
+        """Token ids of a text prompt (tokenizer's special tokens added) or ids as given."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("prompt is empty")
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer: pass prompt token ids")
+            return self.tokenizer.encode(prompt)
+        ids = list(prompt)
+        if not ids:
+            raise RequestError("prompt is empty")
+        V = self.model_config.vocab_size
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
+                raise RequestError(f"prompt token id {t!r} is not in [0, {V})")
+        return [int(t) for t in ids]
+
+    def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
+                    request_id: int | None = None,
+                    prompt_token_ids: list[int] | None = None) -> int:
+        """Queue a request; returns its id. Raises RequestError on bad input (nothing queued).
+
+        ``prompt_token_ids``, when given, are the already-encoded ``prompt``.
+        """
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"sampling params must be SamplingParams, got {type(params)}")
+        ids = prompt_token_ids if prompt_token_ids is not None else self.encode_prompt(prompt)
+        limit = self.config.max_model_len
+        if len(ids) >= limit:
+            raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is {limit} "
+                               f"(at least one token must be generated)")
+        rid = next(self._ids) if request_id is None else request_id
+        seq = Sequence(rid, ids, params)
+        try:
+            self.scheduler.add(seq)
+        except ValueError as e:
+            raise RequestError(str(e)) from e
+        self._seeds[rid] = (params.seed if params.seed is not None
+                            else int(self._seed_rng.integers(0, 2**63)))
+        self._prompts[rid] = prompt if isinstance(prompt, str) else None
+        return rid
+
+    def abort_request(self, request_id: int) -> bool:
+        """Abort a waiting or running request; its pages are freed at once."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        self._forget(request_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def _forget(self, rid: int) -> None:
+        self._seeds.pop(rid, None)
+        self._prompts.pop(rid, None)
+        self._first_token_time.pop(rid, None)
+
+    # ------------------------------------------------------------------ stepping
+    def _inputs(self, chunks, is_prefill: bool):
+        ec = self.config
+        return build_step(chunks, is_prefill=is_prefill, page_size=ec.block_size,
+                          token_buckets=ec.prefill_buckets if is_prefill else ec.decode_buckets,
+                          seq_buckets=ec.prefill_seq_buckets if is_prefill
+                          else ec.decode_buckets,
+                          page_buckets=ec.page_buckets, request_seeds=self._seeds)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; returns outputs of requests that advanced or finished."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        inputs = self._inputs(out.chunks, out.is_prefill)
+        sampled = self.runner.execute(inputs)
+        new_tokens, finished = self.scheduler.postprocess(out, sampled[:len(out.chunks)].tolist())
+        now = time.monotonic()
+        touched: dict[int, Sequence] = {}
+        for seq, _ in new_tokens:
+            touched[seq.seq_id] = seq
+            self._first_token_time.setdefault(seq.seq_id, now)
+        for seq in finished:
+            touched[seq.seq_id] = seq
+        results = [self._output(seq) for seq in touched.values()]
+        for seq in finished:
+            self._forget(seq.seq_id)
+        return results
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        text = (self.tokenizer.decode(seq.output_token_ids)
+                if self.tokenizer is not None else "")
+        metrics = {"arrival_time": seq.arrival_time}
+        if seq.seq_id in self._first_token_time:
+            metrics["first_token_time"] = self._first_token_time[seq.seq_id]
+        return RequestOutput(
+            request_id=seq.seq_id, prompt=self._prompts.get(seq.seq_id),
+            prompt_token_ids=list(seq.prompt_token_ids),
+            outputs=[CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason)],
+            finished=seq.is_finished, metrics=metrics)
+
+    # ------------------------------------------------------------------ research
+    def prompt_logits(self, prompt: str | Seq[int]) -> np.ndarray:
+        """Logits [N, V] float32 of every prompt position, through the paged engine path.
+
+        The prompt is prefilled in chunks of at most ``max_num_batched_tokens`` into pages
+        borrowed from the pool and returned afterwards. Call between steps.
+        """
+        ids = self.encode_prompt(prompt)
+        if len(ids) > self.config.max_model_len:
+            raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is "
+                               f"{self.config.max_model_len}")
+        seq = Sequence(-1, ids, SamplingParams(temperature=0.0, max_tokens=1))
+        bm = self.scheduler.block_manager
+        bm.allocate(seq, len(ids))
+        try:
+            rows, step = [], self.config.max_num_batched_tokens
+            for start in range(0, len(ids), step):
+                n = min(step, len(ids) - start)
+                chunk = _Chunk(seq, start, n)
+                rows.append(self.runner.execute(self._inputs([chunk], True), LOGITS)[:n])
+            return np.concatenate(rows)
+        finally:
+            bm.free(seq)
+
+
+class _Chunk:
+    """A scheduled chunk built outside the scheduler (research paths)."""
+
+    def __init__(self, seq: Sequence, start: int, num_tokens: int):
+        self.seq, self.start, self.num_tokens = seq, start, num_tokens
+
+
+class LLM:
+    """Offline batch generation (vLLM's ``LLM``).
+
+    Args:
+      model: see :class:`LLMEngine`. **engine_args: EngineConfig fields.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, **engine_args: Any):
+        self.engine = LLMEngine(model, **engine_args)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | Seq[str] | Seq[Seq[int]],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for every prompt; returns one RequestOutput per prompt, in order.
+
+        Prompts are texts or lists of token ids. Raises RequestError / ParameterError on bad
+        input before anything is queued.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, np.integer))):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ParameterError(f"got {len(params)} sampling params for "
+                                     f"{len(prompts)} prompts")
+        encoded = [self.engine.encode_prompt(p) for p in prompts]  # validate all first
+        ids = [self.engine.add_request(p, sp, prompt_token_ids=e)
+               for p, e, sp in zip(prompts, encoded, params)]
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+             sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them (chat template applied)."""
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer, so no chat template")
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        ids = [self.tokenizer.apply_chat_template(list(c)) for c in convs]  # type: ignore
+        return self.generate(ids, sampling_params, use_tqdm)
+
+    def _run(self, ids: list[int], use_tqdm: bool) -> list[RequestOutput]:
+        final: dict[int, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(ids), desc="requests", unit="req")
+        pending = set(ids)
+        while pending:
+            for o in self.engine.step():
+                if o.finished and o.request_id in pending:
+                    final[o.request_id] = o
+                    pending.discard(o.request_id)
+                    if bar:
+                        bar.update(1)
+        if bar:
+            bar.close()
+        return [final[i] for i in ids]
+
+
+def iter_stream(engine: LLMEngine, request_id: int) -> Iterable[RequestOutput]:
+    """Step the engine and yield this request's outputs until it finishes."""
+    while True:
+        for o in engine.step():
+            if o.request_id == request_id:
+                yield o
+                if o.finished:
+                    return

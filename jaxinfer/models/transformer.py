@@ -1,0 +1,138 @@
+"""Decoder-only transformer for the llama family and Gemma 3, in Flax NNX.
+
+One module serves every supported family; the differences are config flags read at trace
+time (HF transformers' modeling_llama / qwen2 / qwen3 / mistral / gemma3 are the references):
+
+* Llama 3/3.1, SmolLM2: RMSNorm, RoPE (optionally Llama-3 scaled), GQA, SwiGLU.
+* Mistral: as Llama, optionally sliding-window attention on every layer.
+* Qwen2: bias on the q/k/v projections (``attention_bias``).
+* Qwen3: RMSNorm on q and k per head before RoPE (``qk_norm``).
+* Gemma 3: embeddings scaled by sqrt(hidden) (``embed_scale``), q/k norms, post-attention and
+  post-FFN norms (``post_norms``), GELU-tanh gating, sliding-window layers with their own
+  RoPE base (``rope_local_base_freq``) interleaved with global layers, and softmax scale
+  ``query_pre_attn_scalar ** -0.5``.
+
+Per-layer weights are stacked on a leading axis and the layers run under ``jax.lax.scan``,
+so compile time does not grow with depth. The forward takes token ids and an
+:class:`AttentionMetadata`; the KV cache is threaded through the scan carry and updated in
+place when the caller donates it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxinfer.config import ModelConfig
+from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, KVCache
+from jaxinfer.layers.norm import rms_norm
+from jaxinfer.layers.rope import apply_rope, inv_frequencies, rope_cos_sin
+from jaxinfer.models.params import check_params
+
+_NO_WINDOW = 0
+
+
+class CausalLM(nnx.Module):
+    """Causal language model over the canonical weight layout of ``models/params.py``.
+
+    Args:
+      cfg: the architecture.
+      params: ``{name: array}`` as produced by the loaders (checked against ``cfg``).
+      dtype: weight and activation dtype (``jnp.float32`` or ``jnp.bfloat16``).
+    Raises:
+      WeightError: if a tensor is missing, extra or mis-shaped.
+    """
+
+    def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray],
+                 dtype: jnp.dtype = jnp.float32):
+        check_params(cfg, params)
+        self.cfg = cfg
+        self.dtype = dtype
+        for name, value in params.items():
+            setattr(self, name.replace(".", "__"), nnx.Param(jnp.asarray(value, dtype)))
+
+    def _layer_weights(self) -> dict[str, jax.Array]:
+        return {k[len("layers__"):]: v[...] for k, v in vars(self).items()
+                if k.startswith("layers__")}
+
+    def _layer_constants(self) -> dict[str, jax.Array]:
+        """Per-layer scan inputs that are not weights: index, window, rope choice."""
+        cfg = self.cfg
+        sliding = np.array([t == "sliding_attention" for t in cfg.layer_types])
+        window = np.where(sliding, cfg.sliding_window or 0, _NO_WINDOW).astype(np.int32)
+        return {"index": jnp.arange(cfg.num_layers, dtype=jnp.int32),
+                "window": jnp.asarray(window),
+                "local_rope": jnp.asarray(sliding & (cfg.rope_local_base_freq is not None))}
+
+    def __call__(self, token_ids: jax.Array, cache: KVCache, md: AttentionMetadata,
+                 attn: AttentionBackend) -> tuple[jax.Array, KVCache]:
+        """token_ids [T] int32 -> (final hidden states [T, H] after the last norm, cache)."""
+        cfg = self.cfg
+        x = self.embed[...][token_ids]
+        if cfg.embed_scale != 1.0:
+            x = x * jnp.asarray(cfg.embed_scale, self.dtype)  # HF casts the scale to dtype
+
+        global_freq = jnp.asarray(inv_frequencies(cfg.head_dim, cfg.rope_theta,
+                                                  cfg.rope_scaling))
+        cos_g, sin_g = rope_cos_sin(md.positions, global_freq)
+        if cfg.rope_local_base_freq is not None:
+            local_freq = jnp.asarray(inv_frequencies(cfg.head_dim, cfg.rope_local_base_freq,
+                                                     None))
+            cos_l, sin_l = rope_cos_sin(md.positions, local_freq)
+        else:
+            cos_l, sin_l = cos_g, sin_g
+
+        def layer(carry, xs):
+            x, cache = carry
+            w, c = xs
+            cos = jnp.where(c["local_rope"], cos_l, cos_g)
+            sin = jnp.where(c["local_rope"], sin_l, sin_g)
+            x, cache = self._block(x, cache, w, c, cos, sin, md, attn)
+            return (x, cache), None
+
+        (x, cache), _ = jax.lax.scan(layer, (x, cache),
+                                     (self._layer_weights(), self._layer_constants()))
+        return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), cache
+
+    def _block(self, x, cache, w, c, cos, sin, md, attn):
+        """One decoder layer: x [T, H] -> [T, H]."""
+        cfg = self.cfg
+        T = x.shape[0]
+        eps = cfg.rms_norm_eps
+        h = rms_norm(x, w["attn_norm"], eps)
+        q, k, v = h @ w["wq"], h @ w["wk"], h @ w["wv"]
+        if cfg.attention_bias:
+            q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+        q = q.reshape(T, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o, cache = attn(q, k, v, cache, c["index"], md, scale=cfg.attn_scale,
+                        window=c["window"])
+        o = o.reshape(T, cfg.q_size) @ w["wo"]
+        if cfg.post_norms:
+            o = rms_norm(o, w["post_attn_norm"], eps)
+        x = x + o
+
+        h = rms_norm(x, w["ffn_norm"], eps)
+        gate, up = h @ w["w_gate"], h @ w["w_up"]
+        if cfg.hidden_act == "silu":
+            act = jax.nn.silu(gate)
+        else:
+            act = jax.nn.gelu(gate, approximate=True)
+        f = (act * up) @ w["w_down"]
+        if cfg.post_norms:
+            f = rms_norm(f, w["post_ffn_norm"], eps)
+        return x + f, cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [N, H] -> logits [N, V] float32 (tied to the embedding when configured)."""
+        if self.cfg.tie_word_embeddings:
+            w = self.embed[...].T
+        else:
+            w = self.lm_head[...]
+        return jnp.dot(hidden, w, preferred_element_type=jnp.float32)

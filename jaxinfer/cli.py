@@ -1,0 +1,160 @@
+"""``jaxinfer`` command line: generate | chat | convert.
+
+Errors that come from bad input (a missing checkpoint, a bad parameter, a too-long prompt)
+print one line ``jaxinfer: error: ...`` and exit with status 2; nothing else is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Sequence as Seq
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _engine_args(ns: argparse.Namespace) -> dict:
+    args = {"block_size": ns.block_size, "max_num_seqs": ns.max_num_seqs, "dtype": ns.dtype,
+            "attention_backend": ns.attention_backend, "seed": ns.seed}
+    if ns.max_model_len:
+        args["max_model_len"] = ns.max_model_len
+    return args
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="named model (smollm2-135m, gemma3-270m), .gguf file, HF directory, "
+                        "converted checkpoint or dummy:<shape> (default: %(default)s)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output in tokens (default: min(2048, model's))")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV page")
+    p.add_argument("--max-num-seqs", type=int, default=8, help="sequences running at once")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--attention-backend", default="auto",
+                   choices=["auto", "reference", "pallas"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-v", "--verbose", action="store_true", help="log engine events")
+
+
+def _sampling(ns: argparse.Namespace):
+    from jaxinfer.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
+                          max_tokens=ns.max_tokens, seed=ns.sample_seed)
+
+
+def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
+
+
+def cmd_generate(ns: argparse.Namespace) -> int:
+    from jaxinfer.engine import LLM
+
+    params = _sampling(ns)
+    llm = LLM(ns.model, **_engine_args(ns))
+    t0 = time.perf_counter()
+    if ns.chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompt], params)
+    else:
+        outs = llm.generate(ns.prompt, params)
+    dt = time.perf_counter() - t0
+    for prompt, out in zip(ns.prompt, outs):
+        c = out.outputs[0]
+        if len(ns.prompt) > 1:
+            print(f"### {prompt}")
+        print(c.text if ns.chat else prompt + c.text, flush=True)
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    print(f"[{n} tokens in {dt:.2f} s, {n / dt:.1f} tok/s; "
+          f"{llm.engine.runner.num_compilations} programs compiled]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(ns: argparse.Namespace) -> int:
+    from jaxinfer.engine import LLMEngine, iter_stream
+
+    engine = LLMEngine(ns.model, **_engine_args(ns))
+    if engine.tokenizer is None:
+        raise SystemExit("jaxinfer: error: this model has no tokenizer, so no chat")
+    params = _sampling(ns)
+    history: list[dict[str, str]] = []
+    if ns.system:
+        history.append({"role": "system", "content": ns.system})
+    print("jaxinfer chat — empty line or Ctrl-D to quit", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            break
+        if not line:
+            break
+        history.append({"role": "user", "content": line})
+        ids = engine.tokenizer.apply_chat_template(history)
+        rid = engine.add_request(None, params, prompt_token_ids=ids)  # type: ignore[arg-type]
+        shown = ""
+        text = ""
+        for out in iter_stream(engine, rid):
+            text = out.outputs[0].text
+            safe = text[:-1] if text.endswith("\ufffd") and not out.finished else text
+            print(safe[len(shown):], end="", flush=True)
+            shown = safe
+        print()
+        history.append({"role": "assistant", "content": text})
+    return 0
+
+
+def cmd_convert(ns: argparse.Namespace) -> int:
+    from jaxinfer.loading import convert
+
+    path = convert(ns.model, ns.output)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxinfer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for one or more prompts")
+    _add_engine_options(g)
+    _add_sampling_options(g, max_tokens=64)
+    g.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    g.add_argument("prompt", nargs="+")
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="interactive chat (streams tokens)")
+    _add_engine_options(c)
+    _add_sampling_options(c, max_tokens=256)
+    c.add_argument("--system", default=None, help="system prompt")
+    c.set_defaults(func=cmd_chat)
+
+    v = sub.add_parser("convert", help="convert a GGUF / HF checkpoint to an orbax checkpoint")
+    v.add_argument("--model", default=DEFAULT_MODEL)
+    v.add_argument("--output", default=None, help="directory (default: the checkpoint cache)")
+    v.set_defaults(func=cmd_convert)
+    return parser
+
+
+def main(argv: Seq[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(ns, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return ns.func(ns)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, OSError) as e:
+        # ConfigError, ParameterError, RequestError, CheckpointError, WeightError are
+        # ValueErrors: one line, no traceback.
+        print(f"jaxinfer: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

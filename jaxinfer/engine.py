@@ -19,7 +19,6 @@ import numpy as np
 from jaxinfer.batch import build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
 from jaxinfer.layers.attention import get_backend
-from jaxinfer.loading import load_model
 from jaxinfer.models.transformer import CausalLM
 from jaxinfer.outputs import CompletionOutput, RequestOutput
 from jaxinfer.runner import LOGITS, ModelRunner
@@ -47,16 +46,22 @@ class LLMEngine:
 
     Args:
       model: named model (``smollm2-135m``, ``gemma3-270m``), GGUF file, HF directory,
-        converted orbax directory or ``dummy:<shape>``.
+        converted orbax directory or ``dummy:<shape>``; or a ``LoadedModel``.
       **engine_args: fields of :class:`EngineConfig` (max_model_len, block_size, ...).
     Raises:
       CheckpointError: the model cannot be found or read. ConfigError: bad engine options.
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, **engine_args: Any):
+    def __init__(self, model: Any = DEFAULT_MODEL, **engine_args: Any):
         t0 = time.perf_counter()
-        loaded = load_model(model)
-        self.model_name = model
+        # A LoadedModel (config, params, tokenizer) may be passed directly (research, tests).
+        if isinstance(model, str):
+            from jaxinfer.loading import load_model  # gguf / transformers: import on demand
+
+            loaded = load_model(model)
+        else:
+            loaded = model
+        self.model_name = model if isinstance(model, str) else loaded.source
         self.model_config: ModelConfig = loaded.config
         self.tokenizer = loaded.tokenizer
         self.load_seconds = time.perf_counter() - t0
@@ -230,7 +235,7 @@ class LLM:
       model: see :class:`LLMEngine`. **engine_args: EngineConfig fields.
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, **engine_args: Any):
+    def __init__(self, model: Any = DEFAULT_MODEL, **engine_args: Any):
         self.engine = LLMEngine(model, **engine_args)
 
     @property

@@ -1,0 +1,129 @@
+"""Engine invariants on tiny random models (CPU): batching, paging, buckets, bad input."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from jaxinfer.engine import LLM, RequestError
+from jaxinfer.sampling_params import ParameterError, SamplingParams
+from tests.conftest import tiny_loaded
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+def _prompts(n: int, seed: int = 1) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    lens = [1, 3, 7, 8, 9, 16, 17, 30][:n]
+    return [rng.integers(2, 96, size=L).tolist() for L in lens]
+
+
+def _llm(family: str, **kw) -> LLM:
+    args = dict(max_model_len=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    args.update(kw)
+    return LLM(tiny_loaded(family), **args)
+
+
+def _tokens(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_batch_invariance_and_page_placement(tiny_family):
+    prompts = _prompts(8)
+    alone_llm = _llm(tiny_family)
+    alone = [_tokens(alone_llm.generate([p], GREEDY))[0] for p in prompts]
+    assert all(len(t) == GREEDY.max_tokens for t in alone)
+    assert len({tuple(t) for t in alone}) > 1, "distinct prompts should give distinct outputs"
+
+    batched = _tokens(_llm(tiny_family).generate(prompts, GREEDY))
+    assert batched == alone
+
+    shuffled_llm = _llm(tiny_family)
+    bm = shuffled_llm.engine.scheduler.block_manager
+    free = bm.free_page_ids()
+    np.random.default_rng(7).shuffle(free)
+    bm._free = deque(free)  # scatter pages across the pool
+    shuffled = _tokens(shuffled_llm.generate(prompts[::-1], GREEDY))[::-1]
+    assert shuffled == alone
+
+
+def test_chunked_prefill_and_preemption_do_not_change_outputs(tiny_family):
+    prompts = _prompts(8, seed=3)
+    ref = _tokens(_llm(tiny_family).generate(prompts, GREEDY))
+    # 16-token steps force the 17- and 30-token prompts into chunks.
+    chunked = _tokens(_llm(tiny_family, max_num_batched_tokens=16).generate(prompts, GREEDY))
+    assert chunked == ref
+    # 20 usable pages of 4 tokens cannot hold all 8 sequences: preemption must kick in.
+    small = _llm(tiny_family, num_kv_pages=21)
+    out = _tokens(small.generate(prompts, GREEDY))
+    assert out == ref
+
+
+def test_no_compilation_after_warmup():
+    llm = _llm("llama")
+    llm.generate(_prompts(8, seed=5), GREEDY)
+    n = llm.engine.runner.num_compilations
+    assert n > 0
+    # New prompts with the same shapes fall into already compiled buckets.
+    llm.generate(_prompts(8, seed=6), GREEDY)
+    assert llm.engine.runner.num_compilations == n
+
+
+def test_prompt_logits_match_first_greedy_token(tiny_family):
+    llm = _llm(tiny_family)
+    prompt = _prompts(6)[5]
+    logits = llm.engine.prompt_logits(prompt)
+    assert logits.shape == (len(prompt), 96)
+    first = _tokens(llm.generate([prompt], GREEDY))[0][0]
+    assert int(np.argmax(logits[-1])) == first
+    # Chunked scoring (8-token chunks) gives the same logits.
+    chunked = _llm(tiny_family, max_num_batched_tokens=8).engine.prompt_logits(prompt)
+    np.testing.assert_allclose(chunked, logits, atol=1e-4)
+
+
+def test_seeded_sampling_is_batch_invariant():
+    prompts = _prompts(4, seed=9)
+    sp = [SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=100 + i, max_tokens=8,
+                         ignore_eos=True) for i in range(4)]
+    alone = [_tokens(_llm("llama").generate([p], s))[0] for p, s in zip(prompts, sp)]
+    together = _tokens(_llm("llama").generate(prompts, sp))
+    assert together == alone
+    unseeded = _llm("llama").generate([prompts[0]] * 2,
+                                      SamplingParams(temperature=1.0, max_tokens=8,
+                                                     ignore_eos=True))
+    assert _tokens(unseeded)[0] != _tokens(unseeded)[1]
+
+
+@pytest.mark.parametrize("prompt, err", [
+    ([], "empty"),
+    ([5] * 64, "max_model_len"),
+    ([5, 500], "not in"),
+])
+def test_bad_requests_fail_cleanly_and_engine_stays_usable(prompt, err):
+    llm = _llm("llama")
+    with pytest.raises(RequestError, match=err):
+        llm.generate([prompt], GREEDY)
+    assert not llm.engine.has_unfinished_requests()
+    assert _tokens(llm.generate([[3, 4, 5]], GREEDY))[0]
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
+    (dict(top_k=-5), "top_k"), (dict(max_tokens=0), "max_tokens"),
+])
+def test_bad_sampling_params_name_the_field(kw, field):
+    with pytest.raises(ParameterError, match=field):
+        SamplingParams(**kw)
+
+
+def test_eos_stops_and_max_tokens_is_length():
+    llm = _llm("llama")
+    out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0.0, max_tokens=5))[0]
+    c = out.outputs[0]
+    assert c.finish_reason in ("stop", "length")
+    if c.finish_reason == "length":
+        assert len(c.token_ids) == 5 and 1 not in c.token_ids
+    else:
+        assert c.token_ids[-1] == 1 and len(c.token_ids) <= 5

@@ -1,0 +1,257 @@
+"""Paged decode attention as a Pallas GPU kernel (Triton lowering), with split-K.
+
+One program handles one (sequence, KV head, split): it loads the group of ``G = Hq / Hkv``
+query heads that share the KV head once (GQA: each K/V byte is read once for the whole
+group), walks its range of pages ``block_tokens`` tokens at a time through the block table
+(online softmax, FlashAttention-2 style), and either writes the final output (one split)
+or an f32 partial output plus its base-2 log-sum-exp, which a small XLA merge combines
+exactly (Flash-Decoding, Dao et al. 2023; vLLM's paged_attention_v2 does the same).
+
+K/V are read straight from the stacked cache ``[L, Hkv, P, ps, D]`` at ``layer`` (a kernel
+operand, so no per-layer copy is made) with predicated loads: tokens past the sequence end,
+before the sliding window, or in another split are neither read nor able to inject NaNs.
+FP8 (e4m3fn) caches are widened to bf16 in registers; ``k_scale`` folds into the softmax
+scale and ``v_scale`` into the output.
+
+Design notes and measurements: benchmarks/kernels/NOTES_paged_attention.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.paged_attention.errors import (
+    PagedAttentionShapeError,
+    PagedAttentionUnsupportedError,
+)
+
+LOG2E = math.log2(math.e)
+KV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float8_e4m3fn)
+NUM_SMS_H200 = 132
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
+                   scale_log2: float, static_window: int | None, has_kscale: bool,
+                   has_vscale: bool, split_out: bool, compute_dtype) -> None:
+    it = iter(refs)
+    layer_ref = next(it)
+    window_ref = next(it) if static_window is None else None
+    ks_ref = next(it) if has_kscale else None
+    vs_ref = next(it) if has_vscale else None
+    bt_ref, len_ref, q_ref, k_ref, v_ref, o_ref = (next(it) for _ in range(6))
+    lse_ref = next(it) if split_out else None
+
+    b, h, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    layer = layer_ref[0]
+    seq_len = len_ref[b]
+    window = window_ref[0] if window_ref is not None else static_window
+    first_tok = jnp.where(window > 0, jnp.maximum(seq_len - window, 0), 0)
+    n_pages = (seq_len + ps - 1) // ps
+    start = jnp.maximum(s * pps, first_tok // ps)  # first page (block-table column)
+    end = jnp.minimum((s + 1) * pps, n_pages)  # one past the last page of this split
+    n_iter = (jnp.maximum(end - start, 0) + bp - 1) // bp
+
+    N = bp * ps
+    t = jnp.arange(N, dtype=jnp.int32)
+    t_page, t_off = t // ps, t % ps
+    row = jnp.arange(Gp, dtype=jnp.int32)
+    col = jnp.arange(D, dtype=jnp.int32)
+    qrow = h * G + row  # q head of each row
+    rmask = row < G
+    # q: [Gp, D]; rows past the group are zero (Triton's dot needs M >= 16).
+    q = plgpu.load(q_ref.at[b, qrow[:, None], col[None, :]], mask=rmask[:, None],
+                   other=jnp.zeros((), q_ref.dtype))
+    q = q.astype(compute_dtype)
+    sm = scale_log2 * (ks_ref[0] if ks_ref is not None else 1.0)
+
+    def body(i, carry):
+        acc, m, l = carry
+        slot = start + i * bp + t_page  # [N] block-table column of each token
+        tok = slot * ps + t_off  # [N] absolute position of each token
+        valid = (slot < end) & (tok < seq_len) & (tok >= first_tok)
+        page = plgpu.load(bt_ref.at[b, slot], mask=slot < end, other=0)
+        idx = (layer, h, page[:, None], t_off[:, None], col[None, :])
+        zero = jnp.zeros((), k_ref.dtype)
+        k = plgpu.load(k_ref.at[idx], mask=valid[:, None], other=zero).astype(compute_dtype)
+        v = plgpu.load(v_ref.at[idx], mask=valid[:, None], other=zero).astype(compute_dtype)
+        sc = plgpu.dot(q, k, trans_b=True, allow_tf32=False) * sm  # [Gp, N] f32, log2 units
+        sc = jnp.where(valid[None, :], sc, -jnp.inf)
+        m_new = jnp.maximum(m, sc.max(axis=1))  # finite: every block has a valid token
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(sc - m_new[:, None])
+        l = l * alpha + p.sum(axis=1)
+        acc = acc * alpha[:, None] + plgpu.dot(p.astype(compute_dtype), v, allow_tf32=False)
+        return acc, m_new, l
+
+    acc0 = jnp.zeros((Gp, D), jnp.float32)
+    m0 = jnp.full((Gp,), -jnp.inf, jnp.float32)
+    l0 = jnp.zeros((Gp,), jnp.float32)
+    acc, m, l = jax.lax.fori_loop(0, n_iter, body, (acc0, m0, l0))
+
+    has = l > 0
+    o = jnp.where(has[:, None], acc / jnp.where(has, l, 1.0)[:, None], 0.0)
+    if vs_ref is not None:
+        o = o * vs_ref[0]
+    if split_out:
+        plgpu.store(o_ref.at[b, h, s, row[:, None], col[None, :]], o, mask=rmask[:, None])
+        lse = jnp.where(has, m + jnp.log2(jnp.where(has, l, 1.0)), -jnp.inf)
+        plgpu.store(lse_ref.at[b, h, s, row], lse, mask=rmask)
+    else:
+        plgpu.store(o_ref.at[b, qrow[:, None], col[None, :]], o.astype(o_ref.dtype),
+                    mask=rmask[:, None])
+
+
+def _merge_splits(o_part: jax.Array, lse: jax.Array, dtype) -> jax.Array:
+    """Exact log-sum-exp merge: o_part [B, Hkv, S, G, D] f32, lse [B, Hkv, S, G] (log2)."""
+    B, Hkv, _, G, D = o_part.shape
+    mx = lse.max(axis=2, keepdims=True)
+    mx = jnp.where(jnp.isneginf(mx), 0.0, mx)
+    w = jnp.exp2(lse - mx)  # 0 for empty splits
+    den = w.sum(axis=2)
+    num = (w[..., None] * o_part).sum(axis=2)
+    o = jnp.where((den > 0)[..., None], num / jnp.where(den > 0, den, 1.0)[..., None], 0.0)
+    return o.reshape(B, Hkv * G, D).astype(dtype)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
+                      target_programs: int = 2 * NUM_SMS_H200) -> int:
+    """Split-K count so that batch * Hkv * splits reaches ``target_programs``."""
+    want = -(-target_programs // (batch * num_kv_heads))
+    return max(1, min(want, num_blocks))
+
+
+def _check(q, k_cache, v_cache, block_tables, seq_lens) -> None:
+    if q.ndim != 3 or k_cache.ndim != 5:
+        raise PagedAttentionShapeError(
+            f"paged_decode_attention: q must be [B, Hq, D] and k_cache [L, Hkv, P, ps, D], "
+            f"got q{q.shape} k_cache{k_cache.shape}")
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise PagedAttentionShapeError(
+            f"paged_decode_attention: k_cache {k_cache.shape}/{k_cache.dtype} and v_cache "
+            f"{v_cache.shape}/{v_cache.dtype} differ")
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    if k_cache.shape[-1] != D or Hq % Hkv:
+        raise PagedAttentionShapeError(
+            f"paged_decode_attention: q{q.shape} does not fit k_cache{k_cache.shape} "
+            f"(head dim must match and Hq must be a multiple of Hkv)")
+    if block_tables.ndim != 2 or block_tables.shape[0] != B or seq_lens.shape != (B,):
+        raise PagedAttentionShapeError(
+            f"paged_decode_attention: block_tables{block_tables.shape} / "
+            f"seq_lens{seq_lens.shape} do not match batch {B}")
+    if block_tables.dtype != jnp.int32 or seq_lens.dtype != jnp.int32:
+        raise PagedAttentionShapeError(
+            "paged_decode_attention: block_tables and seq_lens must be int32")
+
+
+def paged_decode_attention_supported(q_shape: tuple[int, ...], k_cache_shape: tuple[int, ...],
+                                     kv_dtype, *, block_tokens: int = 128) -> bool:
+    """Whether :func:`paged_decode_attention` handles these shapes/dtypes (else use the ref).
+
+    Needs power-of-two head dim (16..256) and page size, Hq a multiple of Hkv with a group
+    of at most 64 q heads, and a KV dtype in bf16 / f16 / f32 / float8_e4m3fn.
+    """
+    if len(q_shape) != 3 or len(k_cache_shape) != 5:
+        return False
+    _, Hq, D = q_shape
+    _, Hkv, _, ps, Dk = k_cache_shape
+    if D != Dk or Hkv <= 0 or Hq % Hkv or Hq // Hkv > 64:
+        return False
+    if not (_pow2(D) and 16 <= D <= 256 and _pow2(ps)):
+        return False
+    return jnp.dtype(kv_dtype) in [jnp.dtype(d) for d in KV_DTYPES]
+
+
+def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                           layer: jax.Array | int, block_tables: jax.Array,
+                           seq_lens: jax.Array, *, scale: float, window: jax.Array | int = 0,
+                           k_scale: jax.Array | float | None = None,
+                           v_scale: jax.Array | float | None = None, interpret: bool = False,
+                           block_tokens: int = 128, num_splits: int | None = None,
+                           target_programs: int = 2 * NUM_SMS_H200, num_warps: int = 4,
+                           num_stages: int = 3) -> jax.Array:
+    """Decode attention (one query token per sequence) over a paged KV cache.
+
+    Same contract as :func:`reference.paged_decode_attention_ref`.
+
+    Args:
+      q: [B, Hq, D] bf16/f16/f32, queries at position ``seq_lens - 1``.
+      k_cache, v_cache: [L, Hkv, P, ps, D] bf16/f16/f32 or float8_e4m3fn (with scales).
+      layer: int32 scalar (may be traced, e.g. inside a scan over layers).
+      block_tables: [B, maxp] int32 page ids. seq_lens: [B] int32 (0 = padding row).
+      scale: softmax scale. window: sliding window, 0 = none (int or traced int32 scalar).
+      k_scale, v_scale: FP8 dequantisation scales (read = stored * scale), or None.
+      interpret: run the Pallas interpreter (CPU tests).
+      block_tokens: tokens per inner-loop step (multiple of the page size, power of two).
+      num_splits: split-K count (None: from ``target_programs``). num_warps / num_stages:
+        Triton launch / software-pipelining parameters.
+    Returns:
+      [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
+    Raises:
+      PagedAttentionShapeError: inconsistent shapes or dtypes.
+      PagedAttentionUnsupportedError: shapes the kernel does not handle (see
+        :func:`paged_decode_attention_supported`).
+    """
+    _check(q, k_cache, v_cache, block_tables, seq_lens)
+    B, Hq, D = q.shape
+    _, Hkv, _, ps, _ = k_cache.shape
+    if not paged_decode_attention_supported(q.shape, k_cache.shape, k_cache.dtype):
+        raise PagedAttentionUnsupportedError(
+            f"paged_decode_attention: unsupported q{q.shape} k_cache{k_cache.shape} "
+            f"{k_cache.dtype}; use paged_decode_attention_ref")
+    G = Hq // Hkv
+    Gp = max(16, _next_pow2(G))
+    bt = max(block_tokens, ps)
+    if not _pow2(bt):
+        raise PagedAttentionUnsupportedError(
+            f"paged_decode_attention: block_tokens={block_tokens} must be a power of two")
+    bp = bt // ps
+    maxp = block_tables.shape[1]
+    n_blocks = -(-maxp // bp)
+    S = num_splits or choose_num_splits(B, Hkv, n_blocks, target_programs)
+    S = max(1, min(S, n_blocks))
+    pps = -(-n_blocks // S) * bp  # pages per split, a multiple of bp
+    S = -(-maxp // pps)
+
+    compute_dtype = jnp.bfloat16 if k_cache.dtype == jnp.float8_e4m3fn else k_cache.dtype
+    static_window = window if isinstance(window, int) else None
+    operands = [jnp.asarray(layer, jnp.int32).reshape(1)]
+    if static_window is None:
+        operands.append(jnp.asarray(window, jnp.int32).reshape(1))
+    for sc in (k_scale, v_scale):
+        if sc is not None:
+            operands.append(jnp.asarray(sc, jnp.float32).reshape(1))
+    operands += [block_tables, seq_lens, q, k_cache, v_cache]
+
+    split_out = S > 1
+    if split_out:
+        out_shape = [jax.ShapeDtypeStruct((B, Hkv, S, G, D), jnp.float32),
+                     jax.ShapeDtypeStruct((B, Hkv, S, G), jnp.float32)]
+    else:
+        out_shape = [jax.ShapeDtypeStruct((B, Hq, D), q.dtype)]
+    kernel = functools.partial(
+        _decode_kernel, ps=ps, bp=bp, pps=pps, G=G, Gp=Gp, D=D, scale_log2=scale * LOG2E,
+        static_window=static_window, has_kscale=k_scale is not None,
+        has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype)
+    outs = pl.pallas_call(
+        kernel, grid=(B, Hkv, S), out_shape=out_shape, interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        name=f"paged_decode_bt{bt}_s{S}",
+    )(*operands)
+    if not split_out:
+        return outs[0]
+    return _merge_splits(outs[0], outs[1], q.dtype)

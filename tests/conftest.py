@@ -10,6 +10,15 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax  # noqa: E402
+
+# Identical tiny programs are compiled by many engines across the suite: share them through
+# JAX's persistent compilation cache (the mechanism `jaxinfer compile` builds on).
+_CACHE = os.path.join(os.path.dirname(__file__), "..", ".cache", "jax-test-compilation-cache")
+jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 from jaxinfer.config import ModelConfig  # noqa: E402
 from jaxinfer.models.params import param_shapes  # noqa: E402
 

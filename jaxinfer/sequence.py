@@ -1,0 +1,102 @@
+"""The state of one request: its tokens, its block table, its status (after nano-vllm's
+``Sequence``; vLLM v1's ``Request``).
+
+Token bookkeeping: ``all_token_ids = prompt_token_ids + output_token_ids``. The K/V of the
+first ``num_computed_tokens`` of them are in the KV cache. While decoding, exactly the last
+token lacks K/V (``num_computed_tokens == num_tokens - 1``): the next step feeds it and
+samples the token after it. Plain Python; no JAX.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from jaxinfer.sampling_params import SamplingParams
+
+
+class InvalidPromptError(ValueError):
+    """A request's prompt token ids are empty or not non-negative integers."""
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()   # in the scheduler's queue; holds no pages
+    RUNNING = enum.auto()   # admitted; holds pages (prefilling or decoding)
+    FINISHED = enum.auto()  # stopped ("stop" | "length" | "abort"); pages returned
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request as the scheduler and block manager see it.
+
+    Attributes:
+      seq_id: caller-chosen id, unique among the scheduler's unfinished sequences.
+      prompt_token_ids: the prompt, token ids (>= 0), non-empty.
+      sampling_params: how to sample and when to stop.
+      arrival_time: ``time.monotonic()`` seconds when created.
+      output_token_ids: tokens generated so far (kept across preemption).
+      block_table: page ids in order; token ``p`` lives in page ``block_table[p // page_size]``.
+      num_computed_tokens: leading tokens of ``all_token_ids`` whose K/V are in the cache.
+      status: WAITING, RUNNING or FINISHED.
+      finish_reason: None until finished, then "stop", "length" or "abort".
+      num_preemptions: times this sequence lost its pages and went back to waiting.
+    Raises:
+      InvalidPromptError: on an empty prompt or a token id that is not an int >= 0.
+    """
+
+    seq_id: int
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        if not self.prompt_token_ids:
+            raise InvalidPromptError(f"sequence {self.seq_id}: prompt_token_ids is empty")
+        for t in self.prompt_token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise InvalidPromptError(
+                    f"sequence {self.seq_id}: prompt token ids must be ints >= 0, got {t!r}")
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by outputs (a new list; what a (re-)prefill computes)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def last_token_id(self) -> int:
+        """The newest token: the one a decode step feeds."""
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def num_pages(self, page_size: int) -> int:
+        """Pages needed to hold all ``num_tokens`` tokens: ceil(num_tokens / page_size)."""
+        return -(-self.num_tokens // page_size)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, "
+                f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens}, "
+                f"computed={self.num_computed_tokens}, pages={len(self.block_table)}, "
+                f"finish_reason={self.finish_reason!r})")

@@ -1,0 +1,423 @@
+"""Continuous-batching scheduler, FCFS (after nano-vllm's ``Scheduler``, with vLLM's chunked
+prefill and recompute preemption). Plain Python; no JAX.
+
+Each call to ``schedule()`` plans one step, and a step is EITHER a prefill step OR a decode
+step (no mixed steps in v1). The alternation rule:
+
+1. Prefill first. A step is a prefill step whenever any prefill work can be scheduled:
+   (a) sequences already running but only partly prefilled continue their chunks, oldest
+   first; then (b) waiting sequences are admitted in arrival order, stopping at the first that
+   does not fit (no skipping ahead). Limits: ``max_num_batched_tokens`` prompt tokens in all,
+   ``max_prefill_seqs`` chunks, ``max_num_seqs`` running sequences. With chunked prefill a
+   prompt longer than the token budget left is cut to fit and continues next step; without
+   it a prompt is scheduled whole or not at all. A waiting sequence is admitted only when the
+   pages for its whole prompt are free now (beyond the pages still owed to earlier partial
+   prefills), though pages are allocated chunk by chunk as tokens are scheduled.
+2. Otherwise a decode step: every running sequence whose K/V lacks only its last token feeds
+   that token (one token each, so the budget counts one per sequence). When one needs a new
+   page and none is free, the newest running sequence (last admitted) is preempted: its pages
+   are freed, ``num_computed_tokens`` = 0, and it goes back to the front of ``waiting``
+   (ordered by arrival among the preempted). It keeps its output tokens: its next prefill
+   recomputes ``all_token_ids`` (prompt + outputs), so no request is lost.
+3. If neither is possible (all running sequences are mid-prefill and no page is free for any
+   of them), the newest running sequence is preempted and 1-2 are retried. ``add()`` rejects
+   requests that could not fit the pool alone, so this always ends with work to do.
+
+Consequences: decodes stall while a long prompt is prefilled chunk by chunk (mixed
+prefill+decode steps are the later fix); a sequence whose last prompt chunk would be a single
+token finishes it in a decode step (it is then decode-shaped).
+
+New requests join at step boundaries (``add``); finished and aborted sequences free their
+pages at once. ``postprocess`` advances ``num_computed_tokens``, appends sampled tokens and
+applies vLLM's stop rules (EOS unless ``ignore_eos``, ``stop_token_ids``, both only once
+``min_tokens`` outputs exist; ``max_tokens`` and ``max_model_len`` give "length").
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from jaxinfer.block_manager import BlockManager
+from jaxinfer.config import ConfigError
+from jaxinfer.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence as Seq
+
+    from jaxinfer.config import EngineConfig
+
+
+class QueueFullError(ValueError):
+    """``add()`` past ``max_queue_len`` waiting requests."""
+
+
+class RequestTooLongError(ValueError):
+    """A request's prompt + max_tokens can never fit max_model_len or the KV pool."""
+
+
+class DuplicateRequestError(ValueError):
+    """``add()`` of a seq_id that is already waiting or running."""
+
+
+class SequenceStateError(ValueError):
+    """A sequence in the wrong state was passed in (e.g. ``add()`` of a used sequence, or
+    ``postprocess()`` of an output twice)."""
+
+
+@dataclass
+class SchedulerConfig:
+    """Limits of the scheduler (vLLM's names).
+
+    Attributes:
+      max_num_seqs: most running sequences (the largest decode batch).
+      max_num_batched_tokens: most tokens in one step (prefill: prompt tokens; decode: one
+        per sequence); must be >= max_num_seqs.
+      max_model_len: longest prompt + max_tokens accepted, in tokens.
+      page_size: tokens per KV page.
+      num_pages: pages in the pool, null page 0 included.
+      max_prefill_seqs: most sequences (chunks) in one prefill step.
+      max_queue_len: most waiting requests accepted by ``add()``; None = unbounded.
+      enable_chunked_prefill: split prompts longer than the step's token budget; when off,
+        max_num_batched_tokens must be >= max_model_len.
+      eos_token_ids: the model's end-of-sequence ids.
+    Raises:
+      ConfigError: on a value out of range, naming it.
+    """
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    page_size: int
+    num_pages: int
+    max_prefill_seqs: int = 8
+    max_queue_len: int | None = None
+    enable_chunked_prefill: bool = True
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "page_size",
+                     "num_pages", "max_prefill_seqs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"SchedulerConfig.{name} must be a positive int, got {v!r}")
+        if self.num_pages < 2:
+            raise ConfigError(f"SchedulerConfig.num_pages must be >= 2 (null page included), "
+                              f"got {self.num_pages}")
+        if self.max_queue_len is not None and (
+                isinstance(self.max_queue_len, bool) or not isinstance(self.max_queue_len, int)
+                or self.max_queue_len < 1):
+            raise ConfigError(f"SchedulerConfig.max_queue_len must be None or a positive int, "
+                              f"got {self.max_queue_len!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"SchedulerConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must "
+                f"be >= max_num_seqs ({self.max_num_seqs}): a decode step feeds one token each")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"SchedulerConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must "
+                f"be >= max_model_len ({self.max_model_len}) when chunked prefill is off")
+        self.eos_token_ids = tuple(self.eos_token_ids)
+        for t in self.eos_token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ConfigError(f"SchedulerConfig.eos_token_ids must hold ints >= 0, got {t!r}")
+
+    @classmethod
+    def from_engine_config(cls, engine: EngineConfig, eos_token_ids: Seq[int] = (),
+                           **overrides: Any) -> SchedulerConfig:
+        """The scheduler limits of an ``EngineConfig`` (block_size -> page_size,
+        total_kv_pages -> num_pages); keyword arguments override fields."""
+        kw: dict[str, Any] = {
+            "max_num_seqs": engine.max_num_seqs,
+            "max_num_batched_tokens": engine.max_num_batched_tokens,
+            "max_model_len": engine.max_model_len, "page_size": engine.block_size,
+            "num_pages": engine.total_kv_pages, "max_prefill_seqs": engine.max_prefill_seqs,
+            "eos_token_ids": tuple(eos_token_ids)}
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclass
+class ScheduledChunk:
+    """This step computes tokens ``[start, start + num_tokens)`` of ``seq.all_token_ids``
+    (positions equal indices). ``samples`` (fixed when scheduled): the chunk ends at the
+    sequence's last token, so the token sampled from its last logits is a new output token."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    _samples: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._samples = self.start + self.num_tokens == self.seq.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        return self._samples
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The ``num_tokens`` token ids this chunk feeds."""
+        prompt, end = self.seq.prompt_token_ids, self.start + self.num_tokens
+        if end <= len(prompt):
+            return prompt[self.start:end]
+        out = self.seq.output_token_ids[max(0, self.start - len(prompt)):end - len(prompt)]
+        return prompt[self.start:] + out
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan. Decode: one chunk per sequence with ``start = num_tokens - 1``.
+    ``preempted``: sequences that lost their pages while this plan was made."""
+
+    is_prefill: bool
+    chunks: list[ScheduledChunk]
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class StepResult(NamedTuple):
+    """What ``postprocess`` returns: the step's new (sequence, token) pairs in chunk order,
+    and the sequences that finished (pages already freed)."""
+
+    new_tokens: list[tuple[Sequence, int]]
+    finished: list[Sequence]
+
+
+class Scheduler:
+    """Decides which sequences run each step and owns the page allocator.
+
+    Usage per step: ``out = schedule()``; run the model on ``out.chunks``; ``postprocess(out,
+    sampled)``. Policy in the module docstring. Source: nano-vllm's scheduler (prefill first,
+    preempt the newest), vLLM's chunked prefill, recompute preemption and stop rules.
+    """
+
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.block_manager = BlockManager(cfg.num_pages, cfg.page_size)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self._seqs: dict[int, Sequence] = {}  # unfinished sequences by id
+        self._rank: dict[int, int] = {}  # seq_id -> arrival rank (FCFS order of add())
+        self._counter = itertools.count()
+        self._eos = frozenset(cfg.eos_token_ids)
+
+    # ---------------------------------------------------------------- requests in and out
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (it joins at the next step).
+
+        Raises:
+          DuplicateRequestError: seq_id already waiting or running.
+          SequenceStateError: seq is not fresh (status, pages, outputs or computed tokens).
+          RequestTooLongError: prompt + max_tokens > max_model_len, or its KV (prompt +
+            max_tokens - 1 tokens: the last sampled token is never fed) > the whole pool.
+          QueueFullError: ``max_queue_len`` requests are already waiting.
+        """
+        if seq.seq_id in self._seqs:
+            raise DuplicateRequestError(f"request {seq.seq_id} is already scheduled")
+        if (seq.status is not SequenceStatus.WAITING or seq.block_table or seq.output_token_ids
+                or seq.num_computed_tokens):
+            raise SequenceStateError(f"add(): request {seq.seq_id} is not a fresh sequence: "
+                                     f"{seq!r}")
+        cfg, p, m = self.cfg, seq.num_prompt_tokens, seq.sampling_params.max_tokens
+        if p + m > cfg.max_model_len:
+            raise RequestTooLongError(
+                f"request {seq.seq_id}: prompt ({p} tokens) + max_tokens ({m}) = {p + m} "
+                f"exceeds max_model_len ({cfg.max_model_len})")
+        pages = self.block_manager.pages_for_tokens(p + m - 1)
+        if pages > self.block_manager.num_usable_pages:
+            raise RequestTooLongError(
+                f"request {seq.seq_id}: prompt ({p} tokens) + max_tokens ({m}) needs {pages} "
+                f"KV pages of {cfg.page_size} tokens, the pool has "
+                f"{self.block_manager.num_usable_pages}")
+        if cfg.max_queue_len is not None and len(self.waiting) >= cfg.max_queue_len:
+            raise QueueFullError(f"request {seq.seq_id}: {len(self.waiting)} requests waiting, "
+                                 f"max_queue_len is {cfg.max_queue_len}")
+        self._seqs[seq.seq_id] = seq
+        self._rank[seq.seq_id] = next(self._counter)
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Finish a waiting or running sequence with reason "abort", freeing its pages at
+        once. Returns it, or None if no unfinished sequence has that id."""
+        seq = self._seqs.get(seq_id)
+        if seq is not None:
+            self._finish(seq, "abort")
+        return seq
+
+    def get(self, seq_id: int) -> Sequence | None:
+        """The unfinished (waiting or running) sequence with this id, or None."""
+        return self._seqs.get(seq_id)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---------------------------------------------------------------- planning a step
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step and allocate its pages (see the module docstring).
+
+        Returns an empty decode output only when nothing is waiting or running.
+        """
+        preempted: list[Sequence] = []
+        while True:
+            chunks = self._schedule_prefill(preempted)
+            if chunks:
+                return SchedulerOutput(True, chunks, preempted)
+            chunks = self._schedule_decode(preempted)
+            if chunks or not self.has_unfinished:
+                return SchedulerOutput(False, chunks, preempted)
+            if not self.running:  # guarded against by add(); never loop forever
+                raise RuntimeError(f"scheduler cannot admit {self.waiting[0]!r} into an empty "
+                                   f"pool of {self.block_manager.num_free_pages} pages")
+            # Every running sequence is mid-prefill with no free page: make room.
+            self._preempt(self.running[-1], preempted)
+
+    def _schedule_prefill(self, preempted: list[Sequence]) -> list[ScheduledChunk]:
+        cfg, bm = self.cfg, self.block_manager
+        budget = cfg.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        promised = 0  # pages partial prefills still need for the rest of their prompt
+        for seq in self.running:  # (a) continue partial prefills, oldest first
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if remaining <= 1:
+                continue  # decoding
+            n = 0
+            if len(chunks) < cfg.max_prefill_seqs:
+                fit = (len(seq.block_table) + bm.num_free_pages) * bm.page_size
+                n = min(remaining, budget, fit - seq.num_computed_tokens)
+            if n > 0:
+                bm.allocate(seq, n)
+                chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                budget -= n
+            promised += bm.pages_needed(seq, remaining)
+        while (self.waiting and budget > 0 and len(chunks) < cfg.max_prefill_seqs
+               and len(self.running) < cfg.max_num_seqs):  # (b) admit, FCFS
+            seq = self.waiting[0]
+            if self.running and any(seq is p for p in preempted):
+                break  # not back in the step that preempted it
+            n = seq.num_tokens
+            if n > budget:
+                if not cfg.enable_chunked_prefill:
+                    break
+                n = budget
+            if bm.pages_needed(seq, seq.num_tokens) + promised > bm.num_free_pages:
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            bm.allocate(seq, n)
+            chunks.append(ScheduledChunk(seq, 0, n))
+            budget -= n
+            promised += bm.pages_needed(seq, seq.num_tokens)
+        return chunks
+
+    def _schedule_decode(self, preempted: list[Sequence]) -> list[ScheduledChunk]:
+        bm = self.block_manager
+        chunks: list[ScheduledChunk] = []
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if seq.num_tokens - seq.num_computed_tokens != 1:
+                continue  # mid-prefill
+            while not bm.can_allocate(seq, 1):
+                # running[-1] is never a sequence scheduled in this loop: those come before seq.
+                victim = self.running[-1]
+                self._preempt(victim, preempted)
+                if victim is seq:
+                    break
+            else:
+                bm.allocate(seq, 1)
+                chunks.append(ScheduledChunk(seq, seq.num_tokens - 1, 1))
+        return chunks
+
+    def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
+        """Recompute preemption: free the pages, requeue at the front of waiting (among
+        other preempted sequences, by arrival)."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        rank, i = self._rank[seq.seq_id], 0
+        while i < len(self.waiting) and self._rank[self.waiting[i].seq_id] < rank:
+            i += 1
+        self.waiting.insert(i, seq)
+        preempted.append(seq)
+
+    # ---------------------------------------------------------------- after the step
+    def postprocess(self, out: SchedulerOutput, sampled: Seq[int]) -> StepResult:
+        """Record a finished step.
+
+        Args:
+          out: the plan returned by the last ``schedule()``.
+          sampled: one token id per chunk of ``out`` (used only where ``chunk.samples``).
+        Returns:
+          StepResult(new_tokens, finished); finished sequences' pages are already free.
+          Sequences aborted since ``schedule()`` are skipped.
+        Raises:
+          ValueError: ``len(sampled) != len(out.chunks)``.
+          SequenceStateError: a chunk does not start at its sequence's computed tokens
+            (e.g. the same output postprocessed twice).
+        """
+        if len(sampled) != len(out.chunks):
+            raise ValueError(f"postprocess: {len(sampled)} sampled tokens for "
+                             f"{len(out.chunks)} scheduled chunks")
+        new_tokens: list[tuple[Sequence, int]] = []
+        finished: list[Sequence] = []
+        for chunk, tok in zip(out.chunks, sampled):
+            seq = chunk.seq
+            if seq.is_finished:
+                continue
+            if seq.status is not SequenceStatus.RUNNING or chunk.start != seq.num_computed_tokens:
+                raise SequenceStateError(
+                    f"postprocess: chunk of request {seq.seq_id} starts at {chunk.start} but "
+                    f"{seq!r}; was this output already postprocessed?")
+            seq.num_computed_tokens += chunk.num_tokens
+            if not chunk.samples:
+                continue
+            tok = int(tok)
+            seq.output_token_ids.append(tok)
+            new_tokens.append((seq, tok))
+            reason = self._stop_reason(seq, tok)
+            if reason is not None:
+                self._finish(seq, reason)
+                finished.append(seq)
+        return StepResult(new_tokens, finished)
+
+    def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
+        sp = seq.sampling_params
+        if seq.num_output_tokens >= sp.min_tokens and (
+                (not sp.ignore_eos and tok in self._eos) or tok in sp.stop_token_ids):
+            return "stop"
+        if seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= self.cfg.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._seqs[seq.seq_id]
+        del self._rank[seq.seq_id]

@@ -1,0 +1,360 @@
+"""GPU check and benchmark of the linear-layer GEMMs (pallas_kernels.matmul) against XLA.
+
+One run on one device: (1) ceilings — copy and read bandwidth, 8192^3 bf16 and FP8 matmul
+rates through XLA; (2) every variant at Llama-3.1-8B / 70B projection shapes and M in
+``--ms``: XLA bf16 (``x @ w`` on the engine's [K, N] layout), XLA FP8 (per-token quantized x,
+``dot`` of FP8 operands with ``preferred_element_type=f32``, scales after), XLA W8A16 (FP8
+weight upcast in the dot), and ours (Triton skinny GEMM for decode, Mosaic-GPU wgmma for
+prefill), several tile configs for ours; (3) correctness of each of ours against a float32
+reference on the first M of each shape (relative L2 error, all finite, output memory
+poisoned with NaN first); (4) a table of the best of each family.
+
+Timing: each jitted call runs the variant on R distinct weights (R * bytes >= 300 MB, so L2
+never holds them); kernel time is the sum of the CUDA kernels of one call (CUPTI, through
+``jax.experimental.mosaic.gpu.profiler``) divided by R, median of 5 calls; wall time per call
+/ R is recorded too. Everything is compiled first in a thread pool; a deadline (``--budget``
+seconds) stops new work and the table and JSON are still written.
+
+    PYTHONPATH=. python3 benchmarks/kernels/bench_matmul.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.matmul import api, linear_ref, gate_up_ref, quantize_rows_fp8
+from pallas_kernels.matmul.mgpu_gemm import MgpuConfig
+from pallas_kernels.matmul.triton_gemm import TritonConfig, default_config, fit_smem
+
+FP8 = jnp.float8_e4m3fn
+T0 = time.time()
+RECORDS: list[dict] = []
+SHAPES = {  # name: (K, N rows of the weight, fused gate+up)
+    "8b_qkv": (4096, 6144, False), "8b_o": (4096, 4096, False),
+    "8b_gate_up": (4096, 28672, True), "8b_down": (14336, 4096, False),
+    "70b_up": (8192, 28672, False), "70b_o": (8192, 8192, False),
+}
+
+
+def log(*a) -> None:
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+def record(name, value, unit, **config) -> None:
+    RECORDS.append(dict(name=name, value=value, unit=unit, config=config,
+                        device=str(jax.devices()[0].device_kind), jax=jax.__version__,
+                        date=datetime.date.today().isoformat(), command=" ".join(sys.argv)))
+
+
+def kernel_time_us(fn, args, iters=5, cupti=True) -> tuple[float, float]:
+    """(median summed-kernel time in µs via CUPTI or nan, median wall µs) of fn(*args)."""
+    jax.block_until_ready(fn(*args))
+    walls = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        walls.append((time.perf_counter() - t) * 1e6)
+    if not cupti:
+        return float("nan"), statistics.median(walls)
+    try:
+        from jax.experimental.mosaic.gpu import profiler
+        _, ts = profiler.measure(fn, iterations=iters)(*args)
+        kern = statistics.median(ts) * 1e3 if ts else float("nan")
+    except Exception as e:  # CUPTI missing: wall clock only
+        log("CUPTI failed:", repr(e)[:200])
+        kern = float("nan")
+    return kern, statistics.median(walls)
+
+
+def ceilings() -> dict:
+    out = {}
+    n = 1 << 30  # 1 Gi bf16 = 2 GiB
+    a = jax.random.normal(jax.random.key(0), (n // 4096, 4096), jnp.bfloat16)
+    f = jax.jit(lambda a: a * 2)
+    k, w = kernel_time_us(f, (a,))
+    out["copy_TBps"] = 2 * n * 2 / (k * 1e-6) / 1e12
+    g = jax.jit(lambda a: jnp.sum(a, axis=0, dtype=jnp.float32))
+    k, w = kernel_time_us(g, (a,))
+    out["read_TBps"] = n * 2 / (k * 1e-6) / 1e12
+    del a
+    s = 8192
+    x = jax.random.normal(jax.random.key(1), (s, s), jnp.bfloat16)
+    y = jax.random.normal(jax.random.key(2), (s, s), jnp.bfloat16)
+    k, _ = kernel_time_us(jax.jit(lambda x, y: x @ y), (x, y))
+    out["bf16_TFLOPs"] = 2 * s ** 3 / (k * 1e-6) / 1e12
+    x8, y8 = x.astype(FP8), y.T.astype(FP8)
+    f8 = jax.jit(lambda x, y: jax.lax.dot_general(
+        x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    k, _ = kernel_time_us(f8, (x8, y8))
+    out["fp8_TFLOPs"] = 2 * s ** 3 / (k * 1e-6) / 1e12
+    for key, v in out.items():
+        record(f"ceiling_{key}", v, key.split("_")[1], what=key)
+    log("ceilings", {k: round(v, 2) for k, v in out.items()})
+    return out
+
+
+def make_weights(K, N, R, seed):
+    """R sets of weights in every layout a variant needs."""
+    sets = []
+    for r in range(R):
+        kw = jax.random.key(seed * 100 + r)
+        w = (jax.random.normal(kw, (K, N), jnp.float32) * (1.0 / math.sqrt(K)))
+        wq_t, ws = quantize_rows_fp8(w.T)  # [N, K] fp8, [N]
+        sets.append(dict(kn=w.astype(jnp.bfloat16), nk=w.T.astype(jnp.bfloat16),
+                         q_nk=wq_t, q_kn=wq_t.T, ws=ws))
+    jax.block_until_ready(sets)
+    return sets
+
+
+def xla_fn(kind, gate_up):
+    def one(x, w):
+        if kind == "bf16":
+            out = jnp.dot(x, w["kn"], preferred_element_type=jnp.float32)
+        elif kind == "w8a16":
+            out = jnp.dot(x, w["q_kn"].astype(jnp.bfloat16),
+                          preferred_element_type=jnp.float32) * w["ws"][None, :]
+        else:
+            xq, xs = quantize_rows_fp8(x)
+            out = jax.lax.dot(xq, w["q_kn"], preferred_element_type=jnp.float32)
+            out = out * xs[:, None] * w["ws"][None, :]
+        if gate_up:
+            f = out.shape[1] // 2
+            out = jax.nn.silu(out[:, :f]) * out[:, f:]
+        return out.astype(jnp.bfloat16)
+    return one
+
+
+def ours_fn(kind, gate_up, backend, cfg, interpret=False):
+    def one(x, w):
+        if kind == "bf16":
+            pw = api.PreparedWeight(w["nk"], None, gate_up)
+        else:
+            pw = api.PreparedWeight(w["q_nk"], w["ws"], gate_up)
+        kw = dict(triton_config=cfg) if backend == "triton" else dict(mgpu_config=cfg)
+        return api.linear(x, pw, act_quant=(kind == "w8a8"), backend=backend,
+                          interpret=interpret, **kw)
+    return one
+
+
+def ref_out(kind, gate_up, x, w):
+    f = gate_up_ref if gate_up else linear_ref
+    if kind == "bf16":
+        return f(x, w["nk"])
+    if kind == "w8a16":
+        return f(x, w["q_nk"], w["ws"])
+    xq, xs = quantize_rows_fp8(x)
+    return f(xq, w["q_nk"], w["ws"], xs, out_dtype=jnp.bfloat16)
+
+
+def triton_cfgs(M, K, N_out, kind, gate_up):
+    wdt = jnp.bfloat16 if kind == "bf16" else FP8
+    xdt = FP8 if kind == "w8a8" else jnp.bfloat16
+    base = default_config(M, K, N_out, wdt, xdt, gate_up)
+    alts = [base]
+    for bn, bk, st in ((16, 2 * base.bk, 3), (2 * base.bn, max(base.bk // 2, 64), 4)):
+        if bn > 256 or K % bk:
+            continue
+        c = TritonConfig(bm=base.bm, bn=bn, bk=bk, split_k=1, num_warps=base.num_warps,
+                         num_stages=st, fp8_dot=base.fp8_dot)
+        programs = -(-N_out // bn) * -(-M // c.bm)
+        split = 1
+        while programs * split < 264 and K % (split * 2 * bk) == 0 and K // (split * 2) >= 1024:
+            split *= 2
+        c = TritonConfig(**{**c.__dict__, "split_k": split})
+        alts.append(fit_smem(c, K, xdt, wdt, gate_up))
+    return list(dict.fromkeys(alts))
+
+
+def mgpu_cfgs(kind):
+    tk = 64 if kind == "bf16" else 128
+    return [MgpuConfig(tile_k=tk),
+            MgpuConfig(tile_k=tk, grid_minor_n=False, grid_tile_width=16),
+            MgpuConfig(tile_k=tk, tile_n=64, max_concurrent_steps=6 if tk == 128 else 5)]
+
+
+def plan(ms, shapes, smoke=False, safe=False):
+    """(shape, M, family, kind, backend, cfg) jobs: default tiles first, alternates after."""
+    first, alts = [], []
+    for M in ms:
+        for sname in shapes:
+            K, N, gu = SHAPES[sname]
+            n_out = N // 2 if gu else N
+            for kind in ("bf16", "w8a16", "w8a8"):
+                if M <= 256 or kind != "w8a16":
+                    first.append((sname, M, f"xla_{kind}", kind, "xla", None))
+                if M <= 256:
+                    for i, c in enumerate(triton_cfgs(M, K, n_out, kind, gu)):
+                        if i and M not in (1, 64, 256):
+                            continue
+                        if safe and c.fp8_dot:
+                            continue
+                        (alts if i else first).append((sname, M, f"tri_{kind}", kind,
+                                                        "triton", c))
+                if M >= 128 and kind in ("bf16", "w8a8") and not safe:
+                    for i, c in enumerate(mgpu_cfgs(kind)[:1 if smoke or M < 2048 else None]):
+                        (alts if i else first).append((sname, M, f"mgpu_{kind}", kind,
+                                                        "mgpu", c))
+    return first + alts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/bench_matmul")
+    ap.add_argument("--budget", type=float, default=170.0, help="seconds for the whole run")
+    ap.add_argument("--ms", default="1,8,32,64,128,256,2048,8192")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--threads", type=int, default=12)
+    ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, interpret mode (CPU)")
+    args = ap.parse_args()
+    if args.smoke:
+        SHAPES.clear()
+        SHAPES.update({"tiny": (256, 512, False), "tiny_gu": (256, 512, True)})
+        args.ms, args.shapes, args.budget = "8,128", "tiny,tiny_gu", 1e9
+    deadline = T0 + args.budget
+    os.makedirs(args.out, exist_ok=True)
+    log("device", jax.devices()[0].device_kind, "jax", jax.__version__)
+    ceil = ceilings() if not args.smoke else dict(
+        read_TBps=1.0, copy_TBps=1.0, bf16_TFLOPs=1.0, fp8_TFLOPs=1.0)
+    ms = [int(m) for m in args.ms.split(",")]
+    shapes = args.shapes.split(",")
+    jobs = plan(ms, shapes, args.smoke, args.safe)
+    weights, xs, nrep = {}, {}, {}
+    for sname in shapes:
+        K, N, _ = SHAPES[sname]
+        R = int(min(16, max(2, math.ceil(300e6 / (K * N)))))  # sized by the FP8 bytes
+        R = 2 if args.smoke else R
+        weights[sname] = make_weights(K, N, R, seed=len(weights))
+        nrep[sname] = R
+    for M in ms:
+        for sname in shapes:
+            K = SHAPES[sname][0]
+            # One x per weight set, so XLA cannot merge the R dots that would share an operand.
+            xs[(sname, M)] = [jax.random.normal(jax.random.key(M * 7 + K + 1000 * r), (M, K),
+                                                jnp.bfloat16) for r in range(nrep[sname])]
+    log(f"{len(jobs)} jobs; weights ready")
+
+    def build(job):
+        sname, M, fam, kind, backend, cfg = job
+        gu = SHAPES[sname][2]
+        one = (xla_fn(kind, gu) if backend == "xla"
+               else ours_fn(kind, gu, backend, cfg, interpret=args.smoke))
+        fn = jax.jit(lambda xl, ws: [one(x, w) for x, w in zip(xl, ws)])
+        a = (xs[(sname, M)], weights[sname])
+        return fn.lower(*a).compile(), a, one
+
+    compiled = {}
+    with cf.ThreadPoolExecutor(args.threads) as pool:
+        futs = {pool.submit(build, j): j for j in jobs}
+        for fut in cf.as_completed(futs):
+            j = futs[fut]
+            if time.time() > deadline - 60:
+                break
+            try:
+                compiled[j] = fut.result()
+            except Exception as e:
+                log("COMPILE FAIL", j[:5], str(j[5]), repr(e)[:400])
+                record("matmul_compile_fail", 1, "bool", job=str(j), error=repr(e)[:800])
+        for f in futs:
+            f.cancel()
+    log(f"compiled {len(compiled)}/{len(jobs)}")
+
+    checked: dict = {}
+    best: dict = {}
+    dump = lambda: json.dump(RECORDS, open(os.path.join(args.out, "matmul_results.json"), "w"),
+                             indent=1)  # noqa: E731
+    for ji, j in enumerate(jobs):
+        if ji % 25 == 0:
+            dump()
+            log(f"job {ji}/{len(jobs)}")
+        if time.time() > deadline:
+            log("deadline reached; skipping the rest")
+            break
+        if j not in compiled:
+            continue
+        sname, M, fam, kind, backend, cfg = j
+        K, N, gu = SHAPES[sname]
+        fn, a, one = compiled[j]
+        try:
+            key = (sname, fam, str(cfg), M)
+            if backend != "xla" and (sname, fam, str(cfg)) not in checked:
+                poison = jnp.full((M, N // 2 if gu else N), jnp.nan, jnp.bfloat16)
+                poison.block_until_ready()
+                del poison
+                out = np.asarray(fn(*a)[0], np.float32)
+                ref = np.asarray(ref_out(kind, gu, a[0][0], a[1][0]), np.float32)
+                err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                ok = bool(np.isfinite(out).all() and err < 1e-2)
+                checked[(sname, fam, str(cfg))] = ok
+                record("matmul_rel_err", err, "rel_l2", shape=sname, M=M, variant=fam,
+                       backend=backend, cfg=str(cfg), ok=ok)
+                if not ok:
+                    log("WRONG", key, err)
+                    continue
+            kern, wall = kernel_time_us(fn, a, iters=1 if args.smoke else 5,
+                                        cupti=not args.smoke)
+            R = len(a[1])
+            t = (kern if not math.isnan(kern) else wall) / R
+            wbytes = K * N * (2 if kind == "bf16" else 1)
+            flops = 2 * M * K * N
+            tbps = wbytes / (t * 1e-6) / 1e12
+            tflops = flops / (t * 1e-6) / 1e12
+            floor_us = max(wbytes / (ceil["read_TBps"] * 1e12),
+                           flops / (ceil["fp8_TFLOPs" if kind == "w8a8" else "bf16_TFLOPs"] * 1e12)
+                           ) * 1e6
+            cfg_d = dict(shape=sname, M=M, K=K, N=N, gate_up=gu, variant=fam, backend=backend,
+                         tile_cfg=str(cfg), time_us=t, wall_us=wall / R, weight_TBps=tbps,
+                         TFLOPs=tflops, floor_us=floor_us, R=R)
+            record("matmul_time", t, "us", **cfg_d)
+            b = best.get((sname, M, fam))
+            if b is None or t < b[0]:
+                best[(sname, M, fam)] = (t, tbps, tflops, floor_us, str(cfg))
+        except Exception as e:
+            log("RUN FAIL", j[:5], repr(e)[:300])
+            record("matmul_run_fail", 1, "bool", job=str(j), error=repr(e)[:800])
+            traceback.print_exc(limit=2)
+    dump()
+    for (sname, M, fam), (t, tbps, tfl, fl, c) in sorted(best.items()):
+        if fam.startswith("tri") or fam.startswith("mgpu"):
+            log(f"cfg {sname} M={M} {fam}: {c}")
+    fams = ["xla_bf16", "tri_bf16", "mgpu_bf16", "xla_w8a16", "tri_w8a16", "xla_w8a8",
+            "tri_w8a8", "mgpu_w8a8"]
+    print("\nµs per call (weight TB/s for M<=256, TFLOP/s above); floor = max(bytes/read_bw,"
+          f" flops/peak); read {ceil['read_TBps']:.2f} TB/s, copy {ceil['copy_TBps']:.2f} TB/s,"
+          f" bf16 {ceil['bf16_TFLOPs']:.0f}, fp8 {ceil['fp8_TFLOPs']:.0f} TFLOP/s")
+    print(f"{'shape':11s}{'M':>5s}" + "".join(f"{f:>15s}" for f in fams)
+          + f"{'fl_bf16':>8s}{'fl_fp8':>8s}")
+    for sname in shapes:
+        K, N, _ = SHAPES[sname]
+        for M in ms:
+            cells = []
+            for fam in fams:
+                b = best.get((sname, M, fam))
+                if b is None:
+                    cells.append(f"{'-':>15s}")
+                    continue
+                rate = b[1] if M <= 256 else b[2]
+                cells.append(f"{b[0]:8.1f}({rate:5.2f})" if M <= 256 else
+                             f"{b[0]:8.1f}({rate:5.0f})")
+            fl = [max(K * N * wb / (ceil["read_TBps"] * 1e12), 2 * M * K * N / (ceil[p] * 1e12))
+                  * 1e6 for wb, p in ((2, "bf16_TFLOPs"), (1, "fp8_TFLOPs"))]
+            if any(c.strip() != "-" for c in cells):
+                print(f"{sname:11s}{M:5d}" + "".join(cells) + f"{fl[0]:8.1f}{fl[1]:8.1f}")
+    log("done")
+
+
+if __name__ == "__main__":
+    main()

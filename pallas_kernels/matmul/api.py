@@ -1,0 +1,193 @@
+"""The engine's entry points for linear layers: ``prepare_weight``, ``linear``, ``linear_supported``.
+
+Weights reach the kernels in a *prepared* form, made once at load time by
+:func:`prepare_weight`: the engine's ``[K, N]`` weight transposed to ``[N, K]`` (K contiguous:
+the B layout FP8 wgmma needs and the row layout a decode GEMV streams), wrapped with its FP8
+scale in a :class:`PreparedWeight` pytree (so it passes through ``jit`` and ``lax.scan``; a
+stacked ``[L, K, N]`` weight becomes ``[L, N, K]`` and is read in place at ``layer``).
+
+Backends (``backend=``):
+
+* ``"xla"``    — ``jnp`` dot (cuBLAS / XLA's Triton GEMM); always available; the fallback.
+* ``"triton"`` — :mod:`.triton_gemm`, Pallas-Triton skinny GEMM, any M (tuned for M <= 256),
+  bf16 / W8A16 / W8A8, fused gate+up SwiGLU, ragged M and N by masking.
+* ``"mgpu"``   — :mod:`.mgpu_gemm`, Pallas Mosaic GPU wgmma GEMM for prefill (M padded to
+  128), bf16 x bf16 or FP8 x FP8 (W8A8), N % 256 == 0, K % 128 (FP8) / 64 (bf16) == 0.
+* ``"auto"``   — picks by shape from what was measured on an H200
+  (benchmarks/kernels/NOTES_matmul.md); falls back to XLA where no kernel applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.matmul import mgpu_gemm, triton_gemm
+from pallas_kernels.matmul.reference import FP8, quantize_rows_fp8, silu_mul_ref
+
+BACKENDS = ("auto", "xla", "triton", "mgpu")
+# Decode (M <= DECODE_MAX_M) goes to the Triton skinny GEMM, larger M to wgmma or XLA.
+DECODE_MAX_M = 256
+
+
+class LinearError(ValueError):
+    """A linear layer was called with mismatched shapes, dtypes or an unknown backend."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PreparedWeight:
+    """A projection weight in kernel layout.
+
+    Attributes:
+      w: [N, K] (or stacked [L, N, K]) bf16 or float8_e4m3fn. For ``gate_up`` N = 2F with
+        the gate rows first.
+      scale: [N] (or [L, N]) float32 per-output-channel scale for FP8, else None.
+      gate_up: static; :func:`linear` then returns ``silu(x @ Wg) * (x @ Wu)`` ([M, F]).
+    """
+
+    w: jax.Array
+    scale: jax.Array | None
+    gate_up: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @property
+    def stacked(self) -> bool:
+        return self.w.ndim == 3
+
+
+def prepare_weight(w: jax.Array, w_scale: jax.Array | None = None, *,
+                   gate_up: bool = False) -> PreparedWeight:
+    """Re-lay an engine weight ``[K, N]`` (or ``[L, K, N]``) as ``[N, K]`` once, at load time.
+
+    Args:
+      w: bf16 weight, or float8_e4m3fn from ``jaxinfer.quantization.quantize_fp8_per_channel``.
+      w_scale: [N] (or [L, N]) f32, required for FP8 weights.
+      gate_up: ``w`` is ``concat([w_gate, w_up], axis=-1)`` ([K, 2F]); see
+        :func:`prepare_gate_up`.
+    Raises:
+      LinearError: wrong rank, FP8 without a scale, or odd N with ``gate_up``.
+    """
+    if w.ndim not in (2, 3):
+        raise LinearError(f"prepare_weight: weight must be [K, N] or [L, K, N], got {w.shape}")
+    if w.dtype == FP8 and w_scale is None:
+        raise LinearError("prepare_weight: an FP8 weight needs its per-channel scale")
+    if w_scale is not None and w_scale.shape != w.shape[:-2] + w.shape[-1:]:
+        raise LinearError(f"prepare_weight: scale shape {w_scale.shape} does not match "
+                          f"weight {w.shape}")
+    if gate_up and w.shape[-1] % 2:
+        raise LinearError(f"prepare_weight: gate_up weight needs an even N, got {w.shape}")
+    w_nk = jnp.swapaxes(w, -1, -2)
+    scale = None if w_scale is None else w_scale.astype(jnp.float32)
+    return PreparedWeight(w=w_nk, scale=scale, gate_up=gate_up)
+
+
+def prepare_gate_up(w_gate: jax.Array, w_up: jax.Array, s_gate: jax.Array | None = None,
+                    s_up: jax.Array | None = None) -> PreparedWeight:
+    """Fuse ``w_gate, w_up [K, F]`` (or [L, K, F]) into one gate+up :class:`PreparedWeight`."""
+    w = jnp.concatenate([w_gate, w_up], axis=-1)
+    s = None if s_gate is None or s_up is None else jnp.concatenate([s_gate, s_up], axis=-1)
+    return prepare_weight(w, s, gate_up=True)
+
+
+def linear_supported(M: int, K: int, N: int, dtype: jnp.dtype, *,
+                     act_quant: bool = False) -> bool:
+    """Whether ``backend="auto"`` runs a Pallas kernel (not XLA) for this shape and weight dtype.
+
+    ``dtype`` is the weight dtype (bf16 or float8_e4m3fn); N is the weight's row count.
+    """
+    dtype = jnp.dtype(dtype)
+    return _pick_backend(M, K, N, dtype, act_quant) != "xla"
+
+
+def _pick_backend(M: int, K: int, N: int, dtype: jnp.dtype, act_quant: bool) -> str:
+    if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8)) or K % 16:
+        return "xla"
+    if M <= DECODE_MAX_M:
+        return "triton"
+    if dtype == jnp.dtype(FP8) and act_quant and mgpu_gemm.mgpu_supported(M, K, N, dtype):
+        return "mgpu"
+    return "xla"
+
+
+def _xla_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None,
+                x_scale: jax.Array | None, out_dtype: jnp.dtype) -> jax.Array:
+    dn = (((1,), (1,)), ((), ()))
+    if x.dtype == FP8 and w_nk.dtype == FP8:
+        acc = jax.lax.dot_general(x, w_nk, dn, preferred_element_type=jnp.float32)
+    else:
+        w = w_nk.astype(x.dtype) if w_nk.dtype != x.dtype else w_nk
+        acc = jax.lax.dot_general(x, w, dn, preferred_element_type=jnp.float32)
+    if x_scale is not None:
+        acc = acc * x_scale[:, None]
+    if w_scale is not None:
+        acc = acc * w_scale[None, :]
+    return acc.astype(out_dtype)
+
+
+def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | None = None, *,
+           layer: jax.Array | int | None = None, act_quant: bool = False,
+           backend: str = "auto", interpret: bool = False,
+           triton_config: triton_gemm.TritonConfig | None = None,
+           mgpu_config: mgpu_gemm.MgpuConfig | None = None) -> jax.Array:
+    """A linear layer ``x @ W`` (with FP8 scaling / fused SwiGLU), dispatched to a kernel.
+
+    Args:
+      x: [M, K] bf16 activations.
+      w: a :class:`PreparedWeight` (kernel layout; stacked ones need ``layer``), or a plain
+        engine-layout ``[K, N]`` array (then only ``backend="xla"``/``"auto"``, which runs XLA).
+      w_scale: [N] f32 scale for a plain FP8 ``w`` (a PreparedWeight carries its own).
+      layer: int32 scalar picking the layer of a stacked PreparedWeight.
+      act_quant: quantize ``x`` per token to FP8 first (W8A8); needs an FP8 weight.
+      backend: one of ``BACKENDS``.
+      interpret: run Pallas kernels in interpret mode (CPU tests).
+    Returns:
+      [M, N] in ``x.dtype`` ([M, F] for a gate_up weight: ``silu(gate) * up``).
+    Raises:
+      LinearError: unknown backend, mismatched K, act_quant with a bf16 weight, a stacked
+        weight without ``layer``, or a backend that cannot take the shape.
+    """
+    if backend not in BACKENDS:
+        raise LinearError(f"linear: unknown backend {backend!r}; choose from {BACKENDS}")
+    if x.ndim != 2:
+        raise LinearError(f"linear: x must be [M, K], got shape {x.shape}")
+    if not isinstance(w, PreparedWeight):
+        if backend not in ("auto", "xla"):
+            raise LinearError(f"linear: backend {backend!r} needs a PreparedWeight "
+                              "(call prepare_weight once at load time)")
+        w = PreparedWeight(w=jnp.swapaxes(w, -1, -2), scale=w_scale)
+        backend = "xla"
+    if w.stacked and layer is None:
+        raise LinearError("linear: a stacked [L, N, K] weight needs `layer`")
+    M, K = x.shape
+    Nw, Kw = w.w.shape[-2:]
+    if K != Kw:
+        raise LinearError(f"linear: x has K={K} but the weight has K={Kw}")
+    if act_quant and w.w.dtype != FP8:
+        raise LinearError("linear: act_quant=True (W8A8) needs an FP8 weight")
+    out_dtype = x.dtype
+    x_in, x_scale = (quantize_rows_fp8(x) if act_quant else (x, None))
+    if backend == "auto":
+        backend = _pick_backend(M, K, Nw, jnp.dtype(w.w.dtype), act_quant)
+    if backend == "triton":
+        return triton_gemm.triton_linear(x_in, w.w, w.scale, x_scale, layer=layer,
+                                         gate_up=w.gate_up, config=triton_config,
+                                         out_dtype=out_dtype, interpret=interpret)
+    w_nk, scale = w.w, w.scale
+    if w.stacked:
+        w_nk = w_nk[layer]
+        scale = None if scale is None else scale[layer]
+    if backend == "mgpu":
+        if not mgpu_gemm.mgpu_supported(M, K, Nw, x_in.dtype, mgpu_config):
+            raise LinearError(f"linear: backend 'mgpu' cannot take M={M} K={K} N={Nw}")
+        if x_in.dtype != w_nk.dtype:
+            raise LinearError("linear: backend 'mgpu' needs x and w of one dtype "
+                              "(bf16, or FP8 with act_quant=True)")
+        # bf16 out also for gate_up (a float32 epilogue tile would not fit shared memory).
+        out = mgpu_gemm.mgpu_linear(x_in, w_nk, scale, x_scale, config=mgpu_config,
+                                    out_dtype=out_dtype, interpret=interpret)
+    else:
+        out = _xla_linear(x_in, w_nk, scale, x_scale,
+                          out_dtype if not w.gate_up else jnp.float32)
+    return silu_mul_ref(out, out_dtype) if w.gate_up else out

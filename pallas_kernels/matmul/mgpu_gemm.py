@@ -1,0 +1,215 @@
+"""Prefill-shape GEMM on Hopper wgmma (Pallas Mosaic GPU), bf16 x bf16 or FP8 x FP8.
+
+Adapted from JAX's ``jax/experimental/pallas/ops/gpu/hopper_matmul_mgpu.py`` (persistent,
+warp-specialized: one TMA producer warpgroup feeding ``max_concurrent_steps`` shared-memory
+stages to two wgmma consumer warpgroups; tiled, double-buffered TMA-store epilogue). Changes:
+
+* the weight is in the prepared ``[N, K]`` layout and is handed to wgmma as a transposed
+  (K-major) B tile — the only B layout FP8 wgmma accepts;
+* FP8 epilogue: the float32 accumulator is multiplied by the per-token scale (rows) and the
+  per-output-channel scale (columns) before the cast to bf16; both scale slices are fetched
+  by TMA while the main loop runs;
+* M is padded up to the CTA tile by the wrapper (rows of zeros; the padded rows are sliced
+  off); N must be a multiple of the CTA tile and K of ``tile_k`` (``mgpu_supported``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.matmul.reference import FP8
+
+
+@dataclasses.dataclass(frozen=True)
+class MgpuConfig:
+    """Tiles per compute warpgroup; the CTA tile is ``tile_m x (2 * tile_n)``."""
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 128  # 128 bytes of FP8; use 64 for bf16
+    max_concurrent_steps: int = 4
+    epi_tile_m: int = 64
+    epi_tile_n: int = 64
+    grid_minor_n: bool = True  # walk tiles along N first
+    grid_tile_width: int = 8
+
+
+def default_config(dtype: jnp.dtype, M: int) -> MgpuConfig:
+    """Tiles that fit Hopper's 227 KiB of shared memory for ``dtype`` operands."""
+    if jnp.dtype(dtype).itemsize == 1:
+        return MgpuConfig(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=4)
+    return MgpuConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4)
+
+
+def mgpu_supported(M: int, K: int, N: int, dtype: jnp.dtype,
+                   cfg: MgpuConfig | None = None) -> bool:
+    """Whether :func:`mgpu_linear` takes these shapes (M is padded; N, K must divide)."""
+    cfg = cfg or default_config(dtype, M)
+    return M >= 1 and N % (2 * cfg.tile_n) == 0 and K % cfg.tile_k == 0 and \
+        jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8))
+
+
+def _num_sms() -> int:
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is not None and getattr(mesh, "abstract_device", None) is not None:
+        return mesh.abstract_device.num_cores
+    dev = jax.devices()[0]
+    return getattr(dev, "core_count", 132) if dev.platform == "gpu" else 132
+
+
+def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
+            out_dtype):
+    rest = list(rest)
+    xs_gmem = rest.pop(0) if has_xs else None
+    ws_gmem = rest.pop(0) if has_ws else None
+    (out_gmem,) = rest
+    m, k = x_gmem.shape
+    n = w_gmem.shape[0]
+    dtype = x_gmem.dtype
+    tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
+    cta_tile_n = 2 * tile_n
+    m_iters, n_iters, k_iters = m // tile_m, n // cta_tile_n, k // tile_k
+    swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
+    swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
+    epi_m, epi_n = cfg.epi_tile_m, cfg.epi_tile_n
+    num_out_slots = min(2, (tile_m * tile_n) // (epi_m * epi_n))
+    out_swizzle = plgpu.find_swizzle(epi_n * jnp.dtype(out_dtype).itemsize * 8)
+    out_transforms = (
+        plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
+        plgpu.SwizzleTransform(out_swizzle))
+
+    def get_pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(k_iters,), memory_registers=40,
+            in_specs=[
+                plgpu.BlockSpec((tile_m, tile_k), lambda kk: (0, kk), transforms=transforms,
+                                memory_space=plgpu.SMEM),
+                plgpu.BlockSpec((cta_tile_n, tile_k), lambda kk: (0, kk),
+                                transforms=transforms, memory_space=plgpu.SMEM),
+            ],
+            wg_axis="wg", num_compute_wgs=2,
+            max_concurrent_steps=cfg.max_concurrent_steps, compute_context=compute_context)
+
+    ignore = lambda *_, **__: None  # noqa: E731
+
+    @functools.partial(
+        pl.run_scoped,
+        pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(x_gmem, w_gmem),
+        out_smem=plgpu.SMEM((2, num_out_slots, epi_m, epi_n), out_dtype,
+                            transforms=out_transforms),
+        scale_smem=plgpu.SMEM((2, tile_m + tile_n), jnp.float32),
+        scale_barrier=plgpu.Barrier(num_barriers=4),
+        collective_axes="wg")
+    def _scope(pipeline_allocs, out_smem, scale_smem, scale_barrier):
+        wg_idx = lax.axis_index("wg")
+
+        @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+        def _mn_loop(loop_info: plgpu.NDLoopInfo):
+            (lin_idx,) = loop_info.index
+            m_idx, n_idx = plgpu.planar_snake(
+                lin_idx, (m_iters, n_iters), 1 if cfg.grid_minor_n else 0,
+                cfg.grid_tile_width)
+            cta_m = pl.ds(m_idx * tile_m, tile_m)
+            cta_n = pl.ds(n_idx * cta_tile_n, cta_tile_n)
+            wg_n0 = n_idx * cta_tile_n + wg_idx * tile_n
+
+            def compute_context(eval_pipeline):
+                @functools.partial(pl.run_scoped,
+                                   acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
+                def _acc_scope(acc_ref):
+                    xs_s = scale_smem.at[wg_idx, pl.ds(0, tile_m)]
+                    ws_s = scale_smem.at[wg_idx, pl.ds(tile_m, tile_n)]
+                    xs_bar = scale_barrier.at[2 * wg_idx]
+                    ws_bar = scale_barrier.at[2 * wg_idx + 1]
+                    if has_xs:
+                        plgpu.copy_gmem_to_smem(xs_gmem.at[cta_m], xs_s, xs_bar)
+                    if has_ws:
+                        plgpu.copy_gmem_to_smem(ws_gmem.at[pl.ds(wg_n0, tile_n)], ws_s, ws_bar)
+                    eval_pipeline(acc_ref)
+                    acc = acc_ref[...]
+                    if has_xs:
+                        plgpu.barrier_wait(xs_bar)
+                        acc = acc * lax.broadcast_in_dim(xs_s[...], (tile_m, tile_n), [0])
+                    if has_ws:
+                        plgpu.barrier_wait(ws_bar)
+                        acc = acc * lax.broadcast_in_dim(ws_s[...], (tile_m, tile_n), [1])
+                    acc = acc.astype(out_dtype)
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    for mi in range(tile_m // epi_m):
+                        for ni in range(tile_n // epi_n):
+                            slot = (mi * (tile_n // epi_n) + ni) % 2
+                            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                            out_smem[wg_idx, slot] = acc[mi * epi_m:(mi + 1) * epi_m,
+                                                         ni * epi_n:(ni + 1) * epi_n]
+                            plgpu.commit_smem()
+                            plgpu.copy_smem_to_gmem(
+                                out_smem.at[wg_idx, slot],
+                                out_gmem.at[pl.ds(m_idx * tile_m + mi * epi_m, epi_m),
+                                            pl.ds(wg_n0 + ni * epi_n, epi_n)])
+
+            def mma_body(_, a_smem, b_smem, acc_ref):
+                b = b_smem.at[pl.ds(wg_idx * tile_n, tile_n)]
+                plgpu.wgmma(acc_ref, a_smem, b.transpose((1, 0)))
+                plgpu.wgmma_wait(0)
+                return acc_ref
+
+            get_pipeline(mma_body, compute_context)(
+                x_gmem.at[cta_m, :], w_gmem.at[cta_n, :], allocations=pipeline_allocs)
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
+                x_scale: jax.Array | None = None, *, config: MgpuConfig | None = None,
+                out_dtype: jnp.dtype = jnp.bfloat16, interpret: bool = False) -> jax.Array:
+    """``x [M, K] · w_nkᵀ`` -> ``[M, N]`` on wgmma, scales applied in the epilogue.
+
+    Args:
+      x: [M, K] bf16 (with a bf16 weight) or float8_e4m3fn with ``x_scale`` [M] f32.
+      w_nk: [N, K], same dtype as ``x``; FP8 with ``w_scale`` [N] f32.
+      config: tiles (:func:`default_config` when None).
+      interpret: run the Mosaic GPU interpreter (CPU tests).
+    Raises:
+      ValueError: dtypes differ, or N / K do not divide the tiles.
+    """
+    M, K = x.shape
+    N, Kw = w_nk.shape
+    cfg = config or default_config(x.dtype, M)
+    if x.dtype != w_nk.dtype:
+        raise ValueError(f"mgpu_linear: x is {x.dtype} but the weight is {w_nk.dtype}")
+    if K != Kw:
+        raise ValueError(f"mgpu_linear: x has K={K} but the weight has K={Kw}")
+    if not mgpu_supported(M, K, N, x.dtype, cfg):
+        raise ValueError(f"mgpu_linear: N={N} must divide by {2 * cfg.tile_n} and K={K} by "
+                         f"{cfg.tile_k} ({x.dtype})")
+    m_pad = pl.cdiv(M, cfg.tile_m) * cfg.tile_m
+    if m_pad != M:
+        x = jnp.pad(x, ((0, m_pad - M), (0, 0)))
+        if x_scale is not None:
+            x_scale = jnp.pad(x_scale, (0, m_pad - M))
+    args = [x, w_nk]
+    if x_scale is not None:
+        args.append(x_scale.astype(jnp.float32))
+    if w_scale is not None:
+        args.append(w_scale.astype(jnp.float32))
+    kernel = functools.partial(_kernel, cfg=cfg, has_xs=x_scale is not None,
+                               has_ws=w_scale is not None, out_dtype=out_dtype)
+    params = dict(
+        compiler_params=plgpu.CompilerParams(
+            lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+    if interpret:
+        params = dict(interpret=plgpu.InterpretGPUParams())
+    f = plgpu.kernel(
+        kernel, out_type=jax.ShapeDtypeStruct((m_pad, N), out_dtype),
+        grid=(min(_num_sms(), (m_pad // cfg.tile_m) * (N // (2 * cfg.tile_n))),), grid_names=("sm",), num_threads=3, thread_name="wg",
+        **params)
+    out = f(*args)
+    return out if m_pad == M else out[:M]

@@ -1,0 +1,258 @@
+"""Skinny GEMM for decode shapes (M = 1..256) in Pallas' Triton lowering.
+
+Computes ``out[m, n] = x_scale[m] * w_scale[n] * sum_k x[m, k] * w_nk[n, k]`` (scales
+optional) with the weight in the prepared ``[N, K]`` layout (see ``reference.py``), or, with
+``gate_up=True``, ``silu(gate) * up`` from a ``[2F, K]`` weight (gate rows first).
+
+Design (the usual GEMV/skinny-GEMM decomposition, as in Triton's matmul tutorial and
+vLLM's/ SGLang's Triton FP8 GEMMs):
+
+* grid ``(cdiv(N, bn), cdiv(M, bm), split_k)``; each program owns a ``[bm, bn]`` output tile
+  and walks its share of K in ``bk`` steps inside a ``fori_loop`` that Triton software-
+  pipelines ``num_stages`` deep (cp.async into shared memory);
+* each step loads ``x[bm, bk]`` and ``w[bn, bk]`` — rows of ``bk`` contiguous elements of the
+  ``[N, K]`` weight — and does a tensor-core ``dot`` with a float32 accumulator; FP8 weights
+  are upcast to bf16 in registers (exact), FP8 activations too unless ``fp8_dot`` (then the
+  FP8 tensor-core path is used, which needs bm >= 64 on Hopper);
+* ragged M and N are handled with load/store masks (no padding copies); K must be a multiple
+  of ``split_k * bk``;
+* epilogue (split_k == 1): per-token scale, per-channel scale, optional SiLU(gate)*up, cast,
+  masked store. With ``split_k > 1`` the kernel writes float32 partials ``[split_k, M, Nw]``
+  and the (tiny) reduction + epilogue runs as one XLA fusion.
+
+A stacked weight ``[L, Nw, K]`` (per-layer weights under the engine's scan) is read in place
+at ``layer`` (an int32 scalar), so no per-layer slice is copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from pallas_kernels.matmul.reference import FP8
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonConfig:
+    """Tile sizes and launch parameters (all powers of two; bm, bn, bk >= 16)."""
+
+    bm: int = 16
+    bn: int = 32
+    bk: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    fp8_dot: bool = False  # FP8 x FP8 tensor-core dot (only when both operands are FP8)
+
+
+SMEM_BUDGET = 200 * 1024  # bytes of Hopper's 227 KiB the pipelined tiles may take
+
+
+def smem_bytes(cfg: TritonConfig, x_dtype: jnp.dtype, w_dtype: jnp.dtype,
+               gate_up: bool = False) -> int:
+    """Shared memory the software pipeline keeps: ``num_stages`` copies of the x and w tiles."""
+    per_stage = cfg.bm * cfg.bk * jnp.dtype(x_dtype).itemsize + \
+        (2 if gate_up else 1) * cfg.bn * cfg.bk * jnp.dtype(w_dtype).itemsize
+    return cfg.num_stages * per_stage
+
+
+def fit_smem(cfg: TritonConfig, K: int, x_dtype: jnp.dtype, w_dtype: jnp.dtype,
+             gate_up: bool = False) -> TritonConfig:
+    """Halve bk (then drop to 3 stages) until the pipeline fits :data:`SMEM_BUDGET`."""
+    while smem_bytes(cfg, x_dtype, w_dtype, gate_up) > SMEM_BUDGET:
+        if cfg.bk > 64:
+            cfg = dataclasses.replace(cfg, bk=cfg.bk // 2)
+        elif cfg.num_stages > 2:
+            cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+        else:
+            break
+    return cfg
+
+
+def default_config(M: int, K: int, N_out: int, w_dtype: jnp.dtype, x_dtype: jnp.dtype,
+                   gate_up: bool = False) -> TritonConfig:
+    """Heuristic tiles for an H100/H200 (132 SMs); benchmarks/kernels/bench_matmul.py tunes."""
+    wb = jnp.dtype(w_dtype).itemsize
+    if M <= 16:
+        bm, bn, warps = 16, (16 if gate_up else 32), 4
+    elif M <= 32:
+        bm, bn, warps = 32, 32, 4
+    elif M <= 64:
+        bm, bn, warps = 64, 64, 4
+    else:
+        bm, bn, warps = 64, 128, 8
+    bk = 256 if wb == 2 else 512
+    if bm >= 64:
+        bk = 128 if wb == 2 else 256
+    while bk > 16 and K % bk:
+        bk //= 2
+    programs = pl.cdiv(N_out, bn) * pl.cdiv(M, bm)
+    split = 1
+    while programs * split < 264 and K % (split * 2 * bk) == 0 and K // (split * 2) >= 1024:
+        split *= 2
+    both_fp8 = w_dtype == FP8 and x_dtype == FP8
+    cfg = TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=warps, num_stages=4,
+                       fp8_dot=both_fp8 and bm >= 64)
+    return fit_smem(cfg, K, x_dtype, w_dtype, gate_up)
+
+
+def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: bool,
+            stacked: bool, has_ws: bool, has_xs: bool, partial: bool, compute_dtype):
+    it = iter(refs)
+    layer_ref = next(it) if stacked else None
+    x_ref = next(it)
+    w_ref = next(it)
+    ws_ref = next(it) if has_ws else None
+    xs_ref = next(it) if has_xs else None
+    o_ref = next(it)
+    bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
+    pn, pm, ps = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    if stacked:
+        layer = layer_ref[0]
+        w_ref = w_ref.at[layer]
+        if has_ws:
+            ws_ref = ws_ref.at[layer]
+    n_out = F if gate_up else Nw
+    rows = pm * bm + jnp.arange(bm, dtype=jnp.int32)
+    cols = pn * bn + jnp.arange(bn, dtype=jnp.int32)
+    # Masks only where the tiles do not divide the array (masked-off rows/columns of x and w
+    # only feed output rows/columns that are masked on store, so no fill value is needed).
+    rmask = rows < M if M % bm else None
+    cmask = cols < n_out if n_out % bn else None
+    k_per = K // cfg.split_k
+    k0 = ps * k_per
+    row_starts = [pn * bn] + ([F + pn * bn] if gate_up else [])
+
+    def load_w(start, ks):
+        wt = plt.load(w_ref.at[pl.ds(start, bn), ks],
+                      mask=None if cmask is None else cmask[:, None])
+        return wt if wt.dtype == compute_dtype else wt.astype(compute_dtype)
+
+    def body(i, accs):
+        ks = pl.ds(pl.multiple_of(k0 + i * bk, bk), bk)
+        xt = plt.load(x_ref.at[pl.ds(pm * bm, bm), ks],
+                      mask=None if rmask is None else rmask[:, None])
+        if xt.dtype != compute_dtype:
+            xt = xt.astype(compute_dtype)
+        return tuple(acc + plt.dot(xt, load_w(s, ks), trans_b=True)
+                     for acc, s in zip(accs, row_starts))
+
+    zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in row_starts)
+    accs = jax.lax.fori_loop(0, k_per // bk, body, zeros)
+    if rmask is None and cmask is None:
+        omask = None
+    elif rmask is None:
+        omask = jnp.broadcast_to(cmask[None, :], (bm, bn))
+    elif cmask is None:
+        omask = jnp.broadcast_to(rmask[:, None], (bm, bn))
+    else:
+        omask = rmask[:, None] & cmask[None, :]
+    if partial:
+        # o_ref: [split_k, M, Nw] float32 partial sums; epilogue runs in XLA.
+        for acc, s in zip(accs, row_starts):
+            plt.store(o_ref.at[ps, pl.ds(pm * bm, bm), pl.ds(s, bn)], acc, mask=omask)
+        return
+    if has_xs:
+        xs = plt.load(xs_ref.at[pl.ds(pm * bm, bm)], mask=rmask)
+        accs = tuple(a * xs[:, None] for a in accs)
+    if has_ws:
+        accs = tuple(a * plt.load(ws_ref.at[pl.ds(s, bn)], mask=cmask)[None, :]
+                     for a, s in zip(accs, row_starts))
+    if gate_up:
+        g, u = accs
+        out = g * jax.nn.sigmoid(g) * u
+    else:
+        (out,) = accs
+    plt.store(o_ref.at[pl.ds(pm * bm, bm), pl.ds(pn * bn, bn)], out.astype(o_ref.dtype),
+              mask=omask)
+
+
+def _xla_epilogue(partials: jax.Array, w_scale: jax.Array | None, x_scale: jax.Array | None,
+                  gate_up: bool, out_dtype: jnp.dtype) -> jax.Array:
+    acc = jnp.sum(partials, axis=0)  # [M, Nw] f32
+    if x_scale is not None:
+        acc = acc * x_scale[:, None]
+    if w_scale is not None:
+        acc = acc * w_scale[None, :]
+    if gate_up:
+        f = acc.shape[1] // 2
+        acc = jax.nn.silu(acc[:, :f]) * acc[:, f:]
+    return acc.astype(out_dtype)
+
+
+def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
+                  x_scale: jax.Array | None = None, *, layer: jax.Array | int | None = None,
+                  gate_up: bool = False, config: TritonConfig | None = None,
+                  out_dtype: jnp.dtype = jnp.bfloat16, interpret: bool = False) -> jax.Array:
+    """Skinny GEMM ``x [M, K] · w_nkᵀ`` -> ``[M, N]`` (``[M, F]`` for ``gate_up``).
+
+    Args:
+      x: [M, K] bf16, or float8_e4m3fn with ``x_scale`` [M] f32.
+      w_nk: [Nw, K] (or stacked [L, Nw, K] with ``layer``) bf16 or float8_e4m3fn.
+      w_scale: [Nw] (or [L, Nw]) f32 per-output-channel scale, or None.
+      layer: int32 scalar selecting the layer of a stacked weight.
+      gate_up: ``w_nk`` is ``[2F, K]`` (gate rows, then up rows); returns ``silu(g) * u``.
+      config: tiles; :func:`default_config` when None.
+    Raises:
+      ValueError: mismatched shapes, or K not a multiple of ``split_k * bk``.
+    """
+    stacked = w_nk.ndim == 3
+    M, K = x.shape
+    Nw, Kw = w_nk.shape[-2:]
+    if Kw != K:
+        raise ValueError(f"triton_linear: x has K={K} but weight has K={Kw}")
+    if stacked and layer is None:
+        raise ValueError("triton_linear: a stacked [L, N, K] weight needs `layer`")
+    if gate_up and Nw % 2:
+        raise ValueError(f"triton_linear: gate_up weight needs an even row count, got {Nw}")
+    F = Nw // 2 if gate_up else 0
+    n_out = F if gate_up else Nw
+    cfg = config or default_config(M, K, n_out, w_nk.dtype, x.dtype, gate_up)
+    if K % (cfg.split_k * cfg.bk):
+        raise ValueError(f"triton_linear: K={K} is not a multiple of split_k*bk="
+                         f"{cfg.split_k * cfg.bk}")
+    if x.dtype == FP8 and x_scale is None:
+        raise ValueError("triton_linear: FP8 activations need x_scale")
+    if w_nk.dtype == FP8 and w_scale is None:
+        raise ValueError("triton_linear: FP8 weights need w_scale")
+    if x.dtype == FP8 and w_nk.dtype == FP8 and cfg.fp8_dot:
+        compute = FP8
+    else:
+        compute = jnp.bfloat16 if jnp.dtype(x.dtype).itemsize <= 2 else jnp.float32
+    partial = cfg.split_k > 1
+    kernel = functools.partial(
+        _kernel, M=M, Nw=Nw, K=K, F=F, cfg=cfg, gate_up=gate_up, stacked=stacked,
+        has_ws=(w_scale is not None) and not partial,
+        has_xs=(x_scale is not None) and not partial, partial=partial,
+        compute_dtype=compute)
+    args: list[jax.Array] = []
+    if stacked:
+        args.append(jnp.asarray(layer, jnp.int32).reshape(1))
+    args += [x, w_nk]
+    if w_scale is not None and not partial:
+        args.append(w_scale.astype(jnp.float32))
+    if x_scale is not None and not partial:
+        args.append(x_scale.astype(jnp.float32))
+    if partial:
+        out_shape = jax.ShapeDtypeStruct((cfg.split_k, M, Nw), jnp.float32)
+    else:
+        out_shape = jax.ShapeDtypeStruct((M, n_out), out_dtype)
+    grid = (pl.cdiv(n_out, cfg.bn), pl.cdiv(M, cfg.bm), cfg.split_k)
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    out = pl.pallas_call(
+        kernel, out_shape=out_shape, grid=grid,
+        in_specs=[any_spec] * len(args), out_specs=any_spec,
+        compiler_params=plt.CompilerParams(num_warps=cfg.num_warps,
+                                           num_stages=cfg.num_stages),
+        interpret=interpret, name="skinny_gemm")(*args)
+    if not partial:
+        return out
+    ws = w_scale
+    if ws is not None and stacked:
+        ws = ws[layer]
+    return _xla_epilogue(out, ws, x_scale, gate_up, out_dtype)

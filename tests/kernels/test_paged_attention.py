@@ -170,6 +170,7 @@ def test_supported():
     assert not paged_decode_attention_supported((8, 30, 128), (2, 8, 10, 16, 128),
                                                 jnp.bfloat16)
     assert not paged_decode_attention_supported((8, 32, 128), (2, 8, 10, 16, 128), jnp.int8)
+    assert not paged_decode_attention_supported((8, 32, 128), (2, 8, 10, 16, 128), jnp.float32)
 
 
 H200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")

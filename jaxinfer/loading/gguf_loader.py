@@ -1,0 +1,256 @@
+"""GGUF checkpoints (llama.cpp format) -> ModelConfig + canonical params.
+
+Reads with ``gguf.GGUFReader`` and dequantizes every block type with ``gguf.quants.dequantize``
+(Q4_0/1, Q5_0/1, Q8_0, K-quants, F16, BF16, F32 ...). Two llama.cpp conventions are undone:
+
+* ``llama``-architecture files store the Q and K projection rows permuted for llama.cpp's
+  interleaved RoPE (``permute`` in llama.cpp's convert_hf_to_gguf.py); they are permuted back as
+  HF transformers does (``LlamaTensorProcessor._reverse_permute_weights`` in
+  transformers/modeling_gguf_pytorch_utils.py), with ``n_head`` for Q and ``n_head_kv`` for K.
+* ggml matrices come out ``[out, in]``; the canonical layout is ``[in, out]``.
+
+Gemma 3 facts the GGUF omits come from the reference config (HF ``Gemma3TextConfig``, llama.cpp
+``src/models/gemma3.cpp``): local RoPE base 1e4, every 6th layer global, query scaling
+1/sqrt(head_dim) (1/sqrt(hidden/heads) for the 62-layer 27B), embeddings scaled by
+sqrt(hidden), GELU-tanh, Q/K and post norms. Its norm weights already include Gemma's "+1".
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf.quants import dequantize
+from tqdm.auto import tqdm
+
+from jaxinfer.config import ConfigError, ModelConfig
+from jaxinfer.loading.base import CheckpointError, LoadedModel, ParamBuilder
+from jaxinfer.tokenizer import Tokenizer, TokenizerError
+
+SUPPORTED_GGUF_ARCHS = ("llama", "gemma3")
+
+# blk.N.<name>.weight / .bias -> (canonical per-layer name, transpose)
+_LAYER_TENSORS: dict[str, tuple[str, bool]] = {
+    "attn_norm.weight": ("attn_norm", False),
+    "attn_q.weight": ("wq", True),
+    "attn_k.weight": ("wk", True),
+    "attn_v.weight": ("wv", True),
+    "attn_output.weight": ("wo", True),
+    "attn_q.bias": ("bq", False),
+    "attn_k.bias": ("bk", False),
+    "attn_v.bias": ("bv", False),
+    "attn_q_norm.weight": ("q_norm", False),
+    "attn_k_norm.weight": ("k_norm", False),
+    "ffn_norm.weight": ("ffn_norm", False),  # llama: post_attention_layernorm; gemma3: pre-FFN
+    "post_attention_norm.weight": ("post_attn_norm", False),
+    "post_ffw_norm.weight": ("post_ffn_norm", False),
+    "ffn_gate.weight": ("w_gate", True),
+    "ffn_up.weight": ("w_up", True),
+    "ffn_down.weight": ("w_down", True),
+}
+_TOP_TENSORS: dict[str, tuple[str, bool]] = {
+    "token_embd.weight": ("embed", False),
+    "output_norm.weight": ("final_norm", False),
+    "output.weight": ("lm_head", True),
+}
+
+
+def open_gguf(path: str | Path) -> gguf.GGUFReader:
+    """Open a GGUF file, turning every failure into a CheckpointError that names the file.
+
+    Also checks that every tensor's bytes lie inside the file, so a truncated download fails
+    here rather than as a shape error later.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"GGUF file {p} does not exist")
+    try:
+        reader = gguf.GGUFReader(str(p))
+    except Exception as e:  # the reader raises ValueError, IndexError, struct errors ...
+        raise CheckpointError(f"cannot read GGUF file {p} (truncated or corrupt?): "
+                              f"{type(e).__name__}: {e}") from e
+    size = p.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
+            raise CheckpointError(f"GGUF file {p} is truncated: tensor {t.name!r} needs bytes "
+                                  f"up to {t.data_offset + t.n_bytes}, file has {size}")
+    return reader
+
+
+def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.contents()
+    if f.types and f.types[0] == gguf.GGUFValueType.FLOAT32:
+        v = float(str(np.float32(v)))  # shortest decimal of the float32: 1e-05, not 9.99e-06
+    return v
+
+
+def config_from_gguf(reader: gguf.GGUFReader, source: str,
+                     tokenizer: Tokenizer | None = None) -> ModelConfig:
+    """ModelConfig from GGUF metadata (``{arch}.*`` keys) plus the family facts GGUF omits.
+
+    Raises CheckpointError for an unsupported architecture or unsupported feature (partial
+    rotary, YaRN / Llama-3 RoPE scaling, per-layer head counts).
+    """
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise CheckpointError(f"{source}: GGUF architecture {arch!r} is not supported "
+                              f"(supported: {', '.join(SUPPORTED_GGUF_ARCHS)})")
+    names = {t.name: t for t in reader.tensors}
+
+    def req(key: str) -> Any:
+        v = _field(reader, f"{arch}.{key}")
+        if v is None:
+            raise CheckpointError(f"{source}: GGUF metadata lacks {arch}.{key}")
+        if isinstance(v, list):
+            raise CheckpointError(f"{source}: per-layer {arch}.{key} is not supported")
+        return v
+
+    hidden, heads = int(req("embedding_length")), int(req("attention.head_count"))
+    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    rot = _field(reader, f"{arch}.rope.dimension_count")
+    if rot is not None and int(rot) != head_dim:
+        raise CheckpointError(f"{source}: partial rotary ({rot} of {head_dim} dims) unsupported")
+    if "token_embd.weight" not in names:
+        raise CheckpointError(f"{source}: missing tensors: token_embd.weight")
+    vocab = int(names["token_embd.weight"].shape[1])  # ggml order: [hidden, vocab]
+    if "rope_freqs.weight" in names:
+        raise CheckpointError(f"{source}: per-dimension rope_freqs (Llama-3 RoPE scaling) are not "
+                              "supported from GGUF; load the HF checkpoint directory instead")
+    rope_scaling = None
+    stype = _field(reader, f"{arch}.rope.scaling.type")
+    if stype not in (None, "none"):
+        if stype != "linear":
+            raise CheckpointError(f"{source}: RoPE scaling {stype!r} is not supported from GGUF")
+        rope_scaling = {"rope_type": "linear",
+                        "factor": float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))}
+    eps_default = 1e-6 if arch == "gemma3" else 1e-5
+    kw: dict[str, Any] = dict(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(req("feed_forward_length")),
+        num_layers=int(req("block_count")), num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon",
+                                  eps_default)),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 4096)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        name=str(_field(reader, "general.name", Path(source).stem)),
+    )
+    if arch == "llama":
+        kw.update(family="llama", rope_theta=float(_field(reader, "llama.rope.freq_base", 1e4)))
+    else:
+        kw.update(_gemma3_facts(reader, kw, source))
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    kw["bos_token_id"] = None if bos is None else int(bos)
+    if tokenizer is not None:
+        kw["eos_token_ids"] = tokenizer.eos_token_ids
+    elif _field(reader, "tokenizer.ggml.eos_token_id") is not None:
+        kw["eos_token_ids"] = (int(_field(reader, "tokenizer.ggml.eos_token_id")),)
+    try:
+        return ModelConfig(**kw)
+    except ConfigError as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def _gemma3_facts(reader: gguf.GGUFReader, kw: dict[str, Any], source: str) -> dict[str, Any]:
+    """Gemma 3 settings not (always) in the GGUF; defaults from HF Gemma3TextConfig/llama.cpp."""
+    n, hidden, heads = kw["num_layers"], kw["hidden_size"], kw["num_heads"]
+    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # per-layer flags, True = sliding
+        layer_types = tuple("sliding_attention" if p else "full_attention" for p in pattern)
+    else:
+        layer_types = tuple("full_attention" if (i + 1) % int(pattern) == 0
+                            else "sliding_attention" for i in range(n))
+    scale = _field(reader, "gemma3.attention.scale")
+    if scale is not None:
+        qpas = 1.0 / float(scale) ** 2
+    else:  # llama.cpp gemma3: 27B scales by hidden/heads, the other sizes by head_dim
+        qpas = float(hidden // heads if n == 62 else kw["head_dim"])
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if _field(reader, f"gemma3.{key}") is not None:
+            raise CheckpointError(f"{source}: gemma3.{key} is not supported")
+    return dict(
+        family="gemma3",
+        rope_theta=float(_field(reader, "gemma3.rope.freq_base", 1e6)),
+        rope_local_base_freq=float(_field(reader, "gemma3.rope.freq_base_swa", 1e4)),
+        layer_types=layer_types,
+        sliding_window=int(_field(reader, "gemma3.attention.sliding_window", 512)),
+        query_pre_attn_scalar=qpas,
+        embed_scale=math.sqrt(hidden),
+        hidden_act="gelu_pytorch_tanh",
+        qk_norm=True,
+        post_norms=True,
+    )
+
+
+def reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: ``w`` is ``[n_head * D, ...]`` (rows = outputs).
+
+    llama.cpp (convert_hf_to_gguf.py ``permute``) reshapes rows to ``[n_head, 2, D/2]`` and
+    swaps the last two axes; this reshapes to ``[n_head, D/2, 2]`` and swaps back (as
+    transformers' ``_reverse_permute_weights``). Works on weights and 1-D biases.
+    """
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def read_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, source: str,
+                     dtype: str = "float32", progress: bool = True) -> dict[str, np.ndarray]:
+    """Dequantize every tensor into the canonical layout (see jaxinfer/models/params.py).
+
+    Returns ``{name: array}`` of exactly ``param_shapes(cfg)`` in ``dtype``. Raises
+    CheckpointError for unknown, missing or mis-shaped tensors.
+    """
+    arch = _field(reader, "general.architecture")
+    builder = ParamBuilder(cfg, dtype, source)
+    bar = tqdm(reader.tensors, desc=f"dequantize {Path(source).name}", unit="tensor",
+               disable=not progress)
+    for t in bar:
+        layer: int | None = None
+        if t.name.startswith("blk."):
+            _, idx, rest = t.name.split(".", 2)
+            layer, spec = int(idx), _LAYER_TENSORS.get(rest)
+        else:
+            spec = _TOP_TENSORS.get(t.name)
+        if spec is None:
+            raise CheckpointError(f"{source}: unexpected tensor {t.name!r} "
+                                  f"({t.tensor_type.name}, shape {list(t.shape)})")
+        name, transpose = spec
+        if name == "lm_head" and cfg.tie_word_embeddings:
+            continue
+        try:
+            w = dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise CheckpointError(f"{source}: cannot dequantize {t.name!r} "
+                                  f"({t.tensor_type.name}): {e}") from e
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # ggml dims are reversed
+        if arch == "llama" and name in ("wq", "bq"):
+            w = reverse_permute(w, cfg.num_heads)
+        elif arch == "llama" and name in ("wk", "bk"):
+            w = reverse_permute(w, cfg.num_kv_heads)
+        builder.put(name, w.T if transpose else w, layer, source_name=t.name)
+    return builder.finish()
+
+
+def load_gguf(path: str | Path, dtype: str = "float32", progress: bool = True,
+              with_tokenizer: bool = True) -> LoadedModel:
+    """Read a GGUF file into a LoadedModel (config, params, tokenizer from its metadata)."""
+    source = str(Path(path))
+    reader = open_gguf(path)
+    tokenizer = None
+    if with_tokenizer and "tokenizer.ggml.tokens" in reader.fields:
+        try:
+            tokenizer = Tokenizer.from_gguf(reader)
+        except TokenizerError as e:
+            raise CheckpointError(str(e)) from e
+    cfg = config_from_gguf(reader, source, tokenizer)
+    params = read_gguf_params(reader, cfg, source, dtype, progress)
+    return LoadedModel(config=cfg, params=params, tokenizer=tokenizer, source=source)

@@ -1,0 +1,237 @@
+"""Tokenizer: HF fast tokenizers (also built from GGUF metadata), chat templates, streaming text.
+
+:class:`Tokenizer` wraps a ``transformers`` fast tokenizer. From a GGUF it is built without torch
+through ``transformers.integrations.gguf.gguf_tokenizer_mapping.convert_gguf_tokenizer``, fed
+with the ``tokenizer.ggml.*`` fields read by the ``gguf`` package -- the same builder and the
+same init arguments that ``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` uses, so ids
+match transformers. :class:`IncrementalDetokenizer` turns a stream of token ids into text
+deltas the way vLLM does (prefix/read offsets, holding back incomplete UTF-8 characters).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+# Tokens that end a chat turn in common templates. When a model's chat template uses one, its id
+# joins the EOS set: chat models stop on the turn end (e.g. SmolLM2's "<|im_end|>").
+TURN_END_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|eom_id|>")
+_META_FILE = "jaxinfer_tokenizer.json"
+_SPECIAL_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
+                "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be built, or cannot do what was asked (e.g. no chat template)."""
+
+
+class Tokenizer:
+    """Text <-> token ids for one model.
+
+    Args:
+      hf: a transformers fast tokenizer (``PreTrainedTokenizerFast`` / ``TokenizersBackend``).
+      extra_eos_ids: more ids that end generation besides ``hf.eos_token_id`` (e.g. from a
+        ``generation_config.json``).
+      source: where it came from, for messages.
+    """
+
+    def __init__(self, hf: Any, extra_eos_ids: Iterable[int] = (), source: str = "") -> None:
+        self.hf = hf
+        self.source = source
+        eos: list[int] = []
+        if hf.eos_token_id is not None:
+            eos.append(int(hf.eos_token_id))
+        eos += [int(i) for i in extra_eos_ids]
+        template = hf.chat_template if isinstance(hf.chat_template, str) else ""
+        vocab = hf.get_vocab()
+        eos += [vocab[t] for t in TURN_END_TOKENS if t in template and t in vocab]
+        self._eos = tuple(dict.fromkeys(eos))
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Ids that end generation: the EOS token, chat turn ends, extras; no duplicates."""
+        return self._eos
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return None if self.hf.bos_token_id is None else int(self.hf.bos_token_id)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce (added tokens included)."""
+        return len(self.hf)
+
+    @property
+    def chat_template(self) -> str | None:
+        t = self.hf.chat_template
+        return t if isinstance(t, str) and t else None
+
+    # ----------------------------------------------------------------- text <-> ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` adds BOS where the model wants one."""
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids`` (special tokens dropped unless ``skip_special_tokens=False``)."""
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, str]],
+                            add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat template.
+
+        ``messages`` is ``[{"role": "user", "content": "..."}, ...]``. The rendered text is encoded
+        without adding special tokens (the template writes them), as transformers does.
+        Raises TokenizerError when the model has no chat template.
+        """
+        if self.chat_template is None:
+            raise TokenizerError(f"the tokenizer of {self.source or 'this model'} has no chat "
+                                 "template (not an instruction-tuned model?); use a plain prompt")
+        text = self.hf.apply_chat_template(messages, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)
+
+    # ----------------------------------------------------------------- persistence
+    def save(self, path: str | Path) -> None:
+        """Write ``tokenizer.json``, ``tokenizer_config.json`` (+ chat template) and a small
+        ``jaxinfer_tokenizer.json`` (EOS ids, BOS id, init arguments) into directory ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.hf.save_pretrained(str(path))
+        init = {k: getattr(self.hf, k) for k in _SPECIAL_IDS}
+        init = {k: str(v) for k, v in init.items() if v is not None}
+        init["clean_up_tokenization_spaces"] = bool(self.hf.clean_up_tokenization_spaces)
+        if self.chat_template is not None:
+            init["chat_template"] = self.chat_template
+        meta = {"format": 1, "eos_token_ids": list(self._eos), "bos_token_id": self.bos_token_id,
+                "init_kwargs": init}
+        (path / _META_FILE).write_text(json.dumps(meta, indent=1))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, extra_eos_ids: Iterable[int] = ()) -> "Tokenizer":
+        """Load from a directory written by :meth:`save` (fast path: ``tokenizer.json`` plus the
+        recorded init arguments) or an HF model directory (``AutoTokenizer``).
+        Raises TokenizerError when the directory holds no usable tokenizer."""
+        path = Path(path)
+        meta_file = path / _META_FILE
+        try:
+            if meta_file.is_file():
+                meta = json.loads(meta_file.read_text())
+                hf = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"),
+                                             **meta["init_kwargs"])
+                extra = list(meta.get("eos_token_ids", ())) + list(extra_eos_ids)
+                return cls(hf, extra, source=str(path))
+            hf = AutoTokenizer.from_pretrained(str(path))
+        except Exception as e:  # tokenizers/transformers raise many kinds
+            raise TokenizerError(f"cannot load a tokenizer from {path}: {e}") from e
+        return cls(hf, extra_eos_ids, source=str(path))
+
+    @classmethod
+    def from_gguf(cls, reader_or_path: Any) -> "Tokenizer":
+        """Build from a GGUF's ``tokenizer.*`` metadata (a ``gguf.GGUFReader`` or a path).
+
+        Mirrors ``transformers.integrations.gguf.gguf_tokenizer_mapping.get_gguf_tokenizer``
+        (which imports torch through its reader) using the ``gguf`` package's reader instead.
+        Raises TokenizerError when the file has no vocabulary or an unsupported tokenizer type.
+        """
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
+
+        if isinstance(reader_or_path, (str, Path)):
+            import gguf
+
+            reader = gguf.GGUFReader(str(reader_or_path))
+            source = str(reader_or_path)
+        else:
+            reader = reader_or_path
+            source = str(getattr(getattr(reader, "data", None), "filename", None) or "GGUF")
+        fields = reader.fields
+
+        def value(key: str) -> Any:
+            f = fields.get(key)
+            return None if f is None else f.contents()
+
+        if value("tokenizer.ggml.tokens") is None:
+            raise TokenizerError(f"{source}: GGUF has no tokenizer.ggml.tokens (no vocabulary)")
+        groups = {g: {name: value(f"tokenizer.{k}") for k, name in m.items()
+                      if f"tokenizer.{k}" in fields}
+                  for g, m in GGUF_TOKENIZER_MAPPING.items()}
+        tok_dict, tok_config = groups["tokenizer"], groups["tokenizer_config"]
+        # Same defaults as get_gguf_tokenizer (transformers 5.24).
+        ttype = tok_dict.get("tokenizer_type")
+        if ttype == "llama":
+            tok_config.setdefault("add_bos_token", True)
+        elif ttype == "gemma4":
+            tok_config["add_bos_token"] = False
+        for name, key in _SPECIAL_IDS.items():
+            tid = value(f"tokenizer.ggml.{key}")
+            tok_config[name] = tok_dict["tokens"][tid] if tid is not None else None
+        arch = value("general.architecture")
+        try:
+            backend, extra = convert_gguf_tokenizer(arch, tok_dict)
+        except (ValueError, KeyError) as e:
+            raise TokenizerError(f"{source}: cannot build the tokenizer: {e}") from e
+        tok_config.update(extra)
+        hf = PreTrainedTokenizerFast(tokenizer_object=backend, **tok_config)
+        return cls(hf, source=source)
+
+
+class IncrementalDetokenizer:
+    """Turns generated ids into text deltas for streaming.
+
+    Follows vLLM's ``detokenize_incrementally``: it keeps a *prefix offset* and a *read offset*
+    into the ids, decodes ``ids[prefix:read]`` and ``ids[prefix:]`` and emits the difference, so
+    tokenizers whose decoding of a token depends on its left neighbour (SentencePiece spaces,
+    byte-level pieces) give the same text as decoding everything at once. While the new text
+    ends in U+FFFD (a UTF-8 character split over tokens) it emits nothing and waits.
+
+    Args:
+      tokenizer: the model's :class:`Tokenizer`.
+      prompt_ids: the prompt; its last few tokens give the first delta its left context.
+      skip_special_tokens: drop special tokens (EOS, turn markers) from the text.
+    """
+
+    INITIAL_OFFSET = 5  # vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (),
+                 skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = list(prompt_ids)
+        self.prefix_offset = max(len(self.ids) - self.INITIAL_OFFSET, 0)
+        self.read_offset = len(self.ids)
+        self.output_text = ""
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def step(self, new_ids: Iterable[int]) -> str:
+        """Add generated ids; return the text they complete (possibly ``""``)."""
+        out = []
+        for t in new_ids:
+            self.ids.append(int(t))
+            prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+            new_text = self._decode(self.ids[self.prefix_offset:])
+            if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+                out.append(new_text[len(prefix_text):])
+                self.prefix_offset = self.read_offset
+                self.read_offset = len(self.ids)
+        delta = "".join(out)
+        self.output_text += delta
+        return delta
+
+    def flush(self) -> str:
+        """At the end of a stream: whatever was held back (e.g. a dangling partial character,
+        emitted as U+FFFD)."""
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset:])
+        delta = new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
+        self.prefix_offset = self.read_offset = len(self.ids)
+        self.output_text += delta
+        return delta

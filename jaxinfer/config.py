@@ -140,6 +140,8 @@ class EngineConfig:
       dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on
         CPU and bfloat16 on accelerators.
       attention_backend: "auto" (Pallas on GPU, reference elsewhere), "reference", "pallas".
+      scan_layers: run the layers under ``lax.scan`` (compile time independent of depth,
+        the default); False unrolls them with one weight array per layer.
       seed: base seed for requests that do not set their own.
     """
 
@@ -154,6 +156,7 @@ class EngineConfig:
     page_buckets: tuple[int, ...] = ()
     dtype: str = "auto"
     attention_backend: str = "auto"
+    scan_layers: bool = True
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 

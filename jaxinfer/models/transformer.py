@@ -13,7 +13,10 @@ time (HF transformers' modeling_llama / qwen2 / qwen3 / mistral / gemma3 are the
   ``query_pre_attn_scalar ** -0.5``.
 
 Per-layer weights are stacked on a leading axis and the layers run under ``jax.lax.scan``,
-so compile time does not grow with depth. The forward takes token ids and an
+so compile time does not grow with depth. ``scan_layers=False`` keeps one array per layer
+and unrolls the loop instead (an option for measuring; XLA:CPU copies scanned weight
+slices in micro-benchmarks, but end to end the unrolled SmolLM2 was not faster on CPU and
+compiled 4x slower). The forward takes token ids and an
 :class:`AttentionMetadata`; the KV cache is threaded through the scan carry and updated in
 place when the caller donates it.
 """
@@ -46,25 +49,32 @@ class CausalLM(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray],
-                 dtype: jnp.dtype = jnp.float32):
+                 dtype: jnp.dtype = jnp.float32, scan_layers: bool = True):
         check_params(cfg, params)
         self.cfg = cfg
         self.dtype = dtype
+        self.scan_layers = scan_layers
         for name, value in params.items():
-            setattr(self, name.replace(".", "__"), nnx.Param(jnp.asarray(value, dtype)))
+            if name.startswith("layers.") and not scan_layers:
+                for i in range(cfg.num_layers):  # layer{i}__wq: one array per layer
+                    setattr(self, f"layer{i}__{name[7:]}", nnx.Param(jnp.asarray(value[i], dtype)))
+            else:
+                setattr(self, name.replace(".", "__"), nnx.Param(jnp.asarray(value, dtype)))
 
-    def _layer_weights(self) -> dict[str, jax.Array]:
-        return {k[len("layers__"):]: v[...] for k, v in vars(self).items()
-                if k.startswith("layers__")}
+    def _layer_weights(self, prefix: str = "layers__") -> dict[str, jax.Array]:
+        return {k[len(prefix):]: v[...] for k, v in vars(self).items() if k.startswith(prefix)}
 
     def _layer_constants(self) -> dict[str, jax.Array]:
         """Per-layer scan inputs that are not weights: index, window, rope choice."""
         cfg = self.cfg
         sliding = np.array([t == "sliding_attention" for t in cfg.layer_types])
         window = np.where(sliding, cfg.sliding_window or 0, _NO_WINDOW).astype(np.int32)
+        local = sliding & (cfg.rope_local_base_freq is not None)
+        if not self.scan_layers:  # static per-layer values for the unrolled loop
+            return {"index": list(range(cfg.num_layers)), "window": window.tolist(),
+                    "local_rope": local.tolist()}
         return {"index": jnp.arange(cfg.num_layers, dtype=jnp.int32),
-                "window": jnp.asarray(window),
-                "local_rope": jnp.asarray(sliding & (cfg.rope_local_base_freq is not None))}
+                "window": jnp.asarray(window), "local_rope": jnp.asarray(local)}
 
     def __call__(self, token_ids: jax.Array, cache: KVCache, md: AttentionMetadata,
                  attn: AttentionBackend) -> tuple[jax.Array, KVCache]:
@@ -87,13 +97,21 @@ class CausalLM(nnx.Module):
         def layer(carry, xs):
             x, cache = carry
             w, c = xs
-            cos = jnp.where(c["local_rope"], cos_l, cos_g)
-            sin = jnp.where(c["local_rope"], sin_l, sin_g)
+            if isinstance(c["local_rope"], bool):
+                cos, sin = (cos_l, sin_l) if c["local_rope"] else (cos_g, sin_g)
+            else:
+                cos = jnp.where(c["local_rope"], cos_l, cos_g)
+                sin = jnp.where(c["local_rope"], sin_l, sin_g)
             x, cache = self._block(x, cache, w, c, cos, sin, md, attn)
             return (x, cache), None
 
-        (x, cache), _ = jax.lax.scan(layer, (x, cache),
-                                     (self._layer_weights(), self._layer_constants()))
+        consts = self._layer_constants()
+        if self.scan_layers:
+            (x, cache), _ = jax.lax.scan(layer, (x, cache), (self._layer_weights(), consts))
+        else:
+            for i in range(cfg.num_layers):
+                c = {k: v[i] for k, v in consts.items()}
+                (x, cache), _ = layer((x, cache), (self._layer_weights(f"layer{i}__"), c))
         return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), cache
 
     def _block(self, x, cache, w, c, cos, sin, md, attn):
@@ -132,7 +150,9 @@ class CausalLM(nnx.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [N, H] -> logits [N, V] float32 (tied to the embedding when configured)."""
         if self.cfg.tie_word_embeddings:
-            w = self.embed[...].T
-        else:
-            w = self.lm_head[...]
-        return jnp.dot(hidden, w, preferred_element_type=jnp.float32)
+            # Contract with the embedding's hidden axis directly: `hidden @ embed.T` makes
+            # XLA:CPU materialize the transpose (measured 6x slower for SmolLM2's 49152x576).
+            dims = (((1,), (1,)), ((), ()))
+            return jax.lax.dot_general(hidden, self.embed[...], dims,
+                                       preferred_element_type=jnp.float32)
+        return jnp.dot(hidden, self.lm_head[...], preferred_element_type=jnp.float32)

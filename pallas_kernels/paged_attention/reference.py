@@ -60,10 +60,12 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
 
 
 def _gather_context(cache: jax.Array, layer: jax.Array, block_table: jax.Array) -> jax.Array:
-    """[L, Hkv, P, ps, D] x [..., maxp] -> [..., Hkv, maxp*ps, D]."""
-    c = cache[layer]  # [Hkv, P, ps, D]
-    g = c[:, block_table]  # [Hkv, ..., maxp, ps, D]
-    g = jnp.moveaxis(g, 0, -4)  # [..., Hkv, maxp, ps, D]
+    """[L, Hkv, P, ps, D] x [..., maxp] -> [..., Hkv, maxp*ps, D].
+
+    One gather on the stacked cache (no per-layer slice is materialized).
+    """
+    g = cache[layer, :, block_table]  # advanced indices split by a slice: [..., maxp, Hkv, ps, D]
+    g = jnp.moveaxis(g, -3, -4)  # [..., Hkv, maxp, ps, D]
     return g.reshape(*g.shape[:-3], g.shape[-3] * g.shape[-2], g.shape[-1])
 
 

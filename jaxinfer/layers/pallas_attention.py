@@ -1,0 +1,33 @@
+"""Attention backend that runs the Pallas GPU kernels of ``pallas_kernels/paged_attention``.
+
+Decode goes to :func:`paged_decode_attention` where
+:func:`paged_decode_attention_supported` accepts the shapes and KV dtype; everything else
+(prefill, unsupported shapes) falls back to the jnp reference of the base class.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata
+from pallas_kernels.paged_attention import (
+    paged_decode_attention,
+    paged_decode_attention_supported,
+)
+
+
+class PallasAttentionBackend(AttentionBackend):
+    """Pallas decode kernel; reference prefill. ``interpret=True`` runs the kernels on CPU."""
+
+    name = "pallas"
+
+    def __init__(self, interpret: bool = False):
+        self.interpret = interpret
+
+    def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
+               md: AttentionMetadata, scale: float, window: jax.Array) -> jax.Array:
+        if not (self.interpret or paged_decode_attention_supported(q.shape, k_cache.shape,
+                                                                   k_cache.dtype)):
+            return super().decode(q, k_cache, v_cache, layer, md, scale, window)
+        return paged_decode_attention(q, k_cache, v_cache, layer, md.block_tables, md.seq_lens,
+                                      scale=scale, window=window, interpret=self.interpret)

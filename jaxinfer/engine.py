@@ -54,11 +54,12 @@ class LLMEngine:
 
     def __init__(self, model: Any = DEFAULT_MODEL, **engine_args: Any):
         t0 = time.perf_counter()
+        host_dtype = jnp.dtype(_resolve_dtype(engine_args.get("dtype", "auto"))).name
         # A LoadedModel (config, params, tokenizer) may be passed directly (research, tests).
         if isinstance(model, str):
             from jaxinfer.loading import load_model  # gguf / transformers: import on demand
 
-            loaded = load_model(model)
+            loaded = load_model(model, dtype=host_dtype)
         else:
             loaded = model
         self.model_name = model if isinstance(model, str) else loaded.source

@@ -38,6 +38,8 @@ class RequestError(ValueError):
 def _resolve_dtype(name: str) -> Any:
     if name == "auto":
         return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    if name not in ("float32", "bfloat16"):
+        raise ConfigError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {name!r}")
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 

@@ -13,6 +13,9 @@ Backends (``backend=``):
   bf16 / W8A16 / W8A8, fused gate+up SwiGLU, ragged M and N by masking.
 * ``"mgpu"``   — :mod:`.mgpu_gemm`, Pallas Mosaic GPU wgmma GEMM for prefill (M padded to
   128), bf16 x bf16 or FP8 x FP8 (W8A8), N % 256 == 0, K % 128 (FP8) / 64 (bf16) == 0.
+* ``"mgpu_decode"`` — :func:`.mgpu_gemm.mgpu_decode_linear`, swap-AB wgmma for M <= 128
+  (weights on the MMA's 64-row side, tokens padded to 16k on the other), split-K for small N;
+  same dtype rules as ``"mgpu"``, N % 64 == 0.
 * ``"auto"``   — picks by shape from what was measured on an H200
   (benchmarks/kernels/NOTES_matmul.md); falls back to XLA where no kernel applies.
 """
@@ -27,7 +30,8 @@ import jax.numpy as jnp
 from pallas_kernels.matmul import mgpu_gemm, triton_gemm
 from pallas_kernels.matmul.reference import FP8, quantize_rows_fp8, silu_mul_ref
 
-BACKENDS = ("auto", "xla", "triton", "mgpu")
+F32 = jnp.float32
+BACKENDS = ("auto", "xla", "triton", "mgpu", "mgpu_decode")
 # Decode (M <= DECODE_MAX_M) goes to the Triton skinny GEMM, larger M to wgmma or XLA.
 DECODE_MAX_M = 256
 
@@ -178,12 +182,18 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
     if w.stacked:
         w_nk = w_nk[layer]
         scale = None if scale is None else scale[layer]
-    if backend == "mgpu":
+    if backend in ("mgpu", "mgpu_decode") and x_in.dtype != w_nk.dtype:
+        raise LinearError(f"linear: backend {backend!r} needs x and w of one dtype "
+                          "(bf16, or FP8 with act_quant=True)")
+    if backend == "mgpu_decode":
+        if not mgpu_gemm.mgpu_decode_supported(M, K, Nw, x_in.dtype):
+            raise LinearError(f"linear: backend 'mgpu_decode' cannot take M={M} K={K} N={Nw}")
+        out = mgpu_gemm.mgpu_decode_linear(x_in, w_nk, scale, x_scale, config=mgpu_config,
+                                           out_dtype=out_dtype if not w.gate_up else F32,
+                                           interpret=interpret)
+    elif backend == "mgpu":
         if not mgpu_gemm.mgpu_supported(M, K, Nw, x_in.dtype, mgpu_config):
             raise LinearError(f"linear: backend 'mgpu' cannot take M={M} K={K} N={Nw}")
-        if x_in.dtype != w_nk.dtype:
-            raise LinearError("linear: backend 'mgpu' needs x and w of one dtype "
-                              "(bf16, or FP8 with act_quant=True)")
         # bf16 out also for gate_up (a float32 epilogue tile would not fit shared memory).
         out = mgpu_gemm.mgpu_linear(x_in, w_nk, scale, x_scale, config=mgpu_config,
                                     out_dtype=out_dtype, interpret=interpret)

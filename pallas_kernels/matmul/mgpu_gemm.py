@@ -39,6 +39,7 @@ class MgpuConfig:
     epi_tile_n: int = 64
     grid_minor_n: bool = True  # walk tiles along N first
     grid_tile_width: int = 8
+    split_k: int = 1  # > 1: float32 partial sums [split_k, M, N], summed by the caller
 
 
 def default_config(dtype: jnp.dtype, M: int) -> MgpuConfig:
@@ -52,7 +53,7 @@ def mgpu_supported(M: int, K: int, N: int, dtype: jnp.dtype,
                    cfg: MgpuConfig | None = None) -> bool:
     """Whether :func:`mgpu_linear` takes these shapes (M is padded; N, K must divide)."""
     cfg = cfg or default_config(dtype, M)
-    return M >= 1 and N % (2 * cfg.tile_n) == 0 and K % cfg.tile_k == 0 and \
+    return M >= 1 and N % (2 * cfg.tile_n) == 0 and K % (cfg.tile_k * cfg.split_k) == 0 and \
         jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8))
 
 
@@ -75,7 +76,9 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
     dtype = x_gmem.dtype
     tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
     cta_tile_n = 2 * tile_n
-    m_iters, n_iters, k_iters = m // tile_m, n // cta_tile_n, k // tile_k
+    split = cfg.split_k
+    k_per = k // split
+    m_iters, n_iters, k_iters = m // tile_m, n // cta_tile_n, k_per // tile_k
     swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
     swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
     transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
@@ -111,12 +114,15 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
     def _scope(pipeline_allocs, out_smem, scale_smem, scale_barrier):
         wg_idx = lax.axis_index("wg")
 
-        @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+        @plgpu.nd_loop((m_iters * n_iters * split,), collective_axes="sm")
         def _mn_loop(loop_info: plgpu.NDLoopInfo):
             (lin_idx,) = loop_info.index
+            s_idx = lax.rem(lin_idx, split)
             m_idx, n_idx = plgpu.planar_snake(
-                lin_idx, (m_iters, n_iters), 1 if cfg.grid_minor_n else 0,
+                lax.div(lin_idx, split), (m_iters, n_iters), 1 if cfg.grid_minor_n else 0,
                 cfg.grid_tile_width)
+            k_slice = pl.ds(s_idx * k_per, k_per)
+            out_ref = out_gmem.at[s_idx] if split > 1 else out_gmem
             cta_m = pl.ds(m_idx * tile_m, tile_m)
             cta_n = pl.ds(n_idx * cta_tile_n, cta_tile_n)
             wg_n0 = n_idx * cta_tile_n + wg_idx * tile_n
@@ -152,8 +158,8 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
                             plgpu.commit_smem()
                             plgpu.copy_smem_to_gmem(
                                 out_smem.at[wg_idx, slot],
-                                out_gmem.at[pl.ds(m_idx * tile_m + mi * epi_m, epi_m),
-                                            pl.ds(wg_n0 + ni * epi_n, epi_n)])
+                                out_ref.at[pl.ds(m_idx * tile_m + mi * epi_m, epi_m),
+                                           pl.ds(wg_n0 + ni * epi_n, epi_n)])
 
             def mma_body(_, a_smem, b_smem, acc_ref):
                 b = b_smem.at[pl.ds(wg_idx * tile_n, tile_n)]
@@ -162,7 +168,8 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
                 return acc_ref
 
             get_pipeline(mma_body, compute_context)(
-                x_gmem.at[cta_m, :], w_gmem.at[cta_n, :], allocations=pipeline_allocs)
+                x_gmem.at[cta_m, k_slice], w_gmem.at[cta_n, k_slice],
+                allocations=pipeline_allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -177,6 +184,9 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
       w_nk: [N, K], same dtype as ``x``; FP8 with ``w_scale`` [N] f32.
       config: tiles (:func:`default_config` when None).
       interpret: run the Mosaic GPU interpreter (CPU tests).
+    Returns:
+      [M, N] ``out_dtype``; with ``config.split_k > 1`` float32 partial sums
+      ``[split_k, M, N]`` (scales already applied) for the caller to add up.
     Raises:
       ValueError: dtypes differ, or N / K do not divide the tiles.
     """
@@ -189,7 +199,7 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
         raise ValueError(f"mgpu_linear: x has K={K} but the weight has K={Kw}")
     if not mgpu_supported(M, K, N, x.dtype, cfg):
         raise ValueError(f"mgpu_linear: N={N} must divide by {2 * cfg.tile_n} and K={K} by "
-                         f"{cfg.tile_k} ({x.dtype})")
+                         f"{cfg.tile_k * cfg.split_k} ({x.dtype})")
     m_pad = pl.cdiv(M, cfg.tile_m) * cfg.tile_m
     if m_pad != M:
         x = jnp.pad(x, ((0, m_pad - M), (0, 0)))
@@ -200,16 +210,78 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
         args.append(x_scale.astype(jnp.float32))
     if w_scale is not None:
         args.append(w_scale.astype(jnp.float32))
+    if cfg.split_k > 1:
+        out_dtype = jnp.float32
     kernel = functools.partial(_kernel, cfg=cfg, has_xs=x_scale is not None,
                                has_ws=w_scale is not None, out_dtype=out_dtype)
+    out_shape = (m_pad, N) if cfg.split_k == 1 else (cfg.split_k, m_pad, N)
     params = dict(
         compiler_params=plgpu.CompilerParams(
             lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
     if interpret:
         params = dict(interpret=plgpu.InterpretGPUParams())
     f = plgpu.kernel(
-        kernel, out_type=jax.ShapeDtypeStruct((m_pad, N), out_dtype),
-        grid=(min(_num_sms(), (m_pad // cfg.tile_m) * (N // (2 * cfg.tile_n))),), grid_names=("sm",), num_threads=3, thread_name="wg",
+        kernel, out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
+        grid=(min(_num_sms(), (m_pad // cfg.tile_m) * (N // (2 * cfg.tile_n)) * cfg.split_k),),
+        grid_names=("sm",), num_threads=3, thread_name="wg",
         **params)
     out = f(*args)
-    return out if m_pad == M else out[:M]
+    return out if m_pad == M else out[..., :M, :]
+
+
+def decode_config(M: int, K: int, N: int, dtype: jnp.dtype, split_k: int | None = None,
+                  stages: int = 8) -> MgpuConfig:
+    """Tiles for :func:`mgpu_decode_linear`: 64 weight rows x (M padded to 16k) tokens."""
+    m_pad = max(16, -(-M // 16) * 16)
+    tile_k = 128 if jnp.dtype(dtype).itemsize == 1 else 64
+    if split_k is None:
+        split_k = 1
+        while (N // 64) * split_k < 132 and K % (tile_k * split_k * 2) == 0 and \
+                K // (split_k * 2) >= 512:
+            split_k *= 2
+    per_stage = (64 + m_pad) * tile_k * jnp.dtype(dtype).itemsize
+    stages = max(2, min(stages, (160 * 1024) // per_stage))  # leave room for the epilogue
+    return MgpuConfig(tile_m=64, tile_n=m_pad // 2, tile_k=tile_k, max_concurrent_steps=stages,
+                      epi_tile_m=64, epi_tile_n=min(64, m_pad // 2), grid_minor_n=False,
+                      grid_tile_width=1, split_k=split_k)
+
+
+def mgpu_decode_supported(M: int, K: int, N: int, dtype: jnp.dtype) -> bool:
+    """Whether :func:`mgpu_decode_linear` takes the shape (M <= 128, N % 64, K % tile_k)."""
+    cfg = decode_config(M, K, N, dtype)
+    return M <= 128 and N % 64 == 0 and K % (cfg.tile_k * cfg.split_k) == 0 and \
+        jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8))
+
+
+def mgpu_decode_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
+                       x_scale: jax.Array | None = None, *, config: MgpuConfig | None = None,
+                       out_dtype: jnp.dtype = jnp.bfloat16,
+                       interpret: bool = False) -> jax.Array:
+    """Decode GEMM on wgmma with A and B swapped ("swap-AB", as TensorRT-LLM's FP8 GEMV).
+
+    wgmma's M is at least 64, so for a handful of tokens it computes ``outᵀ = w_nk · xᵀ``:
+    64 weight rows fill the MMA's M side and the tokens (padded to a multiple of 16) its N
+    side, so no tensor-core work is spent on 64-row padding of x. Weights stream through
+    TMA ``max_concurrent_steps`` deep; ``split_k`` fills the SMs for small N (float32
+    partials added by XLA, fused with the transpose back to ``[M, N]``).
+
+    Args and dtypes as :func:`mgpu_linear` (x and w of one dtype: bf16, or FP8 with both
+    scales). Returns ``[M, N]`` in ``out_dtype``.
+    """
+    M, K = x.shape
+    N = w_nk.shape[0]
+    cfg = config or decode_config(M, K, N, x.dtype)
+    m_pad = 2 * cfg.tile_n
+    if M > m_pad:
+        raise ValueError(f"mgpu_decode_linear: M={M} exceeds the config's {m_pad} tokens")
+    if m_pad != M:
+        x = jnp.pad(x, ((0, m_pad - M), (0, 0)))
+        if x_scale is not None:
+            x_scale = jnp.pad(x_scale, (0, m_pad - M), constant_values=1.0)
+    # Roles swapped: the weight is the row operand (its scale scales rows), x the column one.
+    # float32 out: a 16-token bf16 epilogue row (16 bytes) is below the smallest TMA swizzle.
+    out_t = mgpu_linear(w_nk, x, x_scale, w_scale, config=cfg, out_dtype=jnp.float32,
+                        interpret=interpret)
+    if cfg.split_k > 1:
+        out_t = jnp.sum(out_t, axis=0)
+    return out_t[:, :M].T.astype(out_dtype)

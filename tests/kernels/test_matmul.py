@@ -30,7 +30,12 @@ from pallas_kernels.matmul import (
     quantize_rows_fp8,
 )
 from pallas_kernels.matmul import mgpu_gemm, triton_gemm
-from pallas_kernels.matmul.mgpu_gemm import MgpuConfig, mgpu_linear
+from pallas_kernels.matmul.mgpu_gemm import (
+    MgpuConfig,
+    decode_config,
+    mgpu_decode_linear,
+    mgpu_linear,
+)
 from pallas_kernels.matmul.triton_gemm import TritonConfig, triton_linear
 
 FP8 = jnp.float8_e4m3fn
@@ -123,6 +128,16 @@ def test_mgpu_matches_reference(kind, tile_k):
     ref = linear_ref(x, w, ws, xs, out_dtype=F32)
     assert out.shape == (M, N)
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("kind,split", [("bf16", 1), ("w8a8", 2)])
+def test_mgpu_decode_swap_ab_matches_reference(kind, split):
+    M, K, N = 5, 512, 128  # tokens padded to 16; split-K partials summed outside
+    x, w, ws, xs = operands(23 if kind == "bf16" else 24, M, K, N, kind)
+    cfg = decode_config(M, K, N, x.dtype, split_k=split, stages=2)
+    out = mgpu_decode_linear(x, w, ws, xs, config=cfg, out_dtype=F32, interpret=True)
+    assert out.shape == (M, N)
+    assert rel_err(out, linear_ref(x, w, ws, xs, out_dtype=F32)) < 1e-5
 
 
 def test_mgpu_rejects_bad_shapes():
@@ -237,6 +252,19 @@ def test_mgpu_lowers_for_cuda(dtype):
 
     def f(x, w, ws, xs):
         return mgpu_linear(x, w, ws if scaled else None, xs if scaled else None, config=cfg)
+
+    text = lower_for_cuda(f, sds((M, K), dtype), sds((N, K), dtype), sds((N,), F32),
+                          sds((M,), F32))
+    assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 8192, 28672), (64, 4096, 4096), (128, 14336, 4096)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, FP8])
+def test_mgpu_decode_lowers_for_cuda(M, K, N, dtype):
+    scaled = dtype == FP8
+
+    def f(x, w, ws, xs):
+        return mgpu_decode_linear(x, w, ws if scaled else None, xs if scaled else None)
 
     text = lower_for_cuda(f, sds((M, K), dtype), sds((N, K), dtype), sds((N,), F32),
                           sds((M,), F32))

@@ -131,13 +131,17 @@ def _merge_splits(o_part: jax.Array, lse: jax.Array, dtype) -> jax.Array:
 
 def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
                       target_programs: int | None = None) -> int:
-    """Split-K count: none when batch * Hkv programs already fill the SMs, else enough
-    splits to reach ``target_programs`` (default 2 per SM). Measured on an H200 (notes)."""
+    """Split-K count so that ``batch * Hkv * splits`` reaches ``target_programs``.
+
+    Default (measured on an H200, see the notes): no split once ``batch * Hkv`` programs
+    fill about one wave of the 132 SMs (the merge costs more than it gains); one wave's
+    worth for mid-size batches (B * Hkv >= 32), two waves' worth below that (B = 1).
+    """
     programs = batch * num_kv_heads
     if target_programs is None:
         if programs >= 0.9 * NUM_SMS_H200:
             return 1
-        target_programs = 2 * NUM_SMS_H200
+        target_programs = NUM_SMS_H200 if programs >= 32 else 2 * NUM_SMS_H200
     want = -(-target_programs // programs)
     return max(1, min(want, num_blocks))
 

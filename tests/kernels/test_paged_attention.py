@@ -180,8 +180,8 @@ H200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platfor
     (32, 32, 8, 128, 16, 128, jnp.bfloat16, 0, {}),
     (1, 32, 8, 128, 16, 2048, jnp.bfloat16, 0, {}),
     (32, 32, 8, 128, 16, 128, jnp.float8_e4m3fn, "traced", {}),
-    (8, 8, 4, 256, 64, 32, jnp.bfloat16, 512, dict(block_tokens=64, num_stages=2)),
-    (8, 16, 16, 64, 32, 64, jnp.bfloat16, 0, dict(num_splits=1)),
+    (8, 8, 4, 256, 64, 32, jnp.bfloat16, 512, {"block_tokens": 64, "num_stages": 2}),
+    (8, 16, 16, 64, 32, 64, jnp.bfloat16, 0, {"num_splits": 1}),
 ])
 def test_lowers_for_cuda(B, Hq, Hkv, D, ps, maxp, kv_dtype, window, kw):
     """Trace and lower for an H200 on this CPU machine (no GPU needed)."""
@@ -190,7 +190,7 @@ def test_lowers_for_cuda(B, Hq, Hkv, D, ps, maxp, kv_dtype, window, kw):
     args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv_dtype),
             sds((L, Hkv, P, ps, D), kv_dtype), sds((), jnp.int32), sds((B, maxp), jnp.int32),
             sds((B,), jnp.int32)]
-    scales = dict(k_scale=0.5, v_scale=2.0) if kv_dtype == jnp.float8_e4m3fn else {}
+    scales = {"k_scale": 0.5, "v_scale": 2.0} if kv_dtype == jnp.float8_e4m3fn else {}
     if window == "traced":
         args.append(sds((), jnp.int32))
         f = jax.jit(lambda *a: paged_decode_attention(*a[:6], scale=0.1, window=a[6],

@@ -112,12 +112,13 @@ class Tokenizer:
         (path / _META_FILE).write_text(json.dumps(meta, indent=1))
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, extra_eos_ids: Iterable[int] = ()) -> "Tokenizer":
+    def from_pretrained(cls, path: str | Path, extra_eos_ids: Iterable[int] = ()) -> Tokenizer:
         """Load from a directory written by :meth:`save` (fast path: ``tokenizer.json`` plus the
         recorded init arguments) or an HF model directory (``AutoTokenizer``).
         Raises TokenizerError when the directory holds no usable tokenizer."""
         path = Path(path)
         meta_file = path / _META_FILE
+        hf: Any
         try:
             if meta_file.is_file():
                 meta = json.loads(meta_file.read_text())
@@ -131,7 +132,7 @@ class Tokenizer:
         return cls(hf, extra_eos_ids, source=str(path))
 
     @classmethod
-    def from_gguf(cls, reader_or_path: Any) -> "Tokenizer":
+    def from_gguf(cls, reader_or_path: Any) -> Tokenizer:
         """Build from a GGUF's ``tokenizer.*`` metadata (a ``gguf.GGUFReader`` or a path).
 
         Mirrors ``transformers.integrations.gguf.gguf_tokenizer_mapping.get_gguf_tokenizer``

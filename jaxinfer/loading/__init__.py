@@ -19,7 +19,6 @@ from pathlib import Path
 
 from jaxinfer.loading.base import CheckpointError, LoadedModel, cast_params, np_dtype
 from jaxinfer.loading.dummy import DUMMY_CONFIGS, load_dummy
-from jaxinfer.loading.gguf_loader import load_gguf
 from jaxinfer.loading.hf_loader import load_hf
 from jaxinfer.loading.named import DEFAULT_MODEL, NAMED_MODELS, resolve_named
 from jaxinfer.loading.orbax_store import (
@@ -31,8 +30,16 @@ from jaxinfer.loading.orbax_store import (
     save_converted,
 )
 
-__all__ = ["CheckpointError", "LoadedModel", "load_model", "convert", "checkpoint_dir",
-           "NAMED_MODELS", "DUMMY_CONFIGS", "DEFAULT_MODEL"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "DUMMY_CONFIGS",
+    "NAMED_MODELS",
+    "CheckpointError",
+    "LoadedModel",
+    "checkpoint_dir",
+    "convert",
+    "load_model",
+]
 
 
 def _resolve(model: str) -> tuple[str, Path]:
@@ -60,6 +67,16 @@ def _resolve(model: str) -> tuple[str, Path]:
                               "delete it and convert again")
     raise CheckpointError(f"{p} has no config.json (HF checkpoint) nor manifest.json (converted "
                           "checkpoint)")
+
+
+def _load_gguf(path: Path, progress: bool) -> LoadedModel:
+    """float32 LoadedModel from a GGUF; the ``gguf`` package is imported only here."""
+    try:
+        from jaxinfer.loading.gguf_loader import load_gguf
+    except ImportError as e:
+        raise CheckpointError(f"reading {path} needs the gguf package (pip install 'gguf>=0.17'):"
+                              f" {e}") from e
+    return load_gguf(path, "float32", progress)
 
 
 def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: bool = True,
@@ -93,7 +110,7 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
         cached = find_cached(path)
         if cached is not None:
             return load_converted(cached, dtype)
-    loaded = load_gguf(path, "float32", progress)
+    loaded = _load_gguf(path, progress)
     if use_cache:
         try:
             save_converted(cache_path_for(path), loaded, source=path)
@@ -126,6 +143,5 @@ def convert(model: str, output: str | None = None, progress: bool = True) -> Pat
         output_path = Path(output).expanduser()
         if output_path.exists():
             raise CheckpointError(f"output {output_path} already exists")
-    loaded = load_gguf(path, "float32", progress) if kind == "gguf" else load_hf(
-        path, "float32", progress)
+    loaded = _load_gguf(path, progress) if kind == "gguf" else load_hf(path, "float32", progress)
     return save_converted(output_path, loaded, source=path if kind == "gguf" else None)

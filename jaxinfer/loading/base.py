@@ -44,7 +44,7 @@ class LoadedModel:
 
     config: ModelConfig
     params: dict[str, np.ndarray]
-    tokenizer: "Tokenizer | None"
+    tokenizer: Tokenizer | None
     source: str
 
 

@@ -11,17 +11,21 @@ never as float32 first.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from jaxinfer.config import ModelConfig
 from jaxinfer.loading.base import CheckpointError, LoadedModel, np_dtype
 from jaxinfer.models.params import param_shapes
 
-_LLAMA31 = dict(family="llama", vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0,
-                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-                max_position_embeddings=131072, head_dim=128, bos_token_id=128000,
-                eos_token_ids=(128001, 128008, 128009))
+# Llama 3.1 (HF config.json of meta-llama/Llama-3.1-8B / -70B)
+_LLAMA31: dict[str, Any] = {
+    "family": "llama", "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "max_position_embeddings": 131072, "head_dim": 128, "bos_token_id": 128000,
+    "eos_token_ids": (128001, 128008, 128009)}
 
 DUMMY_CONFIGS: dict[str, ModelConfig] = {
     "llama-3.1-8b": ModelConfig(**_LLAMA31, hidden_size=4096, intermediate_size=14336,

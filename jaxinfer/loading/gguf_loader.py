@@ -131,19 +131,20 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str,
         rope_scaling = {"rope_type": "linear",
                         "factor": float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))}
     eps_default = 1e-6 if arch == "gemma3" else 1e-5
-    kw: dict[str, Any] = dict(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(req("feed_forward_length")),
-        num_layers=int(req("block_count")), num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon",
-                                  eps_default)),
-        rope_scaling=rope_scaling,
-        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 4096)),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
-        qk_norm="blk.0.attn_q_norm.weight" in names,
-        name=str(_field(reader, "general.name", Path(source).stem)),
-    )
+    kw: dict[str, Any] = {
+        "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": int(req("feed_forward_length")),
+        "num_layers": int(req("block_count")), "num_heads": heads, "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon",
+                                     eps_default)),
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "qk_norm": "blk.0.attn_q_norm.weight" in names,
+        "name": str(_field(reader, "general.name", Path(source).stem)),
+    }
     if arch == "llama":
         kw.update(family="llama", rope_theta=float(_field(reader, "llama.rope.freq_base", 1e4)))
     else:
@@ -177,18 +178,18 @@ def _gemma3_facts(reader: gguf.GGUFReader, kw: dict[str, Any], source: str) -> d
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if _field(reader, f"gemma3.{key}") is not None:
             raise CheckpointError(f"{source}: gemma3.{key} is not supported")
-    return dict(
-        family="gemma3",
-        rope_theta=float(_field(reader, "gemma3.rope.freq_base", 1e6)),
-        rope_local_base_freq=float(_field(reader, "gemma3.rope.freq_base_swa", 1e4)),
-        layer_types=layer_types,
-        sliding_window=int(_field(reader, "gemma3.attention.sliding_window", 512)),
-        query_pre_attn_scalar=qpas,
-        embed_scale=math.sqrt(hidden),
-        hidden_act="gelu_pytorch_tanh",
-        qk_norm=True,
-        post_norms=True,
-    )
+    return {
+        "family": "gemma3",
+        "rope_theta": float(_field(reader, "gemma3.rope.freq_base", 1e6)),
+        "rope_local_base_freq": float(_field(reader, "gemma3.rope.freq_base_swa", 1e4)),
+        "layer_types": layer_types,
+        "sliding_window": int(_field(reader, "gemma3.attention.sliding_window", 512)),
+        "query_pre_attn_scalar": qpas,
+        "embed_scale": math.sqrt(hidden),
+        "hidden_act": "gelu_pytorch_tanh",
+        "qk_norm": True,
+        "post_norms": True,
+    }
 
 
 def reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -146,8 +146,8 @@ def config_from_hf(raw: dict[str, Any], source: str,
         kw.update(family="llama", hidden_act=c.hidden_act, qk_norm=arch == "Qwen3ForCausalLM")
     eos: list[int] = []
     for d in (raw, generation_config or {}):
-        e = d.get("eos_token_id")
-        eos += [int(x) for x in (e if isinstance(e, list) else [e]) if x is not None]
+        ids = d.get("eos_token_id")
+        eos += [int(x) for x in (ids if isinstance(ids, list) else [ids]) if x is not None]
     bos = raw.get("bos_token_id", getattr(c, "bos_token_id", None))
     try:
         return ModelConfig(
@@ -179,7 +179,7 @@ def _weight_map(d: Path) -> dict[str, Path]:
         return {k: files[f] for k, f in wm.items()}
     if single.is_file():
         with _open_st(single) as f:
-            return {k: single for k in f.keys()}
+            return dict.fromkeys(f.keys(), single)
     raise CheckpointError(f"{d} has neither model.safetensors nor model.safetensors.index.json")
 
 

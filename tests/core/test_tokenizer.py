@@ -72,9 +72,13 @@ def test_smollm2_matches_transformers(smollm: Tokenizer) -> None:
 
 
 @pytest.mark.slow
-def test_gemma3_matches_transformers(gemma: Tokenizer) -> None:
-    _check_against_reference(gemma, _reference("gemma3-270m"))
+def test_gemma3_matches_transformers(gemma: Tokenizer, tmp_path: Path) -> None:
+    ref = _reference("gemma3-270m")
+    _check_against_reference(gemma, ref)
     assert gemma.encode("hi")[0] == gemma.bos_token_id == 2  # Gemma prepends <bos>
+    assert gemma.chat_template is None and gemma.eos_token_ids == (1,)
+    gemma.save(tmp_path)  # what a converted checkpoint holds
+    _check_against_reference(Tokenizer.from_pretrained(tmp_path), ref)
 
 
 def test_smollm2_special_ids_and_chat_end(smollm: Tokenizer) -> None:

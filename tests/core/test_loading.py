@@ -548,6 +548,9 @@ def test_bad_hf_directories(tmp_path: Path) -> None:
     (d / "model.safetensors").write_bytes(blob[:8] + b"{not json" + blob[17:200])
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*truncated or corrupt"):
         load_model(str(d), progress=False)
+    (d / "model.safetensors").write_bytes(blob[:-64])  # header intact, data cut short
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*truncated or corrupt"):
+        load_model(str(d), progress=False)
     d = save_hf(tmp_path / "shards", llama_hf_config(), w, shards=2)
     (d / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors, which is missing"):

@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--model", default=DEFAULT_MODEL)
     v.add_argument("--output", default=None, help="directory (default: the checkpoint cache)")
     v.set_defaults(func=cmd_convert)
+    from jaxinfer.serving.cli import add_serving_commands  # serve, client
+
+    add_serving_commands(sub)
     return parser
 
 

@@ -1,0 +1,131 @@
+"""``jaxinfer serve`` and ``jaxinfer client``: argument parsers and commands, registered into
+``jaxinfer.cli`` by :func:`add_serve_parser` and :func:`add_client_parser`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_serving_commands(sub: Any) -> None:
+    """Register ``serve`` and ``client`` on the ``jaxinfer`` CLI's subparsers."""
+    add_serve_parser(sub)
+    add_client_parser(sub)
+
+
+def _add_if_missing(p: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
+    # The shared engine options may already define it (they grow over time).
+    if flag not in p._option_string_actions:
+        p.add_argument(flag, **kw)
+
+
+def add_serve_parser(sub: Any) -> None:
+    """Register ``jaxinfer serve`` on the CLI's subparsers."""
+    from jaxinfer.cli import _add_engine_options
+    from jaxinfer.serving import DEFAULT_PORT
+
+    p = sub.add_parser("serve", help="serve the model over gRPC (jaxinfer.v1.Inference)")
+    _add_engine_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port (0: any free)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="Prometheus /metrics port on --host (default: off)")
+    _add_if_missing(p, "--max-num-batched-tokens", type=int, default=None,
+                    help="most prompt tokens in one prefill step")
+    _add_if_missing(p, "--num-kv-pages", type=int, default=None, help="KV pool size in pages")
+    p.add_argument("--max-queue-len", type=int, default=None,
+                   help="most waiting requests; more get RESOURCE_EXHAUSTED (default: no limit)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight streams may run after SIGTERM")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="report SERVING without compiling the common programs first")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from jaxinfer.cli import _engine_args
+    from jaxinfer.engine import LLMEngine
+    from jaxinfer.serving.server import serve
+
+    args = _engine_args(ns)
+    for name in ("max_num_batched_tokens", "num_kv_pages"):
+        if name not in args and getattr(ns, name, None) is not None:
+            args[name] = getattr(ns, name)
+    engine = LLMEngine(ns.model, **args)
+    return asyncio.run(serve(engine, ns.host, ns.port, ns.metrics_port, ns.max_queue_len,
+                             ns.drain_timeout, warmup=not ns.no_warmup))
+
+
+def add_client_parser(sub: Any) -> None:
+    """Register ``jaxinfer client`` on the CLI's subparsers."""
+    p = sub.add_parser("client", help="send a prompt to a `jaxinfer serve` (streams tokens)")
+    p.add_argument("--address", default="127.0.0.1:50051", help="host:port of the server")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user message")
+    p.add_argument("--token-ids", action="store_true",
+                   help="the prompt is space-separated token ids")
+    p.add_argument("--unary", action="store_true", help="one response (GenerateUnary)")
+    p.add_argument("--info", action="store_true", help="print ModelInfo and health as JSON")
+    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-tokens", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--show-ids", action="store_true", help="print token ids after the text")
+    p.add_argument("prompt", nargs="?", default=None)
+    p.set_defaults(func=cmd_client)
+
+
+def cmd_client(ns: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from jaxinfer.serving.client import InferenceClient
+
+    with InferenceClient(ns.address, timeout=ns.timeout) as c:
+        try:
+            if ns.info:
+                info = MessageToDict(c.model_info(), preserving_proto_field_name=True)
+                info["health"] = c.health()
+                print(json.dumps(info, indent=1))
+                return 0
+            if ns.prompt is None:
+                print("jaxinfer: error: client: a prompt is needed (or --info)", file=sys.stderr)
+                return 2
+            sampling = {k: getattr(ns, k) for k in ("max_tokens", "temperature", "top_k",
+                                                    "top_p", "min_tokens", "seed")
+                        if getattr(ns, k) is not None}
+            if ns.ignore_eos:
+                sampling["ignore_eos"] = True
+            if ns.chat:
+                inp: dict[str, Any] = {"messages": [{"role": "user", "content": ns.prompt}]}
+            elif ns.token_ids:
+                inp = {"token_ids": [int(t) for t in ns.prompt.split()]}
+            else:
+                inp = {"prompt": ns.prompt}
+            ids: list[int] = []
+            if ns.unary:
+                r = c.generate(**inp, **sampling)
+                ids, reason = list(r.token_ids), r.finish_reason
+                print(r.text, end="")
+            else:
+                for r in c.generate_stream(**inp, **sampling):
+                    ids += r.token_ids
+                    reason = r.finish_reason
+                    print(r.text, end="", flush=True)
+            print()
+            if ns.show_ids:
+                from jaxinfer.serving import jaxinfer_pb2 as pb
+
+                print(json.dumps({"token_ids": ids,
+                                  "finish_reason": pb.FinishReason.Name(reason)}))
+        except grpc.RpcError as e:
+            print(f"jaxinfer: error: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 2
+    return 0

@@ -1,0 +1,106 @@
+"""A small synchronous client for ``jaxinfer.v1.Inference`` (and the standard health check).
+
+    from jaxinfer.serving.client import InferenceClient
+    with InferenceClient("127.0.0.1:50051") as c:
+        for r in c.generate_stream("The capital of France is", max_tokens=16, temperature=0):
+            print(r.text, end="", flush=True)
+        print(c.generate(messages=[{"role": "user", "content": "What is 2+2?"}]).text)
+
+Sampling keywords are the fields of ``SamplingParameters`` in ``jaxinfer.proto`` (vLLM names:
+temperature, top_k, top_p, max_tokens, min_tokens, ignore_eos, stop_token_ids, seed, ...).
+Errors arrive as ``grpc.RpcError`` with the server's status code and message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from jaxinfer.serving import jaxinfer_pb2 as pb
+from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
+
+
+def build_request(prompt: str | None = None, *, token_ids: Sequence[int] | None = None,
+                  messages: Sequence[dict[str, str]] | None = None, request_id: str = "",
+                  **sampling: Any) -> pb.GenerateRequest:
+    """A GenerateRequest from exactly one of ``prompt`` / ``token_ids`` / ``messages``.
+
+    Raises ValueError when not exactly one input is given or a sampling keyword is unknown.
+    """
+    given = [x is not None for x in (prompt, token_ids, messages)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of prompt, token_ids, messages")
+    req = pb.GenerateRequest(request_id=request_id,
+                             sampling=pb.SamplingParameters(**sampling))
+    if prompt is not None:
+        req.prompt = prompt
+    elif token_ids is not None:
+        req.prompt_token_ids.ids.extend(int(t) for t in token_ids)
+    else:
+        req.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"])
+                                 for m in messages or ())
+    return req
+
+
+class InferenceClient:
+    """Blocking client over one insecure channel.
+
+    Args:
+      target: ``host:port`` of a ``jaxinfer serve``.
+      timeout: default per-call deadline in seconds (None: none).
+    """
+
+    def __init__(self, target: str = "127.0.0.1:50051", timeout: float | None = None) -> None:
+        self.channel = grpc.insecure_channel(target)
+        self.stub = pb_grpc.InferenceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.timeout = timeout
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _t(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
+
+    def generate_stream(self, prompt: str | None = None, *, timeout: float | None = None,
+                        **kw: Any) -> Iterator[pb.GenerateResponse]:
+        """Stream of responses (new token ids + text delta; the last has finish_reason and
+        usage). Keywords: see :func:`build_request`. ``.cancel()`` on the returned iterator
+        aborts the request on the server."""
+        return self.stub.Generate(build_request(prompt, **kw), timeout=self._t(timeout))
+
+    def generate(self, prompt: str | None = None, *, timeout: float | None = None,
+                 **kw: Any) -> pb.GenerateResponse:
+        """The whole completion in one response (GenerateUnary)."""
+        return self.stub.GenerateUnary(build_request(prompt, **kw), timeout=self._t(timeout))
+
+    def tokenize(self, text: str | None = None,
+                 messages: Sequence[dict[str, str]] | None = None) -> list[int]:
+        req = pb.TokenizeRequest()
+        if messages is not None:
+            req.chat.messages.extend(pb.ChatMessage(**m) for m in messages)
+        else:
+            req.text = text or ""
+        return list(self.stub.Tokenize(req, timeout=self.timeout).token_ids)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self.stub.Detokenize(pb.DetokenizeRequest(token_ids=list(token_ids)),
+                                    timeout=self.timeout).text
+
+    def model_info(self) -> pb.ModelInfoResponse:
+        return self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=self.timeout)
+
+    def health(self, service: str = "") -> str:
+        """``SERVING`` / ``NOT_SERVING`` / ... of ``service`` ("" = the whole server)."""
+        r = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service),
+                                   timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)

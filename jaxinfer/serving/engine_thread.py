@@ -1,0 +1,286 @@
+"""The engine loop in its own thread, fed through a thread-safe inbox (vLLM's
+``AsyncLLMEngine`` background loop, with a thread instead of a task: a step blocks on the device).
+
+The event loop of the gRPC server never touches ``LLMEngine``: it puts commands (add, abort,
+stop) into a ``queue.Queue``; the engine thread applies them between steps, runs a step, and
+hands each request's new tokens back to the event loop with one ``call_soon_threadsafe`` per step
+(each request owns an ``asyncio.Queue``). An abort frees the request's pages before the next
+step. A fault while producing one request's output fails that request only; a fault in a step
+fails the requests running in it, which are aborted (their pages freed), and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sequence import SequenceStatus
+
+if TYPE_CHECKING:
+    from jaxinfer.engine import LLMEngine
+    from jaxinfer.outputs import RequestOutput
+    from jaxinfer.serving.metrics import ServingMetrics
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(RuntimeError):
+    """The scheduler's waiting queue is at ``max_queue_len`` (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class Rejected(ValueError):
+    """The engine refused the request (gRPC INVALID_ARGUMENT); the message says why."""
+
+
+class RequestFailed(RuntimeError):
+    """The request hit a fault inside the engine thread (gRPC INTERNAL)."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine thread stopped before the request finished (gRPC UNAVAILABLE)."""
+
+
+@dataclass
+class StreamItem:
+    """New tokens of one request, as produced by one step.
+
+    ``token_ids``: ids generated since the previous item; ``finish_reason``: None while running,
+    then "stop" / "length" / "abort"; ``error``: set (and nothing else) when the request failed.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+
+class RequestHandle:
+    """One request as the server sees it: inputs, and the queue its outputs arrive on.
+
+    Create it on the event loop (the queue binds to the running loop); ``arrival`` (monotonic
+    seconds) starts the TTFT and end-to-end clocks.
+    """
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams,
+                 prompt_text: str | None = None) -> None:
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.prompt_text = prompt_text
+        self.queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self.request_id: int = -1  # set by EngineThread.submit
+        self.arrival = time.monotonic()
+        self.num_sent = 0  # tokens handed out (engine thread only)
+        self.last_token_time: float | None = None
+        self.finished = False  # set on the event loop when the final item was read
+
+
+class EngineThread:
+    """Runs ``engine.step()`` in a daemon thread while requests come and go.
+
+    Args:
+      engine: the ``LLMEngine``; after ``start()`` only this thread may use it.
+      loop: the event loop that owns the request handles (outputs are delivered on it).
+      metrics: optional :class:`ServingMetrics` updated every step.
+      idle_wait_s: how long the idle thread blocks on the inbox before re-checking for stop.
+    """
+
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
+                 metrics: ServingMetrics | None = None, idle_wait_s: float = 0.1) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.metrics = metrics
+        self.idle_wait_s = idle_wait_s
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._active: dict[int, RequestHandle] = {}
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="jaxinfer-engine", daemon=True)
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()  # orders submit() against the thread's final drain
+        self.num_steps = 0
+        self.num_step_faults = 0
+
+    # ------------------------------------------------------------- event-loop side
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, handle: RequestHandle) -> None:
+        """Queue ``handle`` for admission at the next step boundary (any thread)."""
+        with self._lock:
+            if self._stopped.is_set():
+                raise EngineStopped("the engine is shutting down")
+            handle.request_id = next(self._ids)
+            self._inbox.put(("add", handle))
+
+    def abort(self, handle: RequestHandle) -> None:
+        """Abort ``handle`` at the next step boundary; its pages are freed then (any thread)."""
+        self._inbox.put(("abort", handle))
+
+    def call(self, fn: Any) -> None:
+        """Run ``fn(engine)`` in the engine thread between steps (tests, maintenance)."""
+        self._inbox.put(("call", fn))
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Abort what is left, end the thread and wait for it (at most ``timeout`` s)."""
+        self._inbox.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    # ------------------------------------------------------------- engine-thread side
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                busy = engine.has_unfinished_requests()
+                if not self._drain(block=not busy):
+                    return
+                if not engine.has_unfinished_requests():
+                    continue
+                self._step()
+        finally:
+            with self._lock:
+                self._stopped.set()
+            self._fail_all(EngineStopped("the server is shutting down"))
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued commands; returns False on stop."""
+        try:
+            cmd = self._inbox.get(timeout=self.idle_wait_s) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            kind, arg = cmd
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self._add(arg)
+            elif kind == "abort":
+                self._abort(arg)
+            elif kind == "call":
+                try:
+                    arg(self.engine)
+                except Exception:  # noqa: BLE001 - a maintenance call must not end the loop
+                    log.exception("engine-thread call failed")
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _add(self, h: RequestHandle) -> None:
+        from jaxinfer.engine import RequestError
+        from jaxinfer.scheduler import QueueFullError
+
+        try:
+            self.engine.add_request(h.prompt_text if h.prompt_text is not None else h.prompt_ids,
+                                    h.params, request_id=h.request_id,
+                                    prompt_token_ids=h.prompt_ids)
+        except RequestError as e:
+            err: BaseException = (QueueFull(str(e)) if isinstance(e.__cause__, QueueFullError)
+                                  else Rejected(str(e)))
+            self._deliver([(h, StreamItem(error=err))])
+            return
+        except Exception as e:  # noqa: BLE001 - one request's fault fails that request only
+            log.exception("add_request failed for request %d", h.request_id)
+            self._deliver([(h, StreamItem(error=RequestFailed(f"{type(e).__name__}: {e}")))])
+            return
+        self._active[h.request_id] = h
+        if self.metrics is not None:
+            self.metrics.on_admitted(len(h.prompt_ids))
+
+    def _abort(self, h: RequestHandle) -> None:
+        if self._active.pop(h.request_id, None) is not None:
+            self.engine.abort_request(h.request_id)
+            if self.metrics is not None:
+                self.metrics.on_finished(h, "abort")
+
+    def _step(self) -> None:
+        try:
+            outs = self.engine.step()
+        except Exception as e:  # noqa: BLE001 - keep serving; fail what ran in this step
+            self.num_step_faults += 1
+            log.exception("engine step failed")
+            sched = self.engine.scheduler
+            victims = [h for rid, h in self._active.items()
+                       if (s := sched.get(rid)) is not None
+                       and s.status is SequenceStatus.RUNNING]
+            for h in victims:
+                self._active.pop(h.request_id, None)
+                self.engine.abort_request(h.request_id)
+            self._deliver([(h, StreamItem(error=RequestFailed(f"engine step failed: "
+                                                              f"{type(e).__name__}: {e}")))
+                           for h in victims])
+            return
+        self.num_steps += 1
+        now = time.monotonic()
+        batch: list[tuple[RequestHandle, StreamItem]] = []
+        for out in outs:
+            h = self._active.get(out.request_id)
+            if h is None:
+                continue
+            try:
+                item = self._item(h, out, now)
+            except Exception as e:  # noqa: BLE001 - this request only
+                log.exception("output of request %d failed", h.request_id)
+                self._active.pop(h.request_id, None)
+                self.engine.abort_request(h.request_id)
+                item = StreamItem(error=RequestFailed(f"{type(e).__name__}: {e}"))
+            batch.append((h, item))
+        if batch:
+            self._deliver(batch)
+        if self.metrics is not None:
+            self.metrics.on_step(self.engine)
+
+    def _item(self, h: RequestHandle, out: RequestOutput, now: float) -> StreamItem:
+        comp = out.outputs[0]
+        new = comp.token_ids[h.num_sent:]
+        h.num_sent = len(comp.token_ids)
+        if self.metrics is not None and new:
+            self.metrics.on_tokens(h, len(new), now)
+        h.last_token_time = now if new else h.last_token_time
+        if out.finished:
+            self._active.pop(h.request_id, None)
+            if self.metrics is not None:
+                self.metrics.on_finished(h, comp.finish_reason or "stop", now)
+        return StreamItem(new, comp.finish_reason if out.finished else None)
+
+    def _fail_all(self, err: BaseException) -> None:
+        batch = []
+        for rid, h in list(self._active.items()):
+            try:
+                self.engine.abort_request(rid)
+            except Exception:  # noqa: BLE001 - shutting down
+                pass
+            batch.append((h, StreamItem(error=err)))
+        self._active.clear()
+        while True:  # requests queued but never admitted
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                batch.append((arg, StreamItem(error=err)))
+        if batch:
+            self._deliver(batch)
+
+    def _deliver(self, batch: list[tuple[RequestHandle, StreamItem]]) -> None:
+        def put() -> None:
+            for h, item in batch:
+                h.queue.put_nowait(item)
+
+        try:
+            self.loop.call_soon_threadsafe(put)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass

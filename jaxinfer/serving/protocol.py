@@ -1,0 +1,138 @@
+"""Protocol messages <-> engine objects: sampling parameters, prompts, chat messages.
+
+Everything here runs on the server's event loop before a request reaches the engine thread, and
+raises :class:`InvalidRequest` (mapped to gRPC ``INVALID_ARGUMENT``) with a message that names
+the offending field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxinfer.sampling_params import ParameterError, SamplingParams
+from jaxinfer.serving import jaxinfer_pb2 as pb
+
+# Server-side (detokenizer) options of SamplingParameters, never passed to SamplingParams
+# unless it grows a field of the same name.
+SERVER_SIDE_FIELDS = ("skip_special_tokens",)
+
+FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
+                  "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
+
+
+class InvalidRequest(ValueError):
+    """A request is malformed or out of range; the message names the field."""
+
+
+def sampling_params_from_proto(msg: pb.SamplingParameters) -> tuple[SamplingParams, bool]:
+    """``SamplingParams`` from the set fields of ``msg``, plus ``skip_special_tokens``.
+
+    Each set field is passed to ``SamplingParams`` under its own name (the proto uses vLLM's
+    names), so fields added to ``SamplingParams`` later need no change here; a set field that
+    ``SamplingParams`` does not have yet is rejected. Unset fields keep SamplingParams'
+    defaults (temperature 1.0, max_tokens 16, ...).
+
+    Raises:
+      InvalidRequest: unknown field for this engine version, or a value out of range
+        (``ParameterError``'s message, which names the field).
+    """
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    kwargs: dict[str, Any] = {}
+    skip_special = True
+    for field, value in msg.ListFields():  # only fields that are set / non-empty
+        name = field.name
+        if name in SERVER_SIDE_FIELDS and name not in known:
+            skip_special = bool(value)
+            continue
+        if name not in known:
+            raise InvalidRequest(f"sampling.{name} is not supported by this server version")
+        if not isinstance(value, (str, bytes, bool, int, float)):
+            value = list(value)  # a repeated field's container
+        kwargs[name] = value
+    try:
+        return SamplingParams(**kwargs), skip_special
+    except ParameterError as e:
+        raise InvalidRequest(f"sampling: {e}") from e
+    except TypeError as e:  # a proto type the dataclass rejects
+        raise InvalidRequest(f"sampling: {e}") from e
+
+
+def chat_messages(msg: pb.ChatMessages) -> list[dict[str, str]]:
+    """``[{"role", "content"}, ...]`` of a ChatMessages message.
+
+    Raises InvalidRequest on no messages, or a message with an empty role or content.
+    """
+    if not msg.messages:
+        raise InvalidRequest("chat.messages is empty")
+    out = []
+    for i, m in enumerate(msg.messages):
+        if not m.role.strip():
+            raise InvalidRequest(f"chat.messages[{i}].role is empty")
+        if not m.content:
+            raise InvalidRequest(f"chat.messages[{i}].content is empty")
+        out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def prompt_token_ids(engine: Any, req: pb.GenerateRequest) -> tuple[list[int], str | None]:
+    """Token ids of a request's input (text encoded, chat template applied) and its text.
+
+    Args:
+      engine: the ``LLMEngine`` (its tokenizer and config are read, nothing is changed).
+    Raises:
+      InvalidRequest: no input, an empty prompt, ids out of the vocabulary, a model without
+        tokenizer or chat template, malformed chat messages, or a prompt that leaves no room
+        for one generated token within ``max_model_len``.
+    """
+    from jaxinfer.engine import RequestError
+    from jaxinfer.tokenizer import TokenizerError
+
+    kind = req.WhichOneof("input")
+    text: str | None = None
+    try:
+        if kind is None:
+            raise InvalidRequest("request has no input: set prompt, prompt_token_ids or chat")
+        if kind == "prompt":
+            text = req.prompt
+            ids = engine.encode_prompt(req.prompt)
+        elif kind == "prompt_token_ids":
+            ids = engine.encode_prompt(list(req.prompt_token_ids.ids))
+        else:
+            msgs = chat_messages(req.chat)
+            if engine.tokenizer is None:
+                raise InvalidRequest("chat: this model has no tokenizer, so no chat template")
+            add_gen = (req.chat.add_generation_prompt
+                       if req.chat.HasField("add_generation_prompt") else True)
+            ids = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_gen)
+            if not ids:
+                raise InvalidRequest("chat: the rendered conversation is empty")
+    except (RequestError, TokenizerError) as e:
+        raise InvalidRequest(f"{kind}: {e}") from e
+    except InvalidRequest:
+        raise
+    except Exception as e:  # a chat template raising on odd roles (jinja2 errors)
+        raise InvalidRequest(f"{kind}: {type(e).__name__}: {e}") from e
+    limit = engine.config.max_model_len
+    if len(ids) >= limit:
+        raise InvalidRequest(f"{kind}: prompt has {len(ids)} tokens; max_model_len is {limit} "
+                             f"(at least one token must be generated)")
+    return ids, text
+
+
+def model_info(engine: Any) -> pb.ModelInfoResponse:
+    """ModelInfoResponse of an ``LLMEngine``."""
+    import jax.numpy as jnp
+
+    mc, ec, tok = engine.model_config, engine.config, engine.tokenizer
+    eos = set(mc.eos_token_ids) | (set(tok.eos_token_ids) if tok is not None else set())
+    return pb.ModelInfoResponse(
+        model=str(engine.model_name), family=mc.family, vocab_size=mc.vocab_size,
+        max_model_len=ec.max_model_len, max_position_embeddings=mc.max_position_embeddings,
+        block_size=ec.block_size, num_kv_pages=ec.total_kv_pages,
+        max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
+        decode_buckets=ec.decode_buckets, prefill_buckets=ec.prefill_buckets,
+        page_buckets=ec.page_buckets, eos_token_ids=sorted(eos),
+        has_tokenizer=tok is not None,
+        has_chat_template=tok is not None and tok.chat_template is not None,
+        dtype=jnp.dtype(engine.dtype).name)

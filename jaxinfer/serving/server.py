@@ -1,0 +1,177 @@
+"""The gRPC server: ``jaxinfer.v1.Inference`` + ``grpc.health.v1.Health`` + server reflection on
+``grpc.aio``, the engine in its own thread, Prometheus metrics on a side port.
+
+Lifecycle: ``start()`` binds the port with health NOT_SERVING, warms the engine up (compiles
+the programs every request needs), starts the engine thread and turns health to SERVING.
+``stop(grace)`` turns health to NOT_SERVING, stops accepting RPCs, lets in-flight streams run
+for up to ``grace`` seconds (then cancels them, which aborts their requests), and ends the
+engine thread. ``jaxinfer serve`` calls ``stop`` on SIGTERM / SIGINT and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from jaxinfer.config import ConfigError
+from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.serving import DEFAULT_PORT
+from jaxinfer.serving import jaxinfer_pb2 as pb
+from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
+from jaxinfer.serving.engine_thread import EngineThread
+from jaxinfer.serving.metrics import ServingMetrics
+from jaxinfer.serving.servicer import InferenceServicer
+
+if TYPE_CHECKING:
+    from jaxinfer.engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # "jaxinfer.v1.Inference"
+
+
+class ServerError(RuntimeError):
+    """The server cannot start (e.g. the port cannot be bound)."""
+
+
+def set_max_queue_len(engine: LLMEngine, max_queue_len: int | None) -> None:
+    """Bound the scheduler's waiting queue (``SchedulerConfig.max_queue_len``); past it
+    ``add_request`` fails with QueueFullError (-> RESOURCE_EXHAUSTED). Call before serving.
+
+    Raises ConfigError on a value that is not None or a positive int.
+    """
+    sched = engine.scheduler
+    sched.cfg = dataclasses.replace(sched.cfg, max_queue_len=max_queue_len)
+
+
+def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
+    """Compile what every request needs before health says SERVING; returns seconds spent.
+
+    Runs one 8-token greedy request to its second token (the smallest prefill bucket and the
+    B=1 decode program), then, with ``decode_buckets``, compiles the decode program of every
+    batch bucket at the narrowest block table. Prefill programs of other token counts compile
+    on first use (``runner.num_compilations`` counts them).
+    """
+    from jaxinfer.batch import Bucket
+
+    t0 = time.perf_counter()
+    ec, V = engine.config, engine.model_config.vocab_size
+    n = max(1, min(8, ec.max_model_len - 2))
+    rid = engine.add_request([(i + 1) % V for i in range(n)],
+                             SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    while engine.scheduler.get(rid) is not None:
+        engine.step()
+    if decode_buckets:
+        for b in ec.decode_buckets:
+            engine.runner.executable(Bucket("decode", b, b, ec.page_buckets[0]))
+    return time.perf_counter() - t0
+
+
+class InferenceServer:
+    """One engine behind a gRPC endpoint.
+
+    Args:
+      engine: an ``LLMEngine``; the server's engine thread owns it from ``start()`` on.
+      host / port: where to listen (port 0 picks a free one; see ``self.port``).
+      metrics_port: Prometheus ``/metrics`` port on ``host`` (None: no HTTP endpoint; 0: any).
+      max_queue_len: most waiting requests before RESOURCE_EXHAUSTED (None: unbounded).
+      warmup: compile the common programs before reporting SERVING (see :func:`warm_up`).
+    Raises:
+      ConfigError: bad max_queue_len. ServerError (from ``start``): the port cannot be bound.
+    """
+
+    def __init__(self, engine: LLMEngine, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 metrics_port: int | None = None, max_queue_len: int | None = None,
+                 warmup: bool = True) -> None:
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.metrics_port = metrics_port
+        self.warmup = warmup
+        set_max_queue_len(engine, max_queue_len)
+        self.metrics = ServingMetrics()
+        self.engine_thread: EngineThread | None = None
+        self.health = health.aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self.warmup_seconds = 0.0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.engine_thread = EngineThread(self.engine, loop, self.metrics)
+        server = self._server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share
+            ("grpc.max_receive_message_length", 64 * 2**20)])
+        pb_grpc.add_InferenceServicer_to_server(
+            InferenceServicer(self.engine_thread, self.metrics), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        try:
+            port = server.add_insecure_port(f"{self.host}:{self.port}")
+        except RuntimeError as e:
+            raise ServerError(f"cannot listen on {self.host}:{self.port}: {e}") from e
+        if port == 0:
+            raise ServerError(f"cannot listen on {self.host}:{self.port}")
+        self.port = port
+        await server.start()
+        if self.metrics_port is not None:
+            self.metrics_port = self.metrics.serve_http(self.metrics_port, self.host)
+        if self.warmup:  # health answers NOT_SERVING meanwhile
+            self.warmup_seconds = await loop.run_in_executor(None, warm_up, self.engine)
+            log.info("warm-up: %.1f s, %d programs compiled", self.warmup_seconds,
+                     self.engine.runner.num_compilations)
+        self.metrics.on_step(self.engine)
+        self.engine_thread.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float | None = 30.0) -> None:
+        """Drain and stop: NOT_SERVING, no new RPCs, in-flight ones get ``grace`` seconds."""
+        await self.health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self.engine_thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine_thread.stop)
+        self.metrics.close()
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+
+async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | None = None,
+                max_queue_len: int | None = None, drain_timeout: float = 30.0,
+                warmup: bool = True, ready: Any = None) -> int:
+    """Serve until SIGTERM / SIGINT, then drain for up to ``drain_timeout`` s; returns 0."""
+    server = InferenceServer(engine, host, port, metrics_port, max_queue_len, warmup)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    msg = f"jaxinfer: serving {engine.model_name} on {host}:{server.port}"
+    if server.metrics_port is not None:
+        msg += f", metrics on http://{host}:{server.metrics_port}/metrics"
+    print(msg, file=sys.stderr, flush=True)
+    if ready is not None:
+        ready(server)
+    await stop.wait()
+    print(f"jaxinfer: draining (up to {drain_timeout:g} s)", file=sys.stderr, flush=True)
+    await server.stop(drain_timeout)
+    print("jaxinfer: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+__all__ = ["ConfigError", "InferenceServer", "SERVICE_NAME", "ServerError", "serve",
+           "set_max_queue_len", "warm_up"]

@@ -1,0 +1,193 @@
+"""The ``jaxinfer.v1.Inference`` servicer on ``grpc.aio``.
+
+Each RPC validates its request on the event loop (errors -> ``INVALID_ARGUMENT`` naming the
+field), hands it to the :class:`EngineThread` and relays the tokens it produces, detokenizing
+incrementally (``IncrementalDetokenizer``). When a stream ends early -- the client cancelled,
+its deadline passed, the server is stopping -- the handler's ``finally`` aborts the request,
+which frees its KV pages at the engine's next step boundary.
+
+Status codes: INVALID_ARGUMENT (bad parameters, empty / too long prompt, malformed chat,
+unknown fields); RESOURCE_EXHAUSTED (the waiting queue is at ``max_queue_len``); UNAVAILABLE
+(shutting down); INTERNAL (a fault while serving that request; the server keeps serving).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from jaxinfer.serving import jaxinfer_pb2 as pb
+from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
+from jaxinfer.serving.engine_thread import (
+    EngineStopped,
+    QueueFull,
+    Rejected,
+    RequestHandle,
+    StreamItem,
+)
+from jaxinfer.serving.protocol import (
+    FINISH_REASONS,
+    InvalidRequest,
+    chat_messages,
+    model_info,
+    prompt_token_ids,
+    sampling_params_from_proto,
+)
+
+if TYPE_CHECKING:
+    from jaxinfer.serving.engine_thread import EngineThread
+    from jaxinfer.serving.metrics import ServingMetrics
+
+log = logging.getLogger(__name__)
+
+_ERROR_STATUS = ((Rejected, grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument"),
+                 (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED, "resource_exhausted"),
+                 (EngineStopped, grpc.StatusCode.UNAVAILABLE, "error"))
+
+
+class InferenceServicer(pb_grpc.InferenceServicer):
+    """Implements the RPCs of ``jaxinfer.proto`` over one :class:`EngineThread`."""
+
+    def __init__(self, engine_thread: EngineThread, metrics: ServingMetrics | None = None):
+        self.et = engine_thread
+        self.engine = engine_thread.engine  # read-only here: tokenizer, configs
+        self.metrics = metrics
+        self._info = model_info(self.engine)
+
+    # ------------------------------------------------------------------ generation
+    async def _start(self, req: pb.GenerateRequest,
+                     context: grpc.aio.ServicerContext) -> tuple[RequestHandle, bool]:
+        try:
+            params, skip_special = sampling_params_from_proto(req.sampling)
+            ids, text = prompt_token_ids(self.engine, req)
+        except InvalidRequest as e:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e),
+                              "invalid_argument")
+        handle = RequestHandle(ids, params, text)
+        try:
+            self.et.submit(handle)
+        except EngineStopped as e:
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e), "error")
+        return handle, skip_special
+
+    async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode,
+                     msg: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.on_rejected(outcome)
+        await context.abort(code, msg)  # raises
+
+    async def _items(self, handle: RequestHandle,
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[list[StreamItem]]:
+        """Batches of items as they arrive (everything already queued is coalesced); aborts
+        the RPC with the mapped status on an error item."""
+        while True:
+            items = [await handle.queue.get()]
+            while not handle.queue.empty():
+                items.append(handle.queue.get_nowait())
+            for it in items:
+                if it.error is not None:
+                    handle.finished = True
+                    code, outcome = grpc.StatusCode.INTERNAL, "error"
+                    for cls, c, o in _ERROR_STATUS:
+                        if isinstance(it.error, cls):
+                            code, outcome = c, o
+                    await self._abort(context, code, str(it.error), outcome)
+            yield items
+            if items[-1].finish_reason is not None:
+                handle.finished = True
+                return
+
+    def _detokenizer(self, handle: RequestHandle, skip_special: bool) -> Any:
+        if self.engine.tokenizer is None:
+            return None
+        from jaxinfer.tokenizer import IncrementalDetokenizer
+
+        return IncrementalDetokenizer(self.engine.tokenizer, handle.prompt_ids, skip_special)
+
+    async def Generate(self, request: pb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        handle, skip_special = await self._start(request, context)
+        detok = self._detokenizer(handle, skip_special)
+        n = 0
+        try:
+            async for items in self._items(handle, context):
+                ids = [t for it in items for t in it.token_ids]
+                n += len(ids)
+                reason = items[-1].finish_reason
+                text = detok.step(ids) if detok is not None else ""
+                resp = pb.GenerateResponse(request_id=request.request_id, token_ids=ids)
+                if reason is not None:
+                    if detok is not None:
+                        text += detok.flush()
+                    resp.finish_reason = FINISH_REASONS[reason]
+                    resp.usage.prompt_tokens = len(handle.prompt_ids)
+                    resp.usage.completion_tokens = n
+                resp.text = text
+                if ids or text or reason is not None:
+                    yield resp
+        finally:
+            if not handle.finished:  # cancelled, deadline passed, or the server is stopping
+                self.et.abort(handle)
+
+    async def GenerateUnary(self, request: pb.GenerateRequest,
+                            context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        handle, skip_special = await self._start(request, context)
+        ids: list[int] = []
+        reason = None
+        try:
+            async for items in self._items(handle, context):
+                ids += [t for it in items for t in it.token_ids]
+                reason = items[-1].finish_reason
+        finally:
+            if not handle.finished:
+                self.et.abort(handle)
+        tok = self.engine.tokenizer
+        text = tok.decode(ids, skip_special_tokens=skip_special) if tok is not None else ""
+        return pb.GenerateResponse(request_id=request.request_id, token_ids=ids, text=text,
+                                   finish_reason=FINISH_REASONS[reason],
+                                   usage=pb.Usage(prompt_tokens=len(handle.prompt_ids),
+                                                  completion_tokens=len(ids)))
+
+    # ------------------------------------------------------------------ tokenizer
+    async def Tokenize(self, request: pb.TokenizeRequest,
+                       context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        tok = self.engine.tokenizer
+        if tok is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this model has no tokenizer")
+        kind = request.WhichOneof("input")
+        try:
+            if kind == "text":
+                add = (request.add_special_tokens if request.HasField("add_special_tokens")
+                       else True)
+                ids = tok.encode(request.text, add_special_tokens=add)
+            elif kind == "chat":
+                ids = tok.apply_chat_template(chat_messages(request.chat))
+            else:
+                raise InvalidRequest("request has no input: set text or chat")
+        except Exception as e:  # InvalidRequest, TokenizerError, template errors
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{kind}: {e}")
+        return pb.TokenizeResponse(token_ids=ids)
+
+    async def Detokenize(self, request: pb.DetokenizeRequest,
+                         context: grpc.aio.ServicerContext) -> pb.DetokenizeResponse:
+        tok = self.engine.tokenizer
+        if tok is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this model has no tokenizer")
+        V = self.engine.model_config.vocab_size
+        bad = [t for t in request.token_ids if t >= V]
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"token_ids: {bad[0]} is not in [0, {V})")
+        skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+        return pb.DetokenizeResponse(text=tok.decode(list(request.token_ids),
+                                                     skip_special_tokens=skip))
+
+    async def ModelInfo(self, request: pb.ModelInfoRequest,
+                        context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
+        return self._info
+

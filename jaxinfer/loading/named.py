@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from jaxinfer.loading.base import CheckpointError
-from jaxinfer.loading.orbax_store import checkpoint_dir
+from jaxinfer.loading.orbax_store import checkpoint_dir, remove_stale_temps
 
 DEFAULT_MODEL = "smollm2-135m"
 INSTALL = {
@@ -71,6 +71,7 @@ def _gemma3(root: Path) -> Path:
                 st.st_size, st.st_mtime_ns, pkg.EXPECTED_SHA256):
             return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(target.parent)
     # Assemble into a temporary name and rename: assemble() writes in place, and a killed run
     # would otherwise leave a partial file that the next assemble() refuses (wrong sha256).
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")

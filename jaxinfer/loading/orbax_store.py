@@ -105,14 +105,17 @@ def _flatten(tree: dict[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
-def _remove_stale_temps(parent: Path) -> None:
-    """Delete temporary directories left by conversions whose process is gone."""
+def remove_stale_temps(parent: Path) -> None:
+    """Delete ``.<name>.tmp-<pid>...`` files/directories whose writing process is gone."""
     for p in parent.glob(".*.tmp-*"):
         try:
             pid = int(p.name.rsplit(".tmp-", 1)[1].split("-")[0])
             os.kill(pid, 0)
         except ProcessLookupError:
-            shutil.rmtree(p, ignore_errors=True)
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
         except (ValueError, IndexError, PermissionError):
             pass
 
@@ -128,7 +131,7 @@ def save_converted(out: str | Path, model: LoadedModel,
 
     out = Path(out).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(out.parent)
+    remove_stale_temps(out.parent)
     if out.exists():
         if is_converted(out):
             return out

@@ -604,7 +604,10 @@ def test_gemma3_assembled_once_and_verified_once(_ckpt_dir: Path,
     with monkeypatch.context() as mp:
         mp.setattr(pkg, "assemble", no_rehash)
         assert named.resolve_named("gemma3-270m") == path
-    # A file that changed after verification is checked again.
+    # A file that changed after verification is checked again; a partial file left by a
+    # killed assembly is removed.
+    stale = path.with_name(f".{path.name}.tmp-999999999")
+    stale.write_bytes(b"partial")
     with open(path, "r+b") as f:
         f.seek(1000)
         f.write(b"\0")
@@ -612,6 +615,7 @@ def test_gemma3_assembled_once_and_verified_once(_ckpt_dir: Path,
     real = pkg.assemble
     monkeypatch.setattr(pkg, "assemble", lambda *a, **k: calls.append(a) or real(*a, **k))
     assert named.resolve_named("gemma3-270m") == path and calls
+    assert not stale.exists()
     assert orbax_store.source_stamp(path)["size"] == 253_113_024
     shutil.rmtree(_ckpt_dir / "sources")
 

@@ -8,6 +8,7 @@ Decode goes to :func:`paged_decode_attention` where
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata
 from pallas_kernels.paged_attention import (
@@ -26,8 +27,11 @@ class PallasAttentionBackend(AttentionBackend):
 
     def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                md: AttentionMetadata, scale: float, window: jax.Array) -> jax.Array:
-        if not (self.interpret or paged_decode_attention_supported(q.shape, k_cache.shape,
-                                                                   k_cache.dtype)):
+        ok = paged_decode_attention_supported(q.shape, k_cache.shape, k_cache.dtype)
+        # float32 caches (parity runs) also take the kernel up to D = 128 (it spills at 256).
+        ok |= k_cache.dtype == jnp.float32 and q.shape[-1] <= 128 and paged_decode_attention_supported(
+            q.shape, k_cache.shape, jnp.bfloat16)
+        if not (self.interpret or ok):
             return super().decode(q, k_cache, v_cache, layer, md, scale, window)
         return paged_decode_attention(q, k_cache, v_cache, layer, md.block_tables, md.seq_lens,
                                       scale=scale, window=window, interpret=self.interpret)

@@ -142,6 +142,8 @@ class EngineConfig:
       attention_backend: "auto" (Pallas on GPU, reference elsewhere), "reference", "pallas".
       scan_layers: run the layers under ``lax.scan`` (compile time independent of depth,
         the default); False unrolls them with one weight array per layer.
+      quantization: None, or "fp8" to quantize the projection weights on load to
+        float8_e4m3fn with per-output-channel scales (W8A16 GEMMs).
       seed: base seed for requests that do not set their own.
     """
 
@@ -157,6 +159,7 @@ class EngineConfig:
     dtype: str = "auto"
     attention_backend: str = "auto"
     scan_layers: bool = True
+    quantization: str | None = None
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -200,6 +203,8 @@ class EngineConfig:
             raise ConfigError("the largest decode bucket must hold max_num_seqs sequences")
         if self.prefill_buckets[-1] < self.max_num_batched_tokens:
             raise ConfigError("the largest prefill bucket must hold max_num_batched_tokens")
+        if self.quantization not in (None, "fp8"):
+            raise ConfigError(f"quantization must be None or 'fp8', got {self.quantization!r}")
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
             raise ConfigError(f"num_kv_pages must be at least 2, got {self.num_kv_pages}")
 

@@ -76,7 +76,8 @@ class LLMEngine:
             raise ConfigError(f"max_model_len {ec.max_model_len} exceeds the model's context "
                               f"length {cfg.max_position_embeddings}")
         self.dtype = _resolve_dtype(ec.dtype)
-        net = CausalLM(cfg, loaded.params, self.dtype, scan_layers=ec.scan_layers)
+        net = CausalLM(cfg, loaded.params, self.dtype, scan_layers=ec.scan_layers,
+                       quantization=ec.quantization)
         del loaded
         self.runner = ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
                                   attention=get_backend(ec.attention_backend),

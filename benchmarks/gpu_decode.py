@@ -99,7 +99,9 @@ def engine_decode(model: str, backend: str, batches: list[int], ctx: int, steps:
 
     maxb = max(batches)
     t0 = time.perf_counter()
+    backend, _, quant = backend.partition(":")  # e.g. "pallas:fp8"
     eng = LLMEngine(model, dtype="bfloat16", attention_backend=backend,
+                    quantization=quant or None,
                     max_model_len=ctx + steps + 16, max_num_seqs=maxb,
                     decode_buckets=tuple(batches), max_num_batched_tokens=ctx,
                     prefill_buckets=(ctx,), max_prefill_seqs=1)
@@ -162,7 +164,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--peer", default=".peers/torch_compile_llama.py")
-    ap.add_argument("--backends", nargs="+", default=["pallas", "reference"])
+    ap.add_argument("--backends", nargs="+", default=["pallas", "pallas:fp8", "reference"],
+                    help="attention backend[:quantization] variants, run in this order")
     ap.add_argument("--budget-s", type=float, default=480)
     ns = ap.parse_args()
     out = Path(ns.out)

@@ -152,7 +152,10 @@ def engine_decode(model: str, backend: str, batches: list[int], ctx: int, steps:
     res["compile_s"] = {str(k[1]): round(v, 2) for k, v in eng.runner.compile_seconds.items()}
     res["weight_bytes"] = int(sum(x.size * x.dtype.itemsize
                                   for x in jax.tree.leaves(eng.runner.state)))
-    del eng
+    del eng, runner, exe, replay
+    import gc
+
+    gc.collect()
     return res
 
 

@@ -21,8 +21,15 @@ import jax.numpy as jnp
 
 from pallas_kernels.matmul.reference import FP8, FP8_MAX, linear_ref, quantize_rows_fp8
 
-__all__ = ["FP8", "FP8_MAX", "QuantizationError", "quantize_fp8_per_channel",
-           "quantize_fp8_per_token", "dequantize_fp8", "fp8_linear_ref"]
+__all__ = [
+    "FP8",
+    "FP8_MAX",
+    "QuantizationError",
+    "dequantize_fp8",
+    "fp8_linear_ref",
+    "quantize_fp8_per_channel",
+    "quantize_fp8_per_token",
+]
 
 
 class QuantizationError(ValueError):

@@ -20,6 +20,16 @@ from pallas_kernels.matmul.reference import (
     silu_mul_ref,
 )
 
-__all__ = ["BACKENDS", "LinearError", "PreparedWeight", "linear", "linear_supported",
-           "prepare_gate_up", "prepare_weight", "gate_up_ref", "linear_ref",
-           "quantize_rows_fp8", "silu_mul_ref"]
+__all__ = [
+    "BACKENDS",
+    "LinearError",
+    "PreparedWeight",
+    "gate_up_ref",
+    "linear",
+    "linear_ref",
+    "linear_supported",
+    "prepare_gate_up",
+    "prepare_weight",
+    "quantize_rows_fp8",
+    "silu_mul_ref",
+]

@@ -101,7 +101,7 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
             wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=cfg.max_concurrent_steps, compute_context=compute_context)
 
-    ignore = lambda *_, **__: None  # noqa: E731
+    ignore = lambda *_, **__: None
 
     @functools.partial(
         pl.run_scoped,
@@ -215,11 +215,10 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
     kernel = functools.partial(_kernel, cfg=cfg, has_xs=x_scale is not None,
                                has_ws=w_scale is not None, out_dtype=out_dtype)
     out_shape = (m_pad, N) if cfg.split_k == 1 else (cfg.split_k, m_pad, N)
-    params = dict(
-        compiler_params=plgpu.CompilerParams(
-            lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+    params: dict = {"compiler_params": plgpu.CompilerParams(
+        lowering_semantics=plgpu.LoweringSemantics.Warpgroup)}
     if interpret:
-        params = dict(interpret=plgpu.InterpretGPUParams())
+        params = {"interpret": plgpu.InterpretGPUParams()}
     f = plgpu.kernel(
         kernel, out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
         grid=(min(_num_sms(), (m_pad // cfg.tile_m) * (N // (2 * cfg.tile_n)) * cfg.split_k),),

@@ -25,11 +25,12 @@ from pallas_kernels.matmul import (
     linear,
     linear_ref,
     linear_supported,
+    mgpu_gemm,
     prepare_gate_up,
     prepare_weight,
     quantize_rows_fp8,
+    triton_gemm,
 )
-from pallas_kernels.matmul import mgpu_gemm, triton_gemm
 from pallas_kernels.matmul.mgpu_gemm import (
     MgpuConfig,
     decode_config,
@@ -208,12 +209,29 @@ def test_linear_api_errors():
     assert isinstance(pw, PreparedWeight)
 
 
-def test_linear_supported():
-    assert linear_supported(1, 4096, 4096, jnp.bfloat16)
-    assert linear_supported(64, 4096, 28672, FP8)
-    assert linear_supported(4096, 4096, 6144, FP8, act_quant=True)
-    assert not linear_supported(8, 4096, 4096, jnp.float32)
-    assert not linear_supported(8, 4100, 4096, jnp.bfloat16)
+def test_linear_supported_follows_measured_dispatch():
+    # Measured on an H200 (NOTES_matmul.md): only W8A8 decode beats XLA.
+    assert linear_supported(8, 4096, 6144, FP8, act_quant=True)
+    assert linear_supported(64, 14336, 4096, FP8, act_quant=True)
+    assert linear_supported(1, 8192, 28672, FP8, act_quant=True)
+    assert not linear_supported(1, 4096, 4096, FP8, act_quant=True)  # 8B o_proj at M = 1
+    assert not linear_supported(1, 4096, 28672, FP8, act_quant=True, gate_up=True)
+    assert not linear_supported(64, 4096, 28672, FP8)  # W8A16: XLA
+    assert not linear_supported(1, 4096, 4096, jnp.bfloat16)  # bf16: XLA
+    assert not linear_supported(2048, 4096, 6144, FP8, act_quant=True)  # prefill: XLA
+    assert not linear_supported(8, 4100, 4096, FP8, act_quant=True)
+
+
+def test_auto_backend_runs_kernel_and_xla_paths():
+    x = rand(51, (8, 256))
+    wq, ws = quantize_rows_fp8(rand(52, (64, 256), F32, 1 / 16))
+    pw = PreparedWeight(wq, ws)
+    xq, xs = quantize_rows_fp8(x)
+    ref = linear_ref(xq, wq, ws, xs, out_dtype=jnp.bfloat16)
+    out = linear(x, pw, act_quant=True, interpret=True)  # auto -> triton here
+    assert rel_err(out, ref) < 1e-2
+    out = linear(x, pw, act_quant=False)  # auto -> XLA
+    assert rel_err(out, linear_ref(x, wq, ws)) < 1e-2
 
 
 # ---------------------------------------------------------------- CUDA lowering on the CPU

@@ -14,7 +14,7 @@ Errors arrive as ``grpc.RpcError`` with the server's status code and message.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -59,10 +59,10 @@ class InferenceClient:
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout
 
-    def __enter__(self) -> InferenceClient:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -172,7 +172,7 @@ class EngineThread:
             elif kind == "call":
                 try:
                     arg(self.engine)
-                except Exception:  # noqa: BLE001 - a maintenance call must not end the loop
+                except Exception:
                     log.exception("engine-thread call failed")
             try:
                 cmd = self._inbox.get_nowait()
@@ -192,7 +192,7 @@ class EngineThread:
                                   else Rejected(str(e)))
             self._deliver([(h, StreamItem(error=err))])
             return
-        except Exception as e:  # noqa: BLE001 - one request's fault fails that request only
+        except Exception as e:
             log.exception("add_request failed for request %d", h.request_id)
             self._deliver([(h, StreamItem(error=RequestFailed(f"{type(e).__name__}: {e}")))])
             return
@@ -209,19 +209,18 @@ class EngineThread:
     def _step(self) -> None:
         try:
             outs = self.engine.step()
-        except Exception as e:  # noqa: BLE001 - keep serving; fail what ran in this step
+        except Exception as e:
             self.num_step_faults += 1
             log.exception("engine step failed")
             sched = self.engine.scheduler
-            victims = [h for rid, h in self._active.items()
+            victims = [v for rid, v in self._active.items()
                        if (s := sched.get(rid)) is not None
                        and s.status is SequenceStatus.RUNNING]
-            for h in victims:
-                self._active.pop(h.request_id, None)
-                self.engine.abort_request(h.request_id)
-            self._deliver([(h, StreamItem(error=RequestFailed(f"engine step failed: "
-                                                              f"{type(e).__name__}: {e}")))
-                           for h in victims])
+            for v in victims:
+                self._active.pop(v.request_id, None)
+                self.engine.abort_request(v.request_id)
+            err = RequestFailed(f"engine step failed: {type(e).__name__}: {e}")
+            self._deliver([(v, StreamItem(error=err)) for v in victims])
             return
         self.num_steps += 1
         now = time.monotonic()
@@ -232,7 +231,7 @@ class EngineThread:
                 continue
             try:
                 item = self._item(h, out, now)
-            except Exception as e:  # noqa: BLE001 - this request only
+            except Exception as e:
                 log.exception("output of request %d failed", h.request_id)
                 self._active.pop(h.request_id, None)
                 self.engine.abort_request(h.request_id)
@@ -261,8 +260,8 @@ class EngineThread:
         for rid, h in list(self._active.items()):
             try:
                 self.engine.abort_request(rid)
-            except Exception:  # noqa: BLE001 - shutting down
-                pass
+            except Exception:
+                log.warning("abort of request %d failed at shutdown", rid, exc_info=True)
             batch.append((h, StreamItem(error=err)))
         self._active.clear()
         while True:  # requests queued but never admitted

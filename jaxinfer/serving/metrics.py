@@ -46,6 +46,8 @@ class ServingMetrics:
                                  "excluded)", registry=r)
         self.compilations = Gauge("jaxinfer_num_compilations", "Programs compiled by the runner "
                                   "(constant after warm-up)", registry=r)
+        self.loaded = Gauge("jaxinfer_num_programs_loaded", "Programs loaded from a compile "
+                            "cache instead of compiled", registry=r)
         self.steps = Counter("jaxinfer_engine_steps", "Engine steps run", registry=r)
         self._http: Any = None
 
@@ -77,6 +79,7 @@ class ServingMetrics:
         self.pages_total.set(bm.num_pages - 1)
         self.pages_used.set(bm.num_pages - 1 - bm.num_free_pages)
         self.compilations.set(engine.runner.num_compilations)
+        self.loaded.set(getattr(engine.runner, "num_loaded", 0))
 
     # exposition ----------------------------------------------------------------------------
     def serve_http(self, port: int, host: str = "127.0.0.1") -> int:

@@ -173,5 +173,12 @@ async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | Non
     return 0
 
 
-__all__ = ["ConfigError", "InferenceServer", "SERVICE_NAME", "ServerError", "serve",
-           "set_max_queue_len", "warm_up"]
+__all__ = [
+    "SERVICE_NAME",
+    "ConfigError",
+    "InferenceServer",
+    "ServerError",
+    "serve",
+    "set_max_queue_len",
+    "warm_up",
+]

@@ -152,12 +152,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                                                   completion_tokens=len(ids)))
 
     # ------------------------------------------------------------------ tokenizer
-    async def Tokenize(self, request: pb.TokenizeRequest,
-                       context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+    async def _tokenizer(self, context: grpc.aio.ServicerContext) -> Any:
         tok = self.engine.tokenizer
         if tok is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this model has no tokenizer")
+        return tok
+
+    async def Tokenize(self, request: pb.TokenizeRequest,
+                       context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        tok = await self._tokenizer(context)
         kind = request.WhichOneof("input")
         try:
             if kind == "text":
@@ -168,16 +172,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 ids = tok.apply_chat_template(chat_messages(request.chat))
             else:
                 raise InvalidRequest("request has no input: set text or chat")
-        except Exception as e:  # InvalidRequest, TokenizerError, template errors
+        except Exception as e:  # noqa: BLE001 - InvalidRequest, TokenizerError, jinja2 errors
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{kind}: {e}")
         return pb.TokenizeResponse(token_ids=ids)
 
     async def Detokenize(self, request: pb.DetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> pb.DetokenizeResponse:
-        tok = self.engine.tokenizer
-        if tok is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "this model has no tokenizer")
+        tok = await self._tokenizer(context)
         V = self.engine.model_config.vocab_size
         bad = [t for t in request.token_ids if t >= V]
         if bad:

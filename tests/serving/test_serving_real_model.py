@@ -70,8 +70,8 @@ def test_tokenizer_rpcs_and_info(real_server):
         info = c.model_info()
         assert info.has_tokenizer and info.has_chat_template and info.model == "smollm2-135m"
         assert set(info.eos_token_ids) >= set(tok.eos_token_ids)
-        for bad, needle in ((dict(prompt=""), "empty"),
-                            (dict(messages=[{"role": "user", "content": ""}]), "content")):
+        for bad, needle in (({"prompt": ""}, "empty"),
+                            ({"messages": [{"role": "user", "content": ""}]}, "content")):
             with pytest.raises(grpc.RpcError) as e:
                 c.generate(**bad, max_tokens=4)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

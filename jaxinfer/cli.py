@@ -1,4 +1,4 @@
-"""``jaxinfer`` command line: generate | chat | convert.
+"""``jaxinfer`` command line: generate | chat | convert | compile.
 
 Errors that come from bad input (a missing checkpoint, a bad parameter, a too-long prompt)
 print one line ``jaxinfer: error: ...`` and exit with status 2; nothing else is printed.
@@ -20,7 +20,22 @@ def _engine_args(ns: argparse.Namespace) -> dict:
             "attention_backend": ns.attention_backend, "seed": ns.seed}
     if ns.max_model_len:
         args["max_model_len"] = ns.max_model_len
+    for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
+                 "prefill_buckets", "page_buckets"):  # None: EngineConfig's default
+        if getattr(ns, name) is not None:
+            args[name] = getattr(ns, name)
+    if ns.cache_dir:
+        args["compile_cache_dir"] = ns.cache_dir
+        args["compile_cache_strict"] = ns.strict
     return args
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> (1, 2, 4), for the bucket-set options."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -35,6 +50,18 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default="auto",
                    choices=["auto", "reference", "pallas"])
     p.add_argument("--seed", type=int, default=0)
+    b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
+    b.add_argument("--max-num-batched-tokens", type=int, help="most tokens in a prefill step")
+    b.add_argument("--max-prefill-seqs", type=int, help="most sequences in a prefill step")
+    b.add_argument("--num-kv-pages", type=int, help="KV pool pages (default: max_num_seqs "
+                                                    "full-length sequences)")
+    b.add_argument("--decode-buckets", type=_ints, help="batch sizes, e.g. 1,2,4,8")
+    b.add_argument("--prefill-buckets", type=_ints, help="packed token counts, e.g. 16,64,512")
+    b.add_argument("--page-buckets", type=_ints, help="block-table widths in pages")
+    p.add_argument("--cache-dir", default=None,
+                   help="compile cache written by `jaxinfer compile`: load programs from it")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a compile cache that does not match this configuration")
     p.add_argument("-v", "--verbose", action="store_true", help="log engine events")
 
 
@@ -71,7 +98,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         print(c.text if ns.chat else prompt + c.text, flush=True)
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     print(f"[{n} tokens in {dt:.2f} s, {n / dt:.1f} tok/s; "
-          f"{llm.engine.runner.num_compilations} programs compiled]", file=sys.stderr)
+          f"{llm.engine.runner.num_compilations} programs compiled, "
+          f"{llm.engine.runner.num_loaded} loaded]", file=sys.stderr)
     return 0
 
 
@@ -117,6 +145,8 @@ def cmd_convert(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jaxinfer.compile import add_compile_command
+
     parser = argparse.ArgumentParser(prog="jaxinfer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -137,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--model", default=DEFAULT_MODEL)
     v.add_argument("--output", default=None, help="directory (default: the checkpoint cache)")
     v.set_defaults(func=cmd_convert)
+
+    add_compile_command(sub)
     from jaxinfer.serving.cli import add_serving_commands  # serve, client
 
     add_serving_commands(sub)

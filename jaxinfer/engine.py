@@ -43,18 +43,35 @@ def _resolve_dtype(name: str) -> Any:
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 
+def engine_config_for(model_config: ModelConfig, engine_args: dict[str, Any]) -> EngineConfig:
+    """The EngineConfig the engine runs ``model_config`` with (max_model_len defaults to
+    min(2048, the model's context)). Raises ConfigError for bad or too-large values."""
+    args = dict(engine_args)
+    args.setdefault("max_model_len", min(2048, model_config.max_position_embeddings))
+    ec = EngineConfig(**args)
+    if ec.max_model_len > model_config.max_position_embeddings:
+        raise ConfigError(f"max_model_len {ec.max_model_len} exceeds the model's context "
+                          f"length {model_config.max_position_embeddings}")
+    return ec
+
+
 class LLMEngine:
     """Continuous-batching engine over one model.
 
     Args:
       model: named model (``smollm2-135m``, ``gemma3-270m``), GGUF file, HF directory,
         converted orbax directory or ``dummy:<shape>``; or a ``LoadedModel``.
+      compile_cache_dir: a directory written by ``jaxinfer compile`` for this configuration:
+        programs are loaded from it instead of compiled (see jaxinfer/compile.py).
+      compile_cache_strict: refuse (CompileCacheError) a compile cache that does not match
+        instead of warning and compiling.
       **engine_args: fields of :class:`EngineConfig` (max_model_len, block_size, ...).
     Raises:
       CheckpointError: the model cannot be found or read. ConfigError: bad engine options.
     """
 
-    def __init__(self, model: Any = DEFAULT_MODEL, **engine_args: Any):
+    def __init__(self, model: Any = DEFAULT_MODEL, compile_cache_dir: str | None = None,
+                 compile_cache_strict: bool = False, **engine_args: Any):
         t0 = time.perf_counter()
         host_dtype = jnp.dtype(_resolve_dtype(engine_args.get("dtype", "auto"))).name
         # A LoadedModel (config, params, tokenizer) may be passed directly (research, tests).
@@ -68,13 +85,8 @@ class LLMEngine:
         self.model_config: ModelConfig = loaded.config
         self.tokenizer = loaded.tokenizer
         self.load_seconds = time.perf_counter() - t0
-        if "max_model_len" not in engine_args:
-            engine_args["max_model_len"] = min(2048, self.model_config.max_position_embeddings)
-        self.config = EngineConfig(**engine_args)
+        self.config = engine_config_for(self.model_config, engine_args)
         cfg, ec = self.model_config, self.config
-        if ec.max_model_len > cfg.max_position_embeddings:
-            raise ConfigError(f"max_model_len {ec.max_model_len} exceeds the model's context "
-                              f"length {cfg.max_position_embeddings}")
         self.dtype = _resolve_dtype(ec.dtype)
         net = CausalLM(cfg, loaded.params, self.dtype, scan_layers=ec.scan_layers,
                        quantization=ec.quantization)
@@ -82,6 +94,10 @@ class LLMEngine:
         self.runner = ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
                                   attention=get_backend(ec.attention_backend),
                                   kv_dtype=self.dtype)
+        if compile_cache_dir is not None:
+            from jaxinfer.compile import attach_program_store
+
+            attach_program_store(self, compile_cache_dir, compile_cache_strict)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)

@@ -1,8 +1,10 @@
 """The model runner: compiled step programs keyed by bucket, the device KV pool, sampling.
 
 Each bucket (see ``batch.Bucket``) is lowered and compiled once, ahead of time, with the KV
-pool donated so page writes happen in place. ``num_compilations`` counts compilations so
-tests can assert that serving compiles nothing after warm-up.
+pool donated so page writes happen in place. ``num_compilations`` counts programs compiled by
+XLA so tests can assert that serving compiles nothing after warm-up; ``num_loaded`` counts
+programs loaded instead (from a ``jaxinfer compile`` cache set as ``program_store``, or from
+JAX's persistent compilation cache).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxinfer.batch import Bucket, StepInputs
+from jaxinfer.compile_cache import xla_compilations
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, allocate_kv_cache
 from jaxinfer.models.transformer import CausalLM
 from jaxinfer.sampling import sample
@@ -37,19 +40,26 @@ class ModelRunner:
       page_size: tokens per page.
       attention: the attention backend used inside the compiled programs.
       kv_dtype: dtype of the KV pool.
+      abstract: the model holds ShapeDtypeStructs (built under ``nnx.eval_shape``) and the
+        pool is not allocated: the runner lowers and compiles programs but cannot run them.
     """
 
     def __init__(self, model: CausalLM, *, num_pages: int, page_size: int,
-                 attention: AttentionBackend, kv_dtype: Any):
+                 attention: AttentionBackend, kv_dtype: Any, abstract: bool = False):
         cfg = model.cfg
         self.model_config = cfg
         self.graphdef, self.state = nnx.split(model)
         self.attention = attention
         self.page_size = page_size
         self.num_pages = num_pages
-        self.cache = allocate_kv_cache(cfg.num_layers, cfg.num_kv_heads, num_pages, page_size,
-                                       cfg.head_dim, kv_dtype)
-        self.num_compilations = 0
+        def pool() -> Any:
+            return allocate_kv_cache(cfg.num_layers, cfg.num_kv_heads, num_pages, page_size,
+                                     cfg.head_dim, kv_dtype)
+
+        self.cache = jax.eval_shape(pool) if abstract else pool()
+        self.num_compilations = 0  # programs compiled by XLA
+        self.num_loaded = 0  # programs loaded from program_store or JAX's persistent cache
+        self.program_store: Any = None  # a compile_cache.ProgramStore, set by the engine
         self.compile_seconds: dict[tuple[str, Bucket], float] = {}
         self._executables: dict[tuple[str, Bucket], Any] = {}
         self._jitted = {SAMPLE: self._make_step(SAMPLE), LOGITS: self._make_step(LOGITS)}
@@ -81,16 +91,29 @@ class ModelRunner:
         return (state, cache, sds((T,), i32), md, sds((S,), f32), sds((S,), i32),
                 sds((S,), f32), sds((S, 2), jnp.uint32), sds((S,), i32))
 
+    def lower(self, bucket: Bucket, mode: str = SAMPLE) -> jax.stages.Lowered:
+        """Trace and lower the program of ``bucket`` from abstract shapes."""
+        return self._jitted[mode].lower(*self._abstract_args(bucket))
+
     def executable(self, bucket: Bucket, mode: str = SAMPLE):
-        """The compiled program for ``bucket`` (compiled now if it is new)."""
+        """The program for ``bucket``: loaded from ``program_store`` if it has it, else
+        compiled now (once; later calls return the same program)."""
         key = (mode, bucket)
         exe = self._executables.get(key)
         if exe is None:
             t0 = time.perf_counter()
-            exe = self._jitted[mode].lower(*self._abstract_args(bucket)).compile()
+            if self.program_store is not None:
+                exe = self.program_store.load(mode, bucket)
+            compiled = 0
+            if exe is None:
+                before = xla_compilations()
+                exe = self.lower(bucket, mode).compile()
+                compiled = xla_compilations() - before
+            self.num_compilations += compiled
+            self.num_loaded += compiled == 0  # program store or JAX's persistent cache
             self.compile_seconds[key] = time.perf_counter() - t0
-            self.num_compilations += 1
-            log.info("compiled %s %s in %.2f s", mode, bucket, self.compile_seconds[key])
+            log.info("%s %s %s in %.2f s", "compiled" if compiled else "loaded", mode, bucket,
+                     self.compile_seconds[key])
             self._executables[key] = exe
         return exe
 

@@ -1,0 +1,355 @@
+"""Ahead-of-time compilation of a configuration's bucket set (``jaxinfer compile``).
+
+Every device program the engine can run has a fixed shape (a bucket, see ``batch.Bucket``) and
+a mode (``"sample"`` or ``"logits"``). :func:`enumerate_programs` lists them for an
+:class:`EngineConfig`; :func:`compile_bucket_set` compiles each from abstract shapes (no
+weights are read or allocated, so 70B-shaped programs compile on a small host) into a compile
+cache directory (see :mod:`jaxinfer.compile_cache`). A later start with the same configuration
+and ``compile_cache_dir`` loads the programs instead of tracing and compiling them
+(:func:`attach_program_store`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jaxinfer.batch import Bucket
+from jaxinfer.config import EngineConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from jaxinfer.compile_cache import Program
+
+# JAX is imported inside the functions: `jaxinfer --help` builds this parser and stays light.
+
+log = logging.getLogger(__name__)
+
+MODES = ("sample", "logits")  # runner.SAMPLE, runner.LOGITS (tested equal)
+
+# ----------------------------------------------------------------------------- bucket set
+def _reachable_prefill(T_prev: int, S: int, P: int, ec: EngineConfig) -> bool:
+    """Whether a prefill step can land in bucket (T, S, P), T the bucket above ``T_prev``.
+
+    A step in this bucket packs n > T_prev tokens into at most S rows, so some row holds at
+    least ceil(n / S) tokens and needs ceil(that / page_size) pages; rows are at most
+    max_model_len tokens. Pruning only what no step can reach keeps the set exact.
+    """
+    longest = -(-(T_prev + 1) // S)
+    return longest <= ec.max_model_len and -(-longest // ec.block_size) <= P
+
+
+def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[Program]:
+    """Every program the engine can run under ``ec``, in the order build_step picks buckets.
+
+    Prefill ("sample"): T in ``prefill_buckets`` x S in ``prefill_seq_buckets`` x pages in
+    ``page_buckets``; prefill ("logits", used by ``prompt_logits``): the same with
+    S = 1; decode ("sample" only): S = T in ``decode_buckets`` x pages. Buckets no step can
+    reach are left out: more rows than tokens or than running sequences (the scheduler's
+    prefill chunks belong to at most max_num_seqs running sequences), or too few pages for
+    the tokens.
+
+    Raises:
+      ValueError: for an unknown mode.
+    """
+    modes = tuple(modes)
+    bad = set(modes) - set(MODES)
+    if bad:
+        raise ValueError(f"unknown program modes {sorted(bad)}; use {', '.join(MODES)}")
+    from jaxinfer.compile_cache import Program
+
+    out: list[Program] = []
+    for mode in MODES:
+        if mode not in modes:
+            continue
+        seq_buckets = ec.prefill_seq_buckets if mode == "sample" else (1,)
+        T_prev = 0
+        for T in ec.prefill_buckets:
+            S_prev = 0
+            for S in seq_buckets:
+                if S_prev < min(T, ec.max_num_seqs):  # >= 1 token per row, rows run
+                    out += [Program(mode, Bucket("prefill", T, S, P)) for P in ec.page_buckets
+                            if _reachable_prefill(T_prev, S, P, ec)]
+                S_prev = S
+            T_prev = T
+    if "sample" in modes:
+        out += [Program("sample", Bucket("decode", B, B, P))
+                for B in ec.decode_buckets for P in ec.page_buckets]
+    return out
+
+
+def kv_pool_bytes(cfg: ModelConfig, ec: EngineConfig, dtype: Any) -> int:
+    """Device KV pool size: 2 (K and V) * L * Hkv * pages * page_size * D * dtype bytes."""
+    return (2 * cfg.num_layers * cfg.num_kv_heads * ec.total_kv_pages * ec.block_size
+            * cfg.head_dim * np.dtype(dtype).itemsize)
+
+
+# ----------------------------------------------------------------------------- building
+def model_config_of(model: str) -> ModelConfig:
+    """A model's config without reading its weights where possible (dummy shapes, converted
+    checkpoints); other sources are loaded in full. Raises CheckpointError."""
+    from jaxinfer.loading import DUMMY_CONFIGS, NAMED_MODELS, load_model
+    from jaxinfer.loading.base import CheckpointError
+    from jaxinfer.loading.orbax_store import find_cached, is_converted
+
+    if model.startswith("dummy:"):
+        if model[6:] not in DUMMY_CONFIGS:
+            raise CheckpointError(f"unknown dummy shape {model!r}; known: "
+                                  f"{', '.join('dummy:' + k for k in DUMMY_CONFIGS)}")
+        return DUMMY_CONFIGS[model[6:]]
+    path: Path | None = Path(model).expanduser()
+    if model in NAMED_MODELS:
+        from jaxinfer.loading.named import resolve_named
+
+        path = find_cached(resolve_named(model))
+    if path is not None and is_converted(path):
+        return ModelConfig.from_json((path / "model_config.json").read_text())
+    return load_model(model).config
+
+
+def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:
+    """A ModelRunner over ShapeDtypeStruct weights and KV pool: it lowers and compiles the
+    engine's programs for ``ec`` without allocating either (8B/70B shapes on a small host)."""
+    import jax
+    from flax import nnx
+
+    from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.layers.attention import get_backend
+    from jaxinfer.models.params import param_shapes
+    from jaxinfer.models.transformer import CausalLM
+    from jaxinfer.runner import ModelRunner
+
+    dtype = _resolve_dtype(ec.dtype)
+    shapes = {k: jax.ShapeDtypeStruct(s, dtype) for k, s in param_shapes(model_config).items()}
+    net = nnx.eval_shape(lambda p: CausalLM(model_config, p, dtype, scan_layers=ec.scan_layers,
+                                            quantization=ec.quantization), shapes)
+    return ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
+                       attention=get_backend(ec.attention_backend), kv_dtype=dtype,
+                       abstract=True)
+
+
+def attach_program_store(engine: Any, directory: str | Path, strict: bool = False) -> bool:
+    """Make ``engine``'s runner load its programs from the compile cache at ``directory``.
+
+    Programs are deserialized on first use (about 0.1 s each for SmolLM2 on CPU); call
+    :func:`preload` to load all of them now. Returns whether the cache matched; a mismatch
+    warns (the engine then compiles as usual) or raises CompileCacheError when ``strict``.
+    """
+    from jaxinfer.compile_cache import ProgramStore, fingerprint
+
+    fp = fingerprint(engine.model_config, engine.config, engine.runner)
+    store = ProgramStore.open(directory, fp, strict)
+    engine.runner.program_store = store
+    if store is not None:
+        log.info("compile cache %s: %d programs", store.directory, len(store.entries))
+    return store is not None
+
+
+def preload(engine: Any) -> int:
+    """Load every program of the engine's compile cache now; returns how many were loaded."""
+    store = engine.runner.program_store
+    if store is None:
+        return 0
+    for mode, bucket in list(store.entries):
+        engine.runner.executable(bucket, mode)
+    return len(store.entries)
+
+
+# ----------------------------------------------------------------------------- compiling
+@dataclass
+class CompileReport:
+    """What :func:`compile_bucket_set` did: per-program seconds (trace + lower + compile)."""
+
+    directory: Path
+    seconds: dict[Program, float]
+    skipped: list[Program]
+    xla_compiled: int
+    wall_seconds: float
+
+
+def _compile_program(runner: Any, program: Program) -> tuple[bytes, float, int]:
+    """(serialized program, seconds, programs XLA compiled) for one program."""
+    from jaxinfer.compile_cache import serialize_program, xla_compilations
+
+    before, t0 = xla_compilations(), time.perf_counter()
+    compiled = runner.lower(program.bucket, program.mode).compile()
+    seconds = time.perf_counter() - t0
+    return serialize_program(compiled), seconds, xla_compilations() - before
+
+
+_worker: dict[str, Any] = {}
+
+
+def _worker_init(model_config: ModelConfig, ec: EngineConfig, fp: dict) -> None:
+    from jaxinfer.compile_cache import CompileCacheError, diff_fingerprints, fingerprint
+
+    runner = abstract_runner(model_config, ec)
+    diffs = diff_fingerprints(fp, fingerprint(model_config, ec, runner))
+    if diffs:
+        raise CompileCacheError(f"compile worker differs from its parent: {diffs}")
+    _worker["runner"] = runner
+
+
+def _worker_compile(program: Program) -> tuple[bytes, float, int]:
+    return _compile_program(_worker["runner"], program)
+
+
+def default_jobs() -> int:
+    """Worker processes for compiling: half the cores, 1 to 8."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def compile_bucket_set(model_config: ModelConfig, ec: EngineConfig, programs: list[Program],
+                       directory: str | Path, *, jobs: int = 1, force: bool = False,
+                       progress: bool = True) -> CompileReport:
+    """Compile ``programs`` from abstract shapes into the compile cache at ``directory``.
+
+    Programs already in a cache of the same fingerprint are skipped (all recompiled with
+    ``force``). ``jobs`` > 1 compiles in that many spawned worker processes (tracing and
+    lowering are Python-bound, so threads would not help). The manifest is rewritten after
+    every program, so an interrupted run keeps what it finished.
+    """
+    from tqdm.auto import tqdm
+
+    from jaxinfer.compile_cache import ProgramStore, fingerprint
+
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    t_start = time.perf_counter()
+    runner = abstract_runner(model_config, ec)
+    fp = fingerprint(model_config, ec, runner)
+    store = ProgramStore.create(directory, fp, force=force)
+    todo = [p for p in programs if (p.mode, p.bucket) not in store.entries]
+    skipped = [p for p in programs if (p.mode, p.bucket) in store.entries]
+    seconds: dict[Program, float] = {}
+    xla = 0
+    bar = tqdm(total=len(todo), desc="compiling", unit="program", disable=not progress)
+
+    def done(p: Program, result: tuple[bytes, float, int]) -> None:
+        nonlocal xla
+        blob, s, n = result
+        store.save(p, blob, s)
+        seconds[p], xla = s, xla + n
+        bar.set_postfix_str(f"{p.mode} {p.bucket} {s:.1f}s", refresh=False)
+        bar.update(1)
+
+    if jobs == 1 or len(todo) <= 1:
+        for p in todo:
+            done(p, _compile_program(runner, p))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # Workers only compile: keep them from reserving accelerator memory.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        with ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"),
+                                 initializer=_worker_init,
+                                 initargs=(model_config, ec, fp)) as pool:
+            futures = {pool.submit(_worker_compile, p): p for p in todo}
+            for f in as_completed(futures):
+                done(futures[f], f.result())
+    bar.close()
+    return CompileReport(store.directory, seconds, skipped, xla, time.perf_counter() - t_start)
+
+
+# ----------------------------------------------------------------------------- CLI
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Program]) -> str:
+    """Header of ``jaxinfer compile``: model, KV pool memory and program counts."""
+    from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.layers.attention import get_backend
+    from jaxinfer.models.params import param_shapes
+
+    dtype = np.dtype(_resolve_dtype(ec.dtype))
+    kv = kv_pool_bytes(mc, ec, dtype)
+    n_params = sum(math.prod(s) for s in param_shapes(mc).values())
+    counts: dict[str, int] = {}
+    for p in programs:
+        counts[f"{p.bucket.kind} {p.mode}"] = counts.get(f"{p.bucket.kind} {p.mode}", 0) + 1
+    lines = [
+        (f"model {model}: {mc.num_layers} layers, {mc.num_kv_heads} KV heads x {mc.head_dim}, "
+         f"{n_params / 1e6:,.1f} M params ({_gib(n_params * dtype.itemsize)} in {dtype.name})"),
+        (f"engine: max_model_len {ec.max_model_len}, max_num_seqs {ec.max_num_seqs}, "
+         f"max_num_batched_tokens {ec.max_num_batched_tokens}, attention "
+         f"{get_backend(ec.attention_backend).name}, dtype {dtype.name}"),
+        (f"buckets: decode {list(ec.decode_buckets)}, prefill tokens "
+         f"{list(ec.prefill_buckets)}, prefill seqs {list(ec.prefill_seq_buckets)}, "
+         f"pages {list(ec.page_buckets)}"),
+        (f"KV pool: {ec.total_kv_pages} pages x {ec.block_size} tokens; 2 x L {mc.num_layers} "
+         f"x Hkv {mc.num_kv_heads} x {ec.total_kv_pages} x {ec.block_size} x D {mc.head_dim} "
+         f"x {dtype.itemsize} B = {kv:,} bytes ({_gib(kv)})"),
+        f"programs: {len(programs)} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")",
+    ]
+    return "\n".join(lines)
+
+
+def bucket_table(programs: list[Program], seconds: dict[Program, float] | None = None) -> str:
+    """One line per (mode, kind, tokens, seqs) with its page buckets (and compile seconds)."""
+    rows: dict[tuple[str, str, int, int], list[Program]] = {}
+    for p in programs:
+        b = p.bucket
+        rows.setdefault((p.mode, b.kind, b.num_tokens, b.num_seqs), []).append(p)
+    lines = [f"{'mode':7} {'kind':8} {'tokens':>6} {'seqs':>5}  pages"
+             + ("  (compile seconds)" if seconds is not None else "")]
+    for (mode, kind, T, S), ps in rows.items():
+        cells = [str(p.bucket.max_pages) + (f" ({seconds[p]:.2f})" if seconds and p in seconds
+                                            else "") for p in ps]
+        lines.append(f"{mode:7} {kind:8} {T:>6} {S:>5}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def add_compile_command(sub: Any) -> None:
+    """Register ``jaxinfer compile`` on the CLI's subparsers (called by cli.build_parser)."""
+    from jaxinfer import cli
+
+    p = sub.add_parser("compile", help="compile every bucket of a configuration ahead of time "
+                                       "into --cache-dir (start-ups then compile nothing)")
+    cli._add_engine_options(p)
+    p.add_argument("--list", action="store_true",
+                   help="print the bucket table and the KV memory it implies; compile nothing")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="program modes to compile (default: %(default)s; 'logits' serves "
+                        "prompt_logits only)")
+    p.add_argument("--jobs", type=int, default=default_jobs(),
+                   help="worker processes (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="recompile programs already cached")
+    p.set_defaults(func=cmd_compile)
+
+
+def cmd_compile(ns: Any) -> int:
+    from jaxinfer import cli
+    from jaxinfer.compile_cache import MANIFEST
+    from jaxinfer.config import ConfigError
+    from jaxinfer.engine import engine_config_for
+
+    args = cli._engine_args(ns)
+    args.pop("compile_cache_dir", None)
+    args.pop("compile_cache_strict", None)
+    mc = model_config_of(ns.model)
+    ec = engine_config_for(mc, args)
+    programs = enumerate_programs(ec, [m.strip() for m in ns.modes.split(",") if m.strip()])
+    print(describe(ns.model, mc, ec, programs), flush=True)
+    if ns.list:
+        print(bucket_table(programs))
+        return 0
+    if not ns.cache_dir:
+        raise ConfigError("jaxinfer compile needs --cache-dir DIR (or --list)")
+    r = compile_bucket_set(mc, ec, programs, ns.cache_dir, jobs=ns.jobs, force=ns.force)
+    print(bucket_table(programs, r.seconds))
+    done = list(r.seconds.values())
+    print(f"compiled {len(done)} programs ({r.xla_compiled} by XLA, the rest from JAX's "
+          f"persistent cache), {len(r.skipped)} already cached; {sum(done):.1f} s of compile "
+          f"time, max {max(done, default=0):.2f} s; wall {r.wall_seconds:.1f} s; "
+          f"manifest {r.directory / MANIFEST}", file=sys.stderr)
+    return 0

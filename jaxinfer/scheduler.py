@@ -1,35 +1,49 @@
 """Continuous-batching scheduler, FCFS (after nano-vllm's ``Scheduler``, with vLLM's chunked
-prefill and recompute preemption). Plain Python; no JAX.
+prefill, recompute preemption and automatic prefix caching). Plain Python; no JAX.
 
 Each call to ``schedule()`` plans one step, and a step is EITHER a prefill step OR a decode
-step (no mixed steps in v1). The alternation rule:
+step. Mixed steps (vLLM v1 packs decodes and prefill chunks into one token budget) are not
+possible here: prefill and decode are separate compiled programs (token buckets vs batch
+buckets), so the policy chooses which of the two runs next:
 
-1. Prefill first. A step is a prefill step whenever any prefill work can be scheduled:
+1. Prefill, unless the alternation rule below asks for a decode step. Prefill work is
    (a) sequences already running but only partly prefilled continue their chunks, oldest
    first; then (b) waiting sequences are admitted in arrival order, stopping at the first that
-   does not fit (no skipping ahead). Limits: ``max_num_batched_tokens`` prompt tokens in all,
+   does not fit (no skipping ahead). Limits: ``max_num_batched_tokens`` computed tokens in all,
    ``max_prefill_seqs`` chunks, ``max_num_seqs`` running sequences. With chunked prefill a
    prompt longer than the token budget left is cut to fit and continues next step; without
    it a prompt is scheduled whole or not at all. A waiting sequence is admitted only when the
    pages for its whole prompt are free now (beyond the pages still owed to earlier partial
    prefills), though pages are allocated chunk by chunk as tokens are scheduled.
-2. Otherwise a decode step: every running sequence whose K/V lacks only its last token feeds
-   that token (one token each, so the budget counts one per sequence). When one needs a new
-   page and none is free, the newest running sequence (last admitted) is preempted: its pages
-   are freed, ``num_computed_tokens`` = 0, and it goes back to the front of ``waiting``
-   (ordered by arrival among the preempted). It keeps its output tokens: its next prefill
-   recomputes ``all_token_ids`` (prompt + outputs), so no request is lost.
-3. If neither is possible (all running sequences are mid-prefill and no page is free for any
+   Prefix caching (``enable_prefix_caching``): at admission the sequence takes the longest
+   run of cached full pages that starts its tokens (at most ``num_tokens - 1`` tokens, see
+   ``block_manager``), ``num_computed_tokens`` starts there and its first chunk starts after
+   the cached prefix; cached tokens cost no budget. After every step the pages that became
+   full and computed are registered for later requests.
+2. Decode: every running sequence whose K/V lacks only its last token feeds that token (one
+   token each, so the budget counts one per sequence). When one needs a new page and none is
+   free, the newest running sequence (last admitted) is preempted: its pages are released,
+   ``num_computed_tokens`` = 0, and it goes back to the front of ``waiting`` (ordered by
+   arrival among the preempted). It keeps its output tokens: its next prefill recomputes
+   ``all_token_ids`` (prompt + outputs), so no request is lost; with prefix caching its
+   released full pages usually are still cached and are not recomputed.
+3. Alternation rule (``max_consecutive_prefills``, default 1): when some running sequence is
+   decoding and the last ``max_consecutive_prefills`` steps were prefill steps, the next step
+   is a decode step (prefill only if no decode can be scheduled). So running streams get a
+   token at least every ``max_consecutive_prefills + 1`` steps while a long prompt is prefilled
+   chunk by chunk or new requests keep arriving: their inter-token latency is bounded by
+   about k prefill chunks + one decode step, at the cost of the new prompt's time to first
+   token (one decode step per chunk). ``None`` restores v1's prefill-first policy, under which
+   decodes stall for the whole prefill of a long prompt.
+4. If neither is possible (all running sequences are mid-prefill and no page is free for any
    of them), the newest running sequence is preempted and 1-2 are retried. ``add()`` rejects
    requests that could not fit the pool alone, so this always ends with work to do.
 
-Consequences: decodes stall while a long prompt is prefilled chunk by chunk (mixed
-prefill+decode steps are the later fix); a sequence whose last prompt chunk would be a single
-token finishes it in a decode step (it is then decode-shaped).
-
-New requests join at step boundaries (``add``); finished and aborted sequences free their
-pages at once. ``postprocess`` advances ``num_computed_tokens``, appends sampled tokens and
-applies vLLM's stop rules (EOS unless ``ignore_eos``, ``stop_token_ids``, both only once
+A sequence whose last prompt chunk would be a single token finishes it in a decode step (it is
+then decode-shaped). New requests join at step boundaries (``add``); past ``max_queue_len``
+waiting requests ``add`` raises ``QueueFullError``. Finished and aborted sequences release
+their pages at once. ``postprocess`` advances ``num_computed_tokens``, appends sampled tokens
+and applies vLLM's stop rules (EOS unless ``ignore_eos``, ``stop_token_ids``, both only once
 ``min_tokens`` outputs exist; ``max_tokens`` and ``max_model_len`` give "length").
 """
 
@@ -40,7 +54,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.block_manager import NO_MATCH, BlockManager
 from jaxinfer.config import ConfigError
 from jaxinfer.sequence import Sequence, SequenceStatus
 
@@ -82,6 +96,9 @@ class SchedulerConfig:
       max_queue_len: most waiting requests accepted by ``add()``; None = unbounded.
       enable_chunked_prefill: split prompts longer than the step's token budget; when off,
         max_num_batched_tokens must be >= max_model_len.
+      enable_prefix_caching: share computed full prompt pages between requests (default on).
+      max_consecutive_prefills: prefill steps in a row before a decode step is forced while
+        sequences are decoding (>= 1); None = prefill first (v1).
       eos_token_ids: the model's end-of-sequence ids.
     Raises:
       ConfigError: on a value out of range, naming it.
@@ -95,6 +112,8 @@ class SchedulerConfig:
     max_prefill_seqs: int = 8
     max_queue_len: int | None = None
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    max_consecutive_prefills: int | None = 1
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -111,6 +130,10 @@ class SchedulerConfig:
                 or self.max_queue_len < 1):
             raise ConfigError(f"SchedulerConfig.max_queue_len must be None or a positive int, "
                               f"got {self.max_queue_len!r}")
+        k = self.max_consecutive_prefills
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ConfigError(f"SchedulerConfig.max_consecutive_prefills must be None or a "
+                              f"positive int, got {k!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"SchedulerConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must "
@@ -128,13 +151,19 @@ class SchedulerConfig:
     def from_engine_config(cls, engine: EngineConfig, eos_token_ids: Seq[int] = (),
                            **overrides: Any) -> SchedulerConfig:
         """The scheduler limits of an ``EngineConfig`` (block_size -> page_size,
-        total_kv_pages -> num_pages); keyword arguments override fields."""
+        total_kv_pages -> num_pages; the engine passes the page count it sized from memory as
+        an override); keyword arguments override fields. EngineConfig fields that do not
+        exist (older configs) keep this class's defaults."""
         kw: dict[str, Any] = {
             "max_num_seqs": engine.max_num_seqs,
             "max_num_batched_tokens": engine.max_num_batched_tokens,
             "max_model_len": engine.max_model_len, "page_size": engine.block_size,
             "num_pages": engine.total_kv_pages, "max_prefill_seqs": engine.max_prefill_seqs,
             "eos_token_ids": tuple(eos_token_ids)}
+        for name in ("max_queue_len", "enable_chunked_prefill", "enable_prefix_caching",
+                     "max_consecutive_prefills"):
+            if hasattr(engine, name):
+                kw[name] = getattr(engine, name)
         kw.update(overrides)
         return cls(**kw)
 
@@ -203,13 +232,15 @@ class Scheduler:
 
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.cfg = cfg
-        self.block_manager = BlockManager(cfg.num_pages, cfg.page_size)
+        self.block_manager = BlockManager(cfg.num_pages, cfg.page_size,
+                                          enable_prefix_caching=cfg.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self._seqs: dict[int, Sequence] = {}  # unfinished sequences by id
         self._rank: dict[int, int] = {}  # seq_id -> arrival rank (FCFS order of add())
         self._counter = itertools.count()
         self._eos = frozenset(cfg.eos_token_ids)
+        self._prefills_in_a_row = 0  # consecutive prefill steps (alternation rule)
 
     # ---------------------------------------------------------------- requests in and out
     def add(self, seq: Sequence) -> None:
@@ -278,17 +309,30 @@ class Scheduler:
         """
         preempted: list[Sequence] = []
         while True:
-            chunks = self._schedule_prefill(preempted)
-            if chunks:
-                return SchedulerOutput(True, chunks, preempted)
-            chunks = self._schedule_decode(preempted)
-            if chunks or not self.has_unfinished:
-                return SchedulerOutput(False, chunks, preempted)
+            out = self._schedule_once(preempted)
+            if out is not None:
+                self._prefills_in_a_row = self._prefills_in_a_row + 1 if out.is_prefill else 0
+                return out
             if not self.running:  # guarded against by add(); never loop forever
                 raise RuntimeError(f"scheduler cannot admit {self.waiting[0]!r} into an empty "
                                    f"pool of {self.block_manager.num_free_pages} pages")
             # Every running sequence is mid-prefill with no free page: make room.
             self._preempt(self.running[-1], preempted)
+
+    def _schedule_once(self, preempted: list[Sequence]) -> SchedulerOutput | None:
+        """One attempt at a plan; None when no work fits (caller preempts and retries)."""
+        k = self.cfg.max_consecutive_prefills
+        if k is not None and self._prefills_in_a_row >= k:  # alternation: decodes first
+            chunks = self._schedule_decode(preempted)
+            if chunks:
+                return SchedulerOutput(False, chunks, preempted)
+        chunks = self._schedule_prefill(preempted)
+        if chunks:
+            return SchedulerOutput(True, chunks, preempted)
+        chunks = self._schedule_decode(preempted)
+        if chunks or not self.has_unfinished:
+            return SchedulerOutput(False, chunks, preempted)
+        return None
 
     def _schedule_prefill(self, preempted: list[Sequence]) -> list[ScheduledChunk]:
         cfg, bm = self.cfg, self.block_manager
@@ -313,20 +357,23 @@ class Scheduler:
             seq = self.waiting[0]
             if self.running and any(seq is p for p in preempted):
                 break  # not back in the step that preempted it
-            n = seq.num_tokens
+            match = bm.match_prefix(seq) if cfg.enable_prefix_caching else NO_MATCH
+            n = seq.num_tokens - match.num_tokens  # the cached prefix costs no budget
             if n > budget:
                 if not cfg.enable_chunked_prefill:
                     break
                 n = budget
-            if bm.pages_needed(seq, seq.num_tokens) + promised > bm.num_free_pages:
+            if bm.pages_to_admit(seq, match, seq.num_tokens) + promised > bm.num_free_pages:
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            bm.take_prefix(seq, match)
+            seq.num_computed_tokens = seq.num_cached_tokens = match.num_tokens
             bm.allocate(seq, n)
-            chunks.append(ScheduledChunk(seq, 0, n))
+            chunks.append(ScheduledChunk(seq, match.num_tokens, n))
             budget -= n
-            promised += bm.pages_needed(seq, seq.num_tokens)
+            promised += bm.pages_needed(seq, seq.num_tokens - seq.num_computed_tokens)
         return chunks
 
     def _schedule_decode(self, preempted: list[Sequence]) -> list[ScheduledChunk]:
@@ -391,6 +438,7 @@ class Scheduler:
                     f"postprocess: chunk of request {seq.seq_id} starts at {chunk.start} but "
                     f"{seq!r}; was this output already postprocessed?")
             seq.num_computed_tokens += chunk.num_tokens
+            self.block_manager.register_computed_pages(seq)  # K/V of this step are written
             if not chunk.samples:
                 continue
             tok = int(tok)

@@ -5,6 +5,11 @@ Token bookkeeping: ``all_token_ids = prompt_token_ids + output_token_ids``. The 
 first ``num_computed_tokens`` of them are in the KV cache. While decoding, exactly the last
 token lacks K/V (``num_computed_tokens == num_tokens - 1``): the next step feeds it and
 samples the token after it. Plain Python; no JAX.
+
+Prefix caching (``block_manager``) adds three fields: the hash chain of the sequence's full
+pages (computed once, kept across preemption since tokens are append-only), how many leading
+pages of the block table were already offered to the prefix cache, and how many prompt tokens
+the last admission took from the cache instead of computing them.
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ class Sequence:
       status: WAITING, RUNNING or FINISHED.
       finish_reason: None until finished, then "stop", "length" or "abort".
       num_preemptions: times this sequence lost its pages and went back to waiting.
+      num_cached_tokens: leading tokens whose K/V came from the prefix cache at the last
+        admission (vLLM's ``num_cached_tokens``); 0 without a hit.
+      page_hashes: hash-chain keys of the full pages of ``all_token_ids`` (filled and used by
+        the block manager only; valid for one page size).
+      num_registered_pages: leading block-table pages already offered to the prefix cache.
     Raises:
       InvalidPromptError: on an empty prompt or a token id that is not an int >= 0.
     """
@@ -55,6 +65,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0
+    page_hashes: list[bytes] = field(default_factory=list, repr=False)
+    num_registered_pages: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -98,5 +111,6 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, "
                 f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens}, "
-                f"computed={self.num_computed_tokens}, pages={len(self.block_table)}, "
+                f"computed={self.num_computed_tokens}, cached={self.num_cached_tokens}, "
+                f"pages={len(self.block_table)}, "
                 f"finish_reason={self.finish_reason!r})")

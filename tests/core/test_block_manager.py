@@ -2,30 +2,46 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxinfer.block_manager import NULL_PAGE, BlockManager, OutOfPagesError, PageAccountingError
+from jaxinfer.block_manager import (
+    NO_MATCH,
+    NULL_PAGE,
+    BlockManager,
+    OutOfPagesError,
+    PageAccountingError,
+)
 from jaxinfer.sequence import InvalidPromptError, Sequence
 
 
 def check_pages(bm: BlockManager, seqs: list[Sequence]) -> None:
-    """No page leaked or owned twice, null page never handed out, ref counts exact."""
-    owned = [p for s in seqs for p in s.block_table]
+    """No page leaked or owned twice by one sequence, null page never handed out, reference
+    counts exact (= block tables holding the page), cache map consistent with the pages."""
+    owned = Counter(p for s in seqs for p in s.block_table)
     free = bm.free_page_ids()
     assert NULL_PAGE not in owned and NULL_PAGE not in free
-    assert len(owned) == len(set(owned)), "a page is owned twice"
+    for s in seqs:
+        assert len(s.block_table) == len(set(s.block_table)), "a page twice in one table"
     assert len(free) == len(set(free)) == bm.num_free_pages
     assert not set(owned) & set(free), "a page is both owned and free"
     assert set(owned) | set(free) == set(range(1, bm.num_pages)), "a page leaked"
-    for p in owned:
-        assert bm.ref_count[p] == 1
+    for p, n in owned.items():
+        assert bm.ref_count[p] == n
     for p in free:
         assert bm.ref_count[p] == 0
+    assert bm.ref_count[NULL_PAGE] == 1
+    evictable = set(bm.evictable_page_ids())
+    for p in free:  # a free page is evictable exactly when it still holds a cached prefix
+        assert (bm.page_hash[p] is not None) == (p in evictable)
+    hashed = {bm.page_hash[p]: p for p in range(1, bm.num_pages) if bm.page_hash[p] is not None}
+    assert len(hashed) == bm.num_cached_pages and hashed == bm._cached
 
 
 def test_no_jax_import() -> None:
@@ -136,3 +152,240 @@ def test_random_workload_invariants(num_pages: int, page_size: int,
         bm.free(s)
     assert bm.num_free_pages == num_pages - 1
     check_pages(bm, seqs)
+
+
+# ---------------------------------------------------------------- prefix caching
+
+
+def compute(bm: BlockManager, s: Sequence, n: int, kv: list[int] | None = None) -> None:
+    """Allocate and 'compute' the next n tokens of s (writing token ids into a fake KV)."""
+    bm.allocate(s, n)
+    if kv is not None:
+        toks = s.all_token_ids
+        for pos in range(s.num_computed_tokens, s.num_computed_tokens + n):
+            kv[s.block_table[pos // bm.page_size] * bm.page_size + pos % bm.page_size] = toks[pos]
+    s.num_computed_tokens += n
+    bm.register_computed_pages(s)
+
+
+def admit(bm: BlockManager, s: Sequence) -> int:
+    m = bm.match_prefix(s)
+    bm.take_prefix(s, m)
+    s.num_computed_tokens = m.num_tokens
+    return m.num_tokens
+
+
+def test_prefix_hit_shares_full_computed_pages() -> None:
+    bm = BlockManager(num_pages=20, page_size=4)
+    a = Sequence(1, list(range(10, 20)))  # 10 tokens: 2 full pages + 2 tokens
+    compute(bm, a, 10)
+    assert bm.num_cached_pages == 2  # the partial third page is not registered
+    b = Sequence(2, list(range(10, 18)) + [99, 98, 97])  # shares 8 tokens, then differs
+    assert admit(bm, b) == 8 and b.block_table == a.block_table[:2]
+    assert [bm.ref_count[p] for p in a.block_table] == [2, 2, 1]
+    c = Sequence(3, list(range(10, 20)))  # identical prompt: both full pages
+    assert admit(bm, c) == 8
+    d = Sequence(4, list(range(10, 18)))  # 8 tokens: the last must be computed -> 1 page
+    assert admit(bm, d) == 4 and d.block_table == a.block_table[:1]
+    e = Sequence(5, list(range(11, 19)) + [1])  # different first page: no hit
+    assert admit(bm, e) == 0 and e.block_table == []
+    f = Sequence(6, [1, 2, 3, 4] + list(range(14, 18)) + [5])  # same 2nd page, other 1st
+    assert admit(bm, f) == 0, "a page matched without its prefix (hash chain broken)"
+    assert bm.prefix_hit_tokens == 20 and bm.prefix_query_tokens == 11 + 10 + 8 + 9 + 9
+    check_pages(bm, [a, b, c, d, e, f])
+    for s in (a, b, c, d):
+        bm.free(s)
+    check_pages(bm, [e, f])
+    assert bm.num_evictable_pages == 2 and bm.num_free_pages == 19
+
+
+def test_only_full_computed_pages_are_shared() -> None:
+    bm = BlockManager(num_pages=20, page_size=4)
+    a = Sequence(1, list(range(10, 22)))  # 12 tokens
+    bm.allocate(a, 12)  # pages for all 12, but only 6 computed so far
+    a.num_computed_tokens = 6
+    assert bm.register_computed_pages(a) == 1
+    b = Sequence(2, list(range(10, 22)))
+    assert bm.match_prefix(b).num_tokens == 4
+    a.num_computed_tokens = 12
+    assert bm.register_computed_pages(a) == 2 and bm.register_computed_pages(a) == 0
+    assert bm.match_prefix(b).num_tokens == 8  # 12 tokens: at most 11 from the cache
+    # Decode grows a into a 4th page; it is shared once full and computed.
+    a.output_token_ids += [40, 41, 42, 43]
+    compute(bm, a, 3)
+    assert bm.num_cached_pages == 3
+    compute(bm, a, 1)
+    assert bm.num_cached_pages == 4
+    c = Sequence(3, a.all_token_ids + [7])
+    assert bm.match_prefix(c).num_tokens == 16
+
+
+def test_same_prefix_computed_twice_stays_private() -> None:
+    bm = BlockManager(num_pages=10, page_size=2)
+    a, b = Sequence(1, [5, 6, 7, 8, 9]), Sequence(2, [5, 6, 7, 8, 9])
+    compute(bm, a, 3)
+    compute(bm, b, 5)  # b computed the same pages at the same time: a's key was first
+    compute(bm, a, 2)
+    assert bm.num_cached_pages == 2 and {bm._cached[k] for k in a.page_hashes} == {
+        a.block_table[0], b.block_table[1]}
+    check_pages(bm, [a, b])
+    bm.free(b)  # b's private duplicate page returns to the never-cached free list
+    check_pages(bm, [a])
+    assert bm.num_evictable_pages == 1
+
+
+def test_lru_eviction_tail_first_and_fresh_pages_first() -> None:
+    bm = BlockManager(num_pages=9, page_size=2)  # 8 usable pages
+    a = Sequence(1, [1, 2, 3, 4, 5, 6, 7])  # 4 pages, 3 full
+    b = Sequence(2, [11, 12, 13, 14, 15])  # 3 pages, 2 full
+    compute(bm, a, 7)
+    compute(bm, b, 5)
+    pa, pb = list(a.block_table), list(b.block_table)
+    bm.free(a)  # released first: evicted first, tail first
+    bm.free(b)
+    assert bm.evictable_page_ids() == [pa[2], pa[1], pa[0], pb[1], pb[0]]
+    c = Sequence(3, [30] * 6)  # 3 pages: the 3 never-cached free pages, no eviction
+    compute(bm, c, 6)
+    assert bm.num_evictions == 0 and set(c.block_table) == {8, pa[3], pb[2]}
+    d = Sequence(4, [40] * 4)  # 2 pages: evicts a's last two full pages
+    compute(bm, d, 4)
+    assert bm.num_evictions == 2 and set(d.block_table) == {pa[2], pa[1]}
+    assert bm.match_prefix(Sequence(5, [1, 2, 3, 4, 5, 6, 9])).pages == [pa[0]]
+    assert bm.match_prefix(Sequence(6, [11, 12, 13, 14, 0])).pages == pb[:2]
+    hit = Sequence(7, [11, 12, 13, 14, 0])
+    admit(bm, hit)  # takes b's pages out of the evictable set: never evicted while held
+    e = Sequence(8, [50] * 2)
+    compute(bm, e, 2)
+    assert e.block_table == [pa[0]] and bm.num_free_pages == 0
+    check_pages(bm, [c, d, hit, e])
+    with pytest.raises(OutOfPagesError):
+        bm.allocate(Sequence(9, [1]), 1)
+
+
+def test_prefix_caching_off_and_reset() -> None:
+    off = BlockManager(num_pages=10, page_size=2, enable_prefix_caching=False)
+    a = Sequence(1, [1, 2, 3, 4, 5])
+    compute(off, a, 5)
+    assert off.num_cached_pages == 0 and off.match_prefix(Sequence(2, [1, 2, 3, 4, 5])) == NO_MATCH
+    bm = BlockManager(num_pages=10, page_size=2)
+    compute(bm, a := Sequence(1, [1, 2, 3, 4, 5]), 5)
+    b = Sequence(2, [1, 2, 3, 4, 9])
+    admit(bm, b)
+    bm.free(a)
+    bm.reset_prefix_cache()  # b still holds the two shared pages: they stay cached
+    assert bm.num_evictable_pages == 0 and bm.num_cached_pages == 2
+    check_pages(bm, [b])
+
+
+def test_take_prefix_errors() -> None:
+    bm = BlockManager(num_pages=10, page_size=2)
+    a = Sequence(1, [1, 2, 3, 4, 5])
+    compute(bm, a, 5)
+    m = bm.match_prefix(Sequence(2, [1, 2, 3, 4, 5]))
+    with pytest.raises(PageAccountingError, match="empty block table"):
+        bm.take_prefix(a, m)
+    other = Sequence(3, [7, 7, 7, 7, 7])
+    with pytest.raises(PageAccountingError, match="does not cache"):
+        bm.take_prefix(other, m)
+    assert other.block_table == [] and [bm.ref_count[p] for p in m.pages] == [1, 1]
+
+
+# A prefix-caching workload: (op, slot, n, family). op 0 = admit a new request in the slot
+# (its prompt starts with one of 3 shared "system prompts"), 1 = compute n more tokens
+# (decoding a token when the prompt is done), 2 = release (preempt: keeps tokens), 3 = re-admit.
+pc_ops = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(1, 12),
+                            st.integers(0, 2)), max_size=150)
+
+
+def run_prefix_workload(num_pages: int, page_size: int, ops: list, seed: int) -> BlockManager:
+    """Random admissions (with shared system prompts), computation, preemption and
+    re-admission; every invariant checked after every operation."""
+    rng = random.Random(seed)
+    bm = BlockManager(num_pages, page_size)
+    systems = [[rng.randrange(1, 4) for _ in range(rng.randint(0, 20))] for _ in range(3)]
+    kv = [-1] * (num_pages * page_size)
+    slots: list[Sequence] = [Sequence(100 + i, [1]) for i in range(6)]  # placeholders
+    admitted = [False] * len(slots)
+    release_key: dict[int, int] = {}  # page -> when it was released (eviction order spec)
+    clock, next_id = 0, 0
+
+    def release(i: int) -> None:
+        nonlocal clock
+        s, admitted[i] = slots[i], False
+        before = list(s.block_table)
+        bm.free(s)
+        s.num_computed_tokens = 0
+        for p in reversed(before):  # tail first
+            if bm.ref_count[p] == 0:
+                clock += 1
+                release_key[p] = clock
+
+    def checked_compute(s: Sequence, n: int) -> None:
+        evictable_before = bm.evictable_page_ids()
+        plain_before = bm.num_free_pages - len(evictable_before)
+        need = bm.pages_needed(s, n)
+        compute(bm, s, n, kv)
+        still = set(bm.evictable_page_ids())
+        gone = [p for p in evictable_before if p not in still]
+        assert len(gone) == max(0, need - plain_before), "evicted before fresh pages ran out"
+        oldest = sorted(evictable_before, key=release_key.__getitem__)[:len(gone)]
+        assert sorted(gone) == sorted(oldest), "eviction is not least-recently-released"
+
+    def admit_checked(i: int) -> None:
+        s = slots[i]
+        m = bm.match_prefix(s)
+        assert m.num_tokens <= s.num_tokens - 1 and m.num_tokens == len(m.pages) * page_size
+        if bm.pages_to_admit(s, m, m.num_tokens) > bm.num_free_pages:
+            return
+        admit(bm, s)
+        admitted[i] = True
+        toks = s.all_token_ids
+        for pos in range(m.num_tokens):  # a hit page holds exactly this prefix's tokens
+            assert kv[s.block_table[pos // page_size] * page_size + pos % page_size] == toks[pos]
+
+    for op, i, n, fam in ops:
+        s = slots[i]
+        if op == 0:
+            release(i)
+            prompt = systems[fam][:rng.randint(0, len(systems[fam]))]
+            prompt += [rng.randrange(1, 3) for _ in range(rng.randint(1, 6))]
+            slots[i] = Sequence(next_id, prompt)
+            next_id += 1
+            admit_checked(i)
+        elif op == 1 and admitted[i]:
+            if s.num_computed_tokens == s.num_tokens:
+                s.output_token_ids.append(rng.randrange(1, 3))
+            n = min(n, s.num_tokens - s.num_computed_tokens)
+            if bm.can_allocate(s, n):
+                checked_compute(s, n)
+        elif op == 2:
+            release(i)
+        elif op == 3 and not admitted[i]:
+            admit_checked(i)
+        check_pages(bm, slots)
+    for i in range(len(slots)):
+        release(i)
+    assert bm.num_free_pages == num_pages - 1
+    check_pages(bm, slots)
+    return bm
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(num_pages=st.integers(2, 30), page_size=st.sampled_from([1, 2, 3, 4, 8]), ops=pc_ops,
+       seed=st.integers(0, 2**16))
+def test_random_workload_with_prefix_caching(num_pages: int, page_size: int, ops: list,
+                                             seed: int) -> None:
+    run_prefix_workload(num_pages, page_size, ops, seed)
+
+
+def test_random_prefix_workload_hits_and_evicts() -> None:
+    """The workload above does exercise hits and evictions (not a vacuous property test)."""
+    rng = random.Random(0)
+    hits = evictions = 0
+    for k in range(60):
+        ops = [(rng.choice([0, 1, 1, 1, 2, 3]), rng.randrange(6), rng.randint(1, 12),
+                rng.randrange(3)) for _ in range(150)]
+        bm = run_prefix_workload(rng.randint(8, 30), rng.choice([1, 2, 4]), ops, k)
+        hits += bm.prefix_hit_tokens
+        evictions += bm.num_evictions
+    assert hits > 100 and evictions > 20, (hits, evictions)

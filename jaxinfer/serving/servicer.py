@@ -14,6 +14,7 @@ unknown fields); RESOURCE_EXHAUSTED (the waiting queue is at ``max_queue_len``);
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     # ------------------------------------------------------------------ generation
     async def _start(self, req: pb.GenerateRequest,
                      context: grpc.aio.ServicerContext) -> tuple[RequestHandle, bool]:
+        arrival = time.monotonic()  # TTFT / end-to-end clocks include tokenization
         try:
             params, skip_special = sampling_params_from_proto(req.sampling)
             ids, text = prompt_token_ids(self.engine, req)
@@ -67,6 +69,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e),
                               "invalid_argument")
         handle = RequestHandle(ids, params, text)
+        handle.arrival = arrival
         try:
             self.et.submit(handle)
         except EngineStopped as e:

@@ -129,7 +129,12 @@ class EngineConfig:
       max_model_len: longest sequence (prompt + output) in tokens.
       block_size: tokens per KV page.
       num_kv_pages: pages in the device pool, the reserved null page 0 included. ``None``
-        sizes the pool to hold ``max_num_seqs`` sequences of ``max_model_len`` tokens.
+        sizes the pool from memory (``jaxinfer/kv_sizing.py``): on an accelerator
+        ``gpu_memory_utilization`` of XLA's memory limit after weights and the largest
+        buckets' activations; on the CPU what ``max_num_seqs`` sequences of
+        ``max_model_len`` tokens need (``total_kv_pages``), capped by that fraction of RAM.
+      gpu_memory_utilization: fraction (0, 1] of device memory (CPU: available RAM) the
+        engine may use, weights and activations included (vLLM's name).
       max_num_seqs: most sequences running at once (also the largest decode bucket).
       max_num_batched_tokens: most tokens in one prefill step (largest prefill bucket).
       max_prefill_seqs: most sequences packed into one prefill step.
@@ -144,6 +149,12 @@ class EngineConfig:
         the default); False unrolls them with one weight array per layer.
       quantization: None, or "fp8" to quantize the projection weights on load to
         float8_e4m3fn with per-output-channel scales (W8A16 GEMMs).
+      enable_prefix_caching: reuse the KV pages of full prompt pages already computed
+        (hash-chained, LRU-evicted; see block_manager.py).
+      max_consecutive_prefills: prefill steps in a row before running decodes get a step
+        (None = prefill first; see scheduler.py).
+      max_queue_len: most waiting requests; ``add_request`` beyond it raises
+        ``scheduler.QueueFullError``. None = unbounded.
       seed: base seed for requests that do not set their own.
     """
 
@@ -160,6 +171,10 @@ class EngineConfig:
     attention_backend: str = "auto"
     scan_layers: bool = True
     quantization: str | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    max_consecutive_prefills: int | None = 1
+    max_queue_len: int | None = None
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -207,6 +222,12 @@ class EngineConfig:
             raise ConfigError(f"quantization must be None or 'fp8', got {self.quantization!r}")
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
             raise ConfigError(f"num_kv_pages must be at least 2, got {self.num_kv_pages}")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
+        for name in ("max_consecutive_prefills", "max_queue_len"):
+            if getattr(self, name) is not None:
+                pos(name)
 
     @property
     def max_pages_per_seq(self) -> int:
@@ -220,7 +241,9 @@ class EngineConfig:
 
     @property
     def total_kv_pages(self) -> int:
-        """Pages in the device pool, null page 0 included."""
+        """Pages in the device pool, null page 0 included: ``num_kv_pages``, else what
+        ``max_num_seqs`` sequences of ``max_model_len`` tokens need (the engine may size the
+        pool from memory instead: ``LLMEngine.kv_sizing``)."""
         if self.num_kv_pages is not None:
             return self.num_kv_pages
         return self.max_num_seqs * self.max_pages_per_seq + 1

@@ -18,12 +18,13 @@ import numpy as np
 
 from jaxinfer.batch import build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
+from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend
 from jaxinfer.models.transformer import CausalLM
 from jaxinfer.outputs import CompletionOutput, RequestOutput
 from jaxinfer.runner import LOGITS, ModelRunner
 from jaxinfer.sampling_params import ParameterError, SamplingParams
-from jaxinfer.scheduler import Scheduler, SchedulerConfig
+from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from jaxinfer.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,9 @@ class LLMEngine:
         net = CausalLM(cfg, loaded.params, self.dtype, scan_layers=ec.scan_layers,
                        quantization=ec.quantization)
         del loaded
-        self.runner = ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
+        self.kv_sizing = size_for_engine(net, cfg, ec, self.dtype)  # pages from memory
+        self.runner = ModelRunner(net, num_pages=self.kv_sizing.num_pages,
+                                  page_size=ec.block_size,
                                   attention=get_backend(ec.attention_backend),
                                   kv_dtype=self.dtype)
         if compile_cache_dir is not None:
@@ -101,19 +104,15 @@ class LLMEngine:
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
-            max_model_len=ec.max_model_len, page_size=ec.block_size,
-            num_pages=ec.total_kv_pages, max_prefill_seqs=ec.max_prefill_seqs,
-            eos_token_ids=tuple(sorted(eos))))
+        self.scheduler = Scheduler(SchedulerConfig.from_engine_config(
+            ec, eos_token_ids=tuple(sorted(eos)), num_pages=self.kv_sizing.num_pages))
         self._ids = itertools.count()
         self._seed_rng = np.random.default_rng(ec.seed)
         self._seeds: dict[int, int] = {}
         self._prompts: dict[int, str | None] = {}
         self._first_token_time: dict[int, float] = {}
-        log.info("engine ready: %s, %d KV pages of %d tokens (%.1f MiB), dtype %s",
-                 model, ec.total_kv_pages, ec.block_size,
-                 self.runner.kv_cache_bytes() / 2**20, jnp.dtype(self.dtype).name)
+        log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
+                 self.kv_sizing.describe(ec.max_model_len))
 
     # ------------------------------------------------------------------ requests
     def encode_prompt(self, prompt: str | Seq[int]) -> list[int]:
@@ -136,7 +135,9 @@ class LLMEngine:
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                     request_id: int | None = None,
                     prompt_token_ids: list[int] | None = None) -> int:
-        """Queue a request; returns its id. Raises RequestError on bad input (nothing queued).
+        """Queue a request; returns its id. Raises RequestError on bad input, and
+        ``scheduler.QueueFullError`` (a ValueError) when ``max_queue_len`` requests are
+        already waiting (nothing queued in either case).
 
         ``prompt_token_ids``, when given, are the already-encoded ``prompt``.
         """
@@ -152,6 +153,8 @@ class LLMEngine:
         seq = Sequence(rid, ids, params)
         try:
             self.scheduler.add(seq)
+        except QueueFullError:
+            raise  # overload, not bad input: max_queue_len requests are waiting
         except ValueError as e:
             raise RequestError(str(e)) from e
         self._seeds[rid] = (params.seed if params.seed is not None
@@ -207,7 +210,8 @@ class LLMEngine:
     def _output(self, seq: Sequence) -> RequestOutput:
         text = (self.tokenizer.decode(seq.output_token_ids)
                 if self.tokenizer is not None else "")
-        metrics = {"arrival_time": seq.arrival_time}
+        metrics = {"arrival_time": seq.arrival_time,
+                   "num_cached_tokens": seq.num_cached_tokens}  # prefix-cache hit
         if seq.seq_id in self._first_token_time:
             metrics["first_token_time"] = self._first_token_time[seq.seq_id]
         return RequestOutput(

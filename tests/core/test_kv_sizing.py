@@ -1,0 +1,90 @@
+"""KV pool sizing: arithmetic against given memory numbers (the GPU path runs on the CPU with
+a fake ``memory_stats`` dict), the CPU path, the start-up log line, errors."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from jaxinfer.config import ConfigError, EngineConfig
+from jaxinfer.kv_sizing import host_available_bytes, kv_page_bytes, size_kv_pool
+from tests.conftest import tiny_config
+
+GIB = 2**30
+
+
+def test_page_bytes() -> None:
+    cfg = tiny_config()  # 3 layers, 2 KV heads, head_dim 8
+    assert kv_page_bytes(cfg, 16, np.float32) == 2 * 3 * 2 * 16 * 8 * 4
+    assert kv_page_bytes(cfg, 16, np.float16) == 2 * 3 * 2 * 16 * 8 * 2
+
+
+def test_device_memory_sizing() -> None:
+    cfg = tiny_config(num_layers=32, num_kv_heads=8, head_dim=128, num_heads=32)
+    ec = EngineConfig(max_model_len=4096, block_size=16, gpu_memory_utilization=0.9)
+    page = kv_page_bytes(cfg, 16, np.float16)  # 2 MiB: the Llama-3-8B page in bf16
+    assert page == 2 * 2**20
+    stats = {"bytes_limit": 100 * GIB, "bytes_in_use": 16 * GIB}
+    s = size_kv_pool(cfg, ec, np.float16, memory_stats=stats, activation_bytes=4 * GIB)
+    budget = int(0.9 * 100 * GIB) - 16 * GIB - 4 * GIB
+    assert s.source == "device memory" and s.budget_bytes == budget
+    assert s.num_pages == budget // page and s.pool_bytes <= budget
+    assert s.max_tokens == (s.num_pages - 1) * 16
+    assert f"{s.num_pages} pages x 16 tokens = {s.max_tokens} tokens" in s.describe(4096)
+    more = size_kv_pool(cfg, ec, np.float16, memory_stats=stats, activation_bytes=0)
+    assert more.num_pages == (budget + 4 * GIB) // page  # activations come off the budget
+    with pytest.raises(ConfigError, match="gpu_memory_utilization 0.9 .* needs 257"):
+        size_kv_pool(cfg, ec, np.float16,
+                     memory_stats={"bytes_limit": 20 * GIB, "bytes_in_use": int(17.6 * GIB)})
+
+
+def test_explicit_pages_and_cpu_paths() -> None:
+    cfg = tiny_config()
+    ec = EngineConfig(max_model_len=64, block_size=4, max_num_seqs=8)
+    page = kv_page_bytes(cfg, 4, np.float32)
+    fixed = size_kv_pool(cfg, EngineConfig(max_model_len=64, block_size=4, num_kv_pages=40),
+                         np.float32, memory_stats={"bytes_limit": 10**12, "bytes_in_use": 0})
+    assert (fixed.num_pages, fixed.source) == (40, "num_kv_pages")
+    roomy = size_kv_pool(cfg, ec, np.float32, memory_stats=None, host_bytes=GIB)
+    assert (roomy.num_pages, roomy.source) == (ec.total_kv_pages, "max_num_seqs") == (129,
+                                                                                   "max_num_seqs")
+    tight = size_kv_pool(cfg, ec, np.float32, memory_stats=None, host_bytes=50 * page)
+    assert tight.source == "host memory" and tight.num_pages == int(0.9 * 50 * page) // page
+    with pytest.raises(ConfigError, match="available RAM"):
+        size_kv_pool(cfg, ec, np.float32, memory_stats=None, host_bytes=10 * page)
+    unknown = size_kv_pool(cfg, ec, np.float32, memory_stats=None, host_bytes=None)
+    assert unknown.num_pages == 129
+    avail = host_available_bytes()
+    assert avail is None or avail > 0
+
+
+@pytest.mark.parametrize("u", [0, 1.5, -0.1, True])
+def test_bad_utilization(u) -> None:
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        EngineConfig(gpu_memory_utilization=u)
+
+
+@pytest.mark.parametrize("kw", [{"max_queue_len": 0}, {"max_consecutive_prefills": -1}])
+def test_bad_scheduler_limits(kw) -> None:
+    with pytest.raises(ConfigError, match=next(iter(kw))):
+        EngineConfig(**kw)
+
+
+def test_engine_logs_pool_at_start(caplog) -> None:
+    from jaxinfer.engine import LLMEngine
+    from tests.conftest import tiny_loaded
+
+    with caplog.at_level(logging.INFO, logger="jaxinfer.engine"):
+        eng = LLMEngine(tiny_loaded(), max_model_len=64, block_size=4, max_num_seqs=2,
+                        max_queue_len=3, max_consecutive_prefills=2,
+                        enable_prefix_caching=False)
+    s = eng.kv_sizing
+    assert s.num_pages == eng.runner.num_pages == eng.scheduler.cfg.num_pages == 33
+    assert eng.runner.kv_cache_bytes() == s.pool_bytes
+    line = next(r.getMessage() for r in caplog.records if "KV cache" in r.getMessage())
+    assert "33 pages x 4 tokens = 128 tokens" in line and "max concurrency" in line
+    sc = eng.scheduler.cfg
+    assert (sc.max_queue_len, sc.max_consecutive_prefills, sc.enable_prefix_caching) == (
+        3, 2, False)

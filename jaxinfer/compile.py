@@ -171,26 +171,37 @@ class CompileReport:
     directory: Path
     seconds: dict[Program, float]
     skipped: list[Program]
-    xla_compiled: int
     wall_seconds: float
 
 
-def _compile_program(runner: Any, program: Program) -> tuple[bytes, float, int]:
-    """(serialized program, seconds, programs XLA compiled) for one program."""
-    from jaxinfer.compile_cache import serialize_program, xla_compilations
+def _compile_program(runner: Any, program: Program) -> tuple[bytes, float]:
+    """(serialized program, seconds to trace, lower and compile it) for one program.
+
+    Raises CompileCacheError if the program came from JAX's persistent compilation cache: with
+    jaxlib 0.11.2 an XLA:CPU executable loaded from there re-serializes without some of its
+    kernels ("Function wrapped_iota not found" when run), so it must not be stored.
+    """
+    from jaxinfer.compile_cache import CompileCacheError, serialize_program, xla_compilations
 
     before, t0 = xla_compilations(), time.perf_counter()
     compiled = runner.lower(program.bucket, program.mode).compile()
     seconds = time.perf_counter() - t0
-    return serialize_program(compiled), seconds, xla_compilations() - before
+    if xla_compilations() == before:
+        raise CompileCacheError(f"{program.mode} {program.bucket} came from JAX's persistent "
+                                "compilation cache and cannot be re-serialized; compile with "
+                                "that cache off")
+    return serialize_program(compiled), seconds
 
 
 _worker: dict[str, Any] = {}
 
 
 def _worker_init(model_config: ModelConfig, ec: EngineConfig, fp: dict) -> None:
+    import jax
+
     from jaxinfer.compile_cache import CompileCacheError, diff_fingerprints, fingerprint
 
+    jax.config.update("jax_enable_compilation_cache", False)  # see _compile_program
     runner = abstract_runner(model_config, ec)
     diffs = diff_fingerprints(fp, fingerprint(model_config, ec, runner))
     if diffs:
@@ -198,7 +209,7 @@ def _worker_init(model_config: ModelConfig, ec: EngineConfig, fp: dict) -> None:
     _worker["runner"] = runner
 
 
-def _worker_compile(program: Program) -> tuple[bytes, float, int]:
+def _worker_compile(program: Program) -> tuple[bytes, float]:
     return _compile_program(_worker["runner"], program)
 
 
@@ -214,9 +225,12 @@ def compile_bucket_set(model_config: ModelConfig, ec: EngineConfig, programs: li
 
     Programs already in a cache of the same fingerprint are skipped (all recompiled with
     ``force``). ``jobs`` > 1 compiles in that many spawned worker processes (tracing and
-    lowering are Python-bound, so threads would not help). The manifest is rewritten after
-    every program, so an interrupted run keeps what it finished.
+    lowering are Python-bound, so threads would not help); so does ``jobs`` = 1 when this
+    process uses JAX's persistent compilation cache, whose executables cannot be stored (see
+    :func:`_compile_program`): workers turn it off. The manifest is rewritten after every
+    program, so an interrupted run keeps what it finished.
     """
+    import jax
     from tqdm.auto import tqdm
 
     from jaxinfer.compile_cache import ProgramStore, fingerprint
@@ -230,18 +244,18 @@ def compile_bucket_set(model_config: ModelConfig, ec: EngineConfig, programs: li
     todo = [p for p in programs if (p.mode, p.bucket) not in store.entries]
     skipped = [p for p in programs if (p.mode, p.bucket) in store.entries]
     seconds: dict[Program, float] = {}
-    xla = 0
     bar = tqdm(total=len(todo), desc="compiling", unit="program", disable=not progress)
 
-    def done(p: Program, result: tuple[bytes, float, int]) -> None:
-        nonlocal xla
-        blob, s, n = result
+    def done(p: Program, result: tuple[bytes, float]) -> None:
+        blob, s = result
         store.save(p, blob, s)
-        seconds[p], xla = s, xla + n
+        seconds[p] = s
         bar.set_postfix_str(f"{p.mode} {p.bucket} {s:.1f}s", refresh=False)
         bar.update(1)
 
-    if jobs == 1 or len(todo) <= 1:
+    persistent = (jax.config.jax_compilation_cache_dir is not None
+                  and jax.config.jax_enable_compilation_cache)
+    if not todo or (jobs == 1 and not persistent):
         for p in todo:
             done(p, _compile_program(runner, p))
     else:
@@ -250,14 +264,14 @@ def compile_bucket_set(model_config: ModelConfig, ec: EngineConfig, programs: li
 
         # Workers only compile: keep them from reserving accelerator memory.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        with ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"),
+        with ProcessPoolExecutor(min(jobs, len(todo)), multiprocessing.get_context("spawn"),
                                  initializer=_worker_init,
                                  initargs=(model_config, ec, fp)) as pool:
             futures = {pool.submit(_worker_compile, p): p for p in todo}
             for f in as_completed(futures):
                 done(futures[f], f.result())
     bar.close()
-    return CompileReport(store.directory, seconds, skipped, xla, time.perf_counter() - t_start)
+    return CompileReport(store.directory, seconds, skipped, time.perf_counter() - t_start)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -348,8 +362,7 @@ def cmd_compile(ns: Any) -> int:
     r = compile_bucket_set(mc, ec, programs, ns.cache_dir, jobs=ns.jobs, force=ns.force)
     print(bucket_table(programs, r.seconds))
     done = list(r.seconds.values())
-    print(f"compiled {len(done)} programs ({r.xla_compiled} by XLA, the rest from JAX's "
-          f"persistent cache), {len(r.skipped)} already cached; {sum(done):.1f} s of compile "
+    print(f"compiled {len(done)} programs, {len(r.skipped)} already cached; {sum(done):.1f} s of compile "
           f"time, max {max(done, default=0):.2f} s; wall {r.wall_seconds:.1f} s; "
           f"manifest {r.directory / MANIFEST}", file=sys.stderr)
     return 0

@@ -1,0 +1,279 @@
+"""`jaxinfer compile`: the bucket set, the compile cache, and start-ups that compile nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxinfer import cli
+from jaxinfer.batch import build_step
+from jaxinfer.compile import MODES, abstract_runner, enumerate_programs, kv_pool_bytes
+from jaxinfer.compile_cache import (
+    PROGRAM_SOURCES,
+    CompileCacheError,
+    CompileCacheWarning,
+    ProgramStore,
+    diff_fingerprints,
+    xla_compilations,
+)
+from jaxinfer.config import EngineConfig
+from jaxinfer.engine import LLM
+from jaxinfer.loading import DUMMY_CONFIGS
+from jaxinfer.runner import LOGITS, SAMPLE
+from jaxinfer.sampling_params import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "dummy:tiny-llama"
+# Small bucket set: prefill T 16 x S {1, 2} x 4 pages (+ logits T 16), decode B {1, 2}.
+ENGINE = {"max_model_len": 64, "block_size": 16, "max_num_seqs": 2,
+          "max_num_batched_tokens": 16, "max_prefill_seqs": 2}
+CLI_ENGINE = ["--max-model-len", "64", "--block-size", "16", "--max-num-seqs", "2",
+              "--max-num-batched-tokens", "16", "--max-prefill-seqs", "2"]
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
+                             27, 28, 29, 30]]  # the second needs two prefill chunks
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+# A fresh process: no conftest, so no JAX persistent cache; only the compile cache can help.
+RUN = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from jaxinfer.compile_cache import xla_compilations
+    from jaxinfer.engine import LLM
+    from jaxinfer.sampling_params import SamplingParams
+    engine, prompts, cache = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+    llm = LLM("dummy:tiny-llama", compile_cache_dir=cache or None, compile_cache_strict=True,
+              **engine)
+    before = xla_compilations()
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    logits = llm.engine.prompt_logits(prompts[1])
+    r = llm.engine.runner
+    print(json.dumps({"tokens": [o.outputs[0].token_ids for o in outs],
+                      "logits_argmax": np.argmax(logits, -1).tolist(),
+                      "compiled": r.num_compilations, "loaded": r.num_loaded,
+                      "xla_while_running": xla_compilations() - before}))
+""")
+
+
+def _fresh_process(cache: Path | str) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    out = subprocess.run([sys.executable, "-c", RUN, json.dumps(ENGINE), json.dumps(PROMPTS),
+                          str(cache)], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("compile-cache")
+    assert cli.main(["compile", "--model", MODEL, *CLI_ENGINE, "--cache-dir", str(d),
+                     "--jobs", "1"]) == 0
+    return d
+
+
+def test_modes_are_the_runners():
+    assert MODES == (SAMPLE, LOGITS)
+
+
+def test_enumeration_holds_every_bucket_a_step_can_use():
+    ec = EngineConfig(max_model_len=256, block_size=16, max_num_seqs=4,
+                      max_num_batched_tokens=128, max_prefill_seqs=8)
+    programs = enumerate_programs(ec)
+    sample = {p.bucket for p in programs if p.mode == "sample"}
+    logits = {p.bucket for p in programs if p.mode == "logits"}
+    assert len(programs) == len(set(programs))
+    assert all(b.num_seqs == 1 and b.kind == "prefill" for b in logits)
+    assert {(b.num_tokens, b.max_pages) for b in logits} <= {
+        (b.num_tokens, b.max_pages) for b in sample if b.kind == "prefill"}
+    full = len(ec.prefill_buckets) * len(ec.prefill_seq_buckets) * len(ec.page_buckets)
+    prefill = [b for b in sample if b.kind == "prefill"]
+    assert len(prefill) < full, "unreachable buckets should be pruned"
+    assert max(b.num_seqs for b in prefill) == 4  # rows beyond max_num_seqs never run
+
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(3000):
+        decode = rng.random() < 0.3
+        n_seq = int(rng.integers(1, ec.max_num_seqs + 1))
+        if decode:
+            sizes = [1] * n_seq
+        else:  # n_tok tokens split into n_seq positive chunks
+            n_tok = int(rng.integers(n_seq, ec.max_num_batched_tokens + 1))
+            cuts = np.sort(rng.choice(np.arange(1, n_tok), n_seq - 1, replace=False))
+            sizes = np.diff(np.concatenate([[0], cuts, [n_tok]])).astype(int).tolist()
+        chunks = []
+        for i, n in enumerate(sizes):
+            end = int(rng.integers(n, ec.max_model_len + 1))
+            seq = SimpleNamespace(seq_id=i, block_table=list(range(1, -(-end // 16) + 1)),
+                                  all_token_ids=[3] * end, num_prompt_tokens=end,
+                                  sampling_params=GREEDY)
+            chunks.append(SimpleNamespace(seq=seq, start=end - n, num_tokens=n))
+        step = build_step(chunks, is_prefill=not decode, page_size=ec.block_size,
+                          token_buckets=ec.decode_buckets if decode else ec.prefill_buckets,
+                          seq_buckets=ec.decode_buckets if decode else ec.prefill_seq_buckets,
+                          page_buckets=ec.page_buckets, request_seeds={})
+        assert step.bucket in sample, step.bucket
+        seen.add(step.bucket)
+    assert len(seen) > len(sample) // 2  # the random steps exercise much of the set
+
+
+def test_kv_pool_bytes_is_the_runners_pool():
+    ec = EngineConfig(**ENGINE)
+    runner = abstract_runner(DUMMY_CONFIGS["tiny-llama"], ec)
+    pool = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(runner.cache))
+    cfg = DUMMY_CONFIGS["tiny-llama"]
+    assert kv_pool_bytes(cfg, ec, jnp.float32) == pool == (
+        2 * cfg.num_layers * cfg.num_kv_heads * ec.total_kv_pages * 16 * cfg.head_dim * 4)
+
+
+def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
+    before = xla_compilations()
+    assert cli.main(["compile", "--model", MODEL, *CLI_ENGINE, "--list",
+                     "--cache-dir", str(tmp_path / "never")]) == 0
+    out = capsys.readouterr().out
+    assert xla_compilations() == before
+    assert not (tmp_path / "never").exists()
+    ec = EngineConfig(**ENGINE)
+    kv = kv_pool_bytes(DUMMY_CONFIGS["tiny-llama"], ec, jnp.float32)
+    assert f"= {kv:,} bytes" in out
+    assert "programs: 5 (prefill sample 2, prefill logits 1, decode sample 2)" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith(("sample ", "logits "))]
+    assert sorted((r[0], r[1], int(r[2]), int(r[3])) for r in rows) == sorted(
+        [("sample", "prefill", 16, 1), ("sample", "prefill", 16, 2),
+         ("logits", "prefill", 16, 1), ("sample", "decode", 1, 1), ("sample", "decode", 2, 2)])
+
+
+def test_xla_counter_excludes_persistent_cache_hits():
+    # conftest turns JAX's persistent compilation cache on: a new program is a miss (compiled
+    # by XLA), the same program after clearing the in-memory caches is a hit (not compiled).
+    c = float(np.random.default_rng().integers(1 << 30))
+    f = jax.jit(lambda x: x * c + 1.0)
+    before = xla_compilations()
+    f.lower(1.0).compile()
+    assert xla_compilations() == before + 1
+    jax.clear_caches()
+    jax.jit(lambda x: x * c + 1.0).lower(1.0).compile()
+    assert xla_compilations() == before + 1
+
+
+def test_programs_from_jax_persistent_cache_are_never_stored():
+    # jaxlib 0.11.2: an XLA:CPU executable loaded from JAX's persistent cache re-serializes
+    # incomplete and fails when run, so _compile_program refuses one (conftest has that cache
+    # on; compile_bucket_set then compiles in workers that turn it off, as cache_dir does).
+    from jaxinfer.compile import _compile_program
+
+    runner = abstract_runner(DUMMY_CONFIGS["tiny-llama"], EngineConfig(**ENGINE))
+    program = enumerate_programs(EngineConfig(**ENGINE))[0]
+    runner.lower(program.bucket, program.mode).compile()  # now in the persistent cache
+    jax.clear_caches()
+    with pytest.raises(CompileCacheError, match="persistent compilation cache"):
+        _compile_program(runner, program)
+
+
+def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
+    manifest = json.loads((cache_dir / "manifest.json").read_text())
+    assert len(manifest["programs"]) == 5
+    assert all(p["compile_seconds"] > 0 and (cache_dir / p["file"]).is_file()
+               for p in manifest["programs"])
+    fp = manifest["fingerprint"]
+    assert fp["engine"]["block_size"] == 16 and fp["software"]["jax"] == jax.__version__
+    assert fp["device"]["platform"] == "cpu"
+
+    warm = _fresh_process(cache_dir)
+    assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
+    assert warm["loaded"] == 5  # prefill S=1 and S=2, decode B=1 and B=2, logits
+
+    ref = LLM(MODEL, **ENGINE)
+    outs = ref.generate(PROMPTS, GREEDY)
+    assert warm["tokens"] == [o.outputs[0].token_ids for o in outs]
+    assert warm["logits_argmax"] == np.argmax(ref.engine.prompt_logits(PROMPTS[1]), -1).tolist()
+
+
+@pytest.mark.parametrize("change, expect", [
+    ({"block_size": 8}, "engine.block_size: 16 -> 8"),
+    ({"max_num_seqs": 1}, "engine.max_num_seqs: 2 -> 1"),
+    ({"dtype": "bfloat16"}, "engine.dtype"),
+])
+def test_changed_configuration_is_reported(cache_dir, change, expect):
+    args = dict(ENGINE, **change)
+    with pytest.warns(CompileCacheWarning, match=expect.replace(".", r"\.")):
+        llm = LLM(MODEL, compile_cache_dir=str(cache_dir), **args)
+    assert llm.engine.runner.program_store is None  # nothing stale is ever loaded
+    with pytest.raises(CompileCacheError, match="built for another configuration"):
+        LLM(MODEL, compile_cache_dir=str(cache_dir), compile_cache_strict=True, **args)
+
+
+def test_missing_and_corrupt_caches(cache_dir, tmp_path):
+    with pytest.raises(CompileCacheError, match="unusable"):
+        LLM(MODEL, compile_cache_dir=str(tmp_path / "none"), compile_cache_strict=True, **ENGINE)
+    bad = tmp_path / "bad"
+    shutil.copytree(cache_dir, bad)
+    entry = json.loads((bad / "manifest.json").read_text())["programs"][0]
+    blob = bytearray((bad / entry["file"]).read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (bad / entry["file"]).write_bytes(bytes(blob))
+    llm = LLM(MODEL, compile_cache_dir=str(bad), **ENGINE)
+    store: ProgramStore = llm.engine.runner.program_store
+    key = next(k for k, e in store.entries.items() if e is entry or e["file"] == entry["file"])
+    with pytest.warns(CompileCacheWarning, match="checksum mismatch"):
+        assert store.load(*key) is None
+    store.strict = True
+    with pytest.raises(CompileCacheError, match="checksum mismatch"):
+        store.load(*key)
+
+
+def test_diff_names_each_changed_leaf():
+    a = {"engine": {"block_size": 16, "dtype": "auto"}, "software": {"sources": "x" * 64}}
+    b = {"engine": {"block_size": 8, "dtype": "auto"}, "software": {"sources": "y" * 64}}
+    assert diff_fingerprints(a, b) == ["engine.block_size: 16 -> 8",
+                                       "software.sources: (...) -> (changed)"]
+    assert diff_fingerprints(a, a) == []
+
+
+def test_program_sources_cover_the_runners_imports():
+    code = ("import sys, jaxinfer.runner, jaxinfer.layers.pallas_attention\n"
+            "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
+            "      if n.split('.')[0] in ('jaxinfer', 'pallas_kernels') and m.__file__))")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=ROOT, check=True).stdout.split()
+    host_only = {"jaxinfer/__init__.py", "jaxinfer/compile_cache.py"}
+    for f in out:
+        rel = Path(f).resolve().relative_to(ROOT).as_posix()
+        assert rel in host_only or any(rel == s or rel.startswith(s + "/")
+                                       for s in PROGRAM_SOURCES), rel
+
+
+@pytest.mark.slow
+def test_parallel_compile_writes_loadable_programs(tmp_path):
+    d = tmp_path / "jobs2"
+    assert cli.main(["compile", "--model", MODEL, *CLI_ENGINE, "--modes", "sample",
+                     "--cache-dir", str(d), "--jobs", "2"]) == 0
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert sorted(p["file"] for p in manifest["programs"]) == sorted(
+        p.file for p in enumerate_programs(EngineConfig(**ENGINE), ["sample"]))
+    warm = _fresh_process_sample_only(d)
+    assert warm["compiled"] == 1  # only the logits program was not cached
+    assert warm["loaded"] == 4
+
+
+def _fresh_process_sample_only(cache: Path) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    code = RUN.replace("compile_cache_strict=True", "compile_cache_strict=False")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code, json.dumps(ENGINE),
+                          json.dumps(PROMPTS), str(cache)], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -35,8 +35,8 @@ def add_serve_parser(sub: Any) -> None:
     _add_if_missing(p, "--max-num-batched-tokens", type=int, default=None,
                     help="most prompt tokens in one prefill step")
     _add_if_missing(p, "--num-kv-pages", type=int, default=None, help="KV pool size in pages")
-    p.add_argument("--max-queue-len", type=int, default=None,
-                   help="most waiting requests; more get RESOURCE_EXHAUSTED (default: no limit)")
+    _add_if_missing(p, "--max-queue-len", type=int, default=None,
+                    help="most waiting requests; more get RESOURCE_EXHAUSTED (default: none)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight streams may run after SIGTERM")
     p.add_argument("--no-warmup", action="store_true",

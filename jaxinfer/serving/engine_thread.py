@@ -187,6 +187,9 @@ class EngineThread:
             self.engine.add_request(h.prompt_text if h.prompt_text is not None else h.prompt_ids,
                                     h.params, request_id=h.request_id,
                                     prompt_token_ids=h.prompt_ids)
+        except QueueFullError as e:  # raised as is by the engine (or wrapped, below)
+            self._deliver([(h, StreamItem(error=QueueFull(str(e))))])
+            return
         except RequestError as e:
             err: BaseException = (QueueFull(str(e)) if isinstance(e.__cause__, QueueFullError)
                                   else Rejected(str(e)))

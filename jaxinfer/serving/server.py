@@ -83,7 +83,8 @@ class InferenceServer:
       engine: an ``LLMEngine``; the server's engine thread owns it from ``start()`` on.
       host / port: where to listen (port 0 picks a free one; see ``self.port``).
       metrics_port: Prometheus ``/metrics`` port on ``host`` (None: no HTTP endpoint; 0: any).
-      max_queue_len: most waiting requests before RESOURCE_EXHAUSTED (None: unbounded).
+      max_queue_len: most waiting requests before RESOURCE_EXHAUSTED (None: the engine's
+        own ``SchedulerConfig.max_queue_len``, unbounded by default).
       warmup: compile the common programs before reporting SERVING (see :func:`warm_up`).
     Raises:
       ConfigError: bad max_queue_len. ServerError (from ``start``): the port cannot be bound.
@@ -97,7 +98,8 @@ class InferenceServer:
         self.port = port
         self.metrics_port = metrics_port
         self.warmup = warmup
-        set_max_queue_len(engine, max_queue_len)
+        if max_queue_len is not None:  # else keep the engine's own setting
+            set_max_queue_len(engine, max_queue_len)
         self.metrics = ServingMetrics()
         self.engine_thread: EngineThread | None = None
         self.health = health.aio.HealthServicer()

@@ -339,3 +339,34 @@ def test_client_cli(tiny_server, capsys):
     assert '"health": "SERVING"' in capsys.readouterr().out
     assert main(["client", "--address", st.target, "--token-ids", "5 999"]) == 2
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
+
+
+def test_health_is_not_serving_during_warmup(monkeypatch):
+    from jaxinfer.engine import LLMEngine
+    from jaxinfer.serving import server as server_mod
+    from tests.conftest import tiny_loaded
+    from tests.serving.conftest import TINY_ARGS, ServerThread
+
+    gate = threading.Event()
+    real = server_mod.warm_up
+
+    def gated(engine, *a, **kw):
+        assert gate.wait(60)
+        return real(engine, *a, **kw)
+
+    monkeypatch.setattr(server_mod, "warm_up", gated)
+    st = ServerThread(LLMEngine(tiny_loaded("llama"), **TINY_ARGS))
+    st._thread.start()
+    try:
+        wait_until(lambda: st.server is not None and st.server.port != 0, timeout=60)
+        with InferenceClient(st.target, timeout=10) as c:
+            wait_until(lambda: c.health() == "NOT_SERVING", timeout=10)
+            assert c.health("jaxinfer.v1.Inference") == "NOT_SERVING"
+            gate.set()
+            assert st._ready.wait(120) and st.error is None
+            assert c.health() == "SERVING"
+            assert st.engine.runner.num_compilations + getattr(st.engine.runner, "num_loaded",
+                                                               0) > 0
+    finally:
+        gate.set()
+        st.stop()

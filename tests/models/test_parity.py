@@ -86,3 +86,26 @@ def test_real_model_logits_match_transformers(real_model):
         np.testing.assert_allclose(logits[:tf.shape[0], subset], tf, atol=ATOL, rtol=0)
         worst = max(worst, float(np.abs(logits[:tf.shape[0], subset] - tf).max()))
     print(f"{meta['model']}: worst max-abs logits difference {worst:.2e} (float32)")
+
+
+def test_gemma3_long_prompt_past_the_sliding_window():
+    """552 prompt tokens > Gemma 3's 512-token window: local layers must mask by window.
+
+    Greedy ids and the last prompt position's full logits meet the 1e-3 bound. Over all 552
+    teacher-forced positions two rows (386, 403) reach 4.5e-3: they are ill-conditioned in
+    float32 for both implementations — against a float64 run of our model (x64 mode), our
+    float32 is off by 3.4e-3 there and transformers' float32 by 1.0-1.7e-3 — so the
+    all-positions check uses 5e-3 (a missed window or RoPE base moves logits by > 0.5).
+    """
+    meta, ref = _real("gemma3-270m")
+    assert any(p["key"] == "long0" for p in meta["long_prompts"])
+    llm = LLM(load_model("gemma3-270m", progress=False), max_model_len=640, max_num_seqs=1,
+              max_num_batched_tokens=256, dtype="float32")
+    prompt = ref["long0_prompt_ids"].tolist()
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=32,
+                                                ignore_eos=True))[0]
+    assert out.outputs[0].token_ids == ref["long0_greedy_ids"].tolist()
+    logits = llm.engine.prompt_logits(prompt)  # three 256-token chunks
+    np.testing.assert_allclose(logits[-1], ref["long0_last_logits"], atol=ATOL, rtol=0)
+    tf = ref["long0_tf_logits"][: len(prompt)]
+    np.testing.assert_allclose(logits[:, ref["vocab_subset"]], tf, atol=5e-3, rtol=0)

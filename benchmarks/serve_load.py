@@ -152,6 +152,7 @@ def main() -> int:
     if not 1 <= a.num_requests <= 5000 or not 1 <= a.concurrency <= 1024:
         raise SystemExit("--num-requests must be in [1, 5000], --concurrency in [1, 1024]")
 
+    load_before = os.getloadavg()[0]  # the 2 cores may be shared with other jobs
     t_start = time.perf_counter()
     proc, port, mport, _lines = start_server(a)
     try:
@@ -193,6 +194,7 @@ def main() -> int:
                                        - before.get("jaxinfer_num_programs_loaded", 0)),
         "startup_s": startup, "warmup_s": warmup_s,
         "server_exit_code": rc,
+        "loadavg_1min_before_after": [load_before, os.getloadavg()[0]],
     }
     config = {k: getattr(a, k) for k in ("model", "num_requests", "concurrency", "max_tokens",
                                           "max_num_seqs", "max_model_len",
@@ -202,7 +204,8 @@ def main() -> int:
                   "messages", sampling="greedy, ignore_eos", requests_ok=len(ok),
                   errors=errors, wall_s=round(wall, 2),
                   compilations_during_run=summary["compilations_during_run"],
-                  programs_loaded_during_run=summary["programs_loaded_during_run"])
+                  programs_loaded_during_run=summary["programs_loaded_during_run"],
+                  loadavg_1min_before_after=summary["loadavg_1min_before_after"])
     if not a.no_record:
         for name, unit in (("output_tok_per_s", "tok/s"), ("requests_per_s", "req/s"),
                            ("ttft_p50_s", "s"), ("ttft_p99_s", "s"), ("itl_p50_s", "s"),

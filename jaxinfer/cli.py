@@ -21,7 +21,7 @@ def _engine_args(ns: argparse.Namespace) -> dict:
     if ns.max_model_len:
         args["max_model_len"] = ns.max_model_len
     for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
-                 "prefill_buckets", "page_buckets"):  # None: EngineConfig's default
+                 "prefill_buckets", "page_buckets", "quantization"):  # None: the default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
     if ns.cache_dir:
@@ -49,6 +49,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--attention-backend", default="auto",
                    choices=["auto", "reference", "pallas"])
+    p.add_argument("--quantization", choices=["fp8"], default=None,
+                   help="quantize the projection weights on load (FP8 e4m3, per channel)")
     p.add_argument("--seed", type=int, default=0)
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
     b.add_argument("--max-num-batched-tokens", type=int, help="most tokens in a prefill step")

@@ -347,6 +347,8 @@ def cmd_compile(ns: Any) -> int:
     from jaxinfer.config import ConfigError
     from jaxinfer.engine import engine_config_for
 
+    # This process only compiles (its workers too): keep it from reserving accelerator memory.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     args = cli._engine_args(ns)
     args.pop("compile_cache_dir", None)
     args.pop("compile_cache_strict", None)

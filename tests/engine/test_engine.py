@@ -63,12 +63,15 @@ def test_chunked_prefill_and_preemption_do_not_change_outputs(tiny_family):
 
 def test_no_compilation_after_warmup():
     llm = _llm("llama")
+    runner = llm.engine.runner
     llm.generate(_prompts(8, seed=5), GREEDY)
-    n = llm.engine.runner.num_compilations
-    assert n > 0
-    # New prompts with the same shapes fall into already compiled buckets.
+    # Warm-up built programs: compiled by XLA, or loaded from the persistent compilation
+    # cache that the test suite shares (conftest.py).
+    n_compiled, n_loaded = runner.num_compilations, runner.num_loaded
+    assert n_compiled + n_loaded > 0
+    # New prompts with the same shapes fall into already built buckets: nothing new at all.
     llm.generate(_prompts(8, seed=6), GREEDY)
-    assert llm.engine.runner.num_compilations == n
+    assert (runner.num_compilations, runner.num_loaded) == (n_compiled, n_loaded)
 
 
 def test_prompt_logits_match_first_greedy_token(tiny_family):

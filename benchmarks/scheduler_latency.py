@@ -23,6 +23,7 @@ in benchmarks/results/.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import record  # noqa: E402
+from benchmarks.common import record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,7 @@ def _loaded(model: str):
 def _engine(loaded, **kw):
     from jaxinfer.engine import LLMEngine
 
-    args = dict(max_model_len=1536, block_size=16, max_num_seqs=4, dtype="float32")
+    args = {"max_model_len": 1536, "block_size": 16, "max_num_seqs": 4, "dtype": "float32"}
     args.update(kw)
     return LLMEngine(loaded, **args)
 
@@ -91,7 +92,7 @@ def itl_scenario(eng, rng: np.random.Generator, long_len: int, warm_steps: int =
     gaps = []
     for s, t in times.items():
         window = t[n_before[s] - 1:]
-        gaps += [b - a for a, b in zip(window, window[1:])]
+        gaps += [b - a for a, b in itertools.pairwise(window)]
     for rid in [*streams, long_id]:
         eng.abort_request(rid)
     return {"itl_max_ms": 1000 * max(gaps), "itl_mean_ms": 1000 * statistics.mean(gaps),
@@ -101,14 +102,12 @@ def itl_scenario(eng, rng: np.random.Generator, long_len: int, warm_steps: int =
 
 
 def run_itl(loaded, long_len: int, chunk: int) -> list[dict]:
-    variants = [("no chunking", dict(max_num_batched_tokens=long_len + 64,
-                                     max_consecutive_prefills=None)),
-                ("chunked, prefill first (v1)", dict(max_num_batched_tokens=chunk,
-                                                     max_consecutive_prefills=None)),
-                ("chunked, alternate k=1", dict(max_num_batched_tokens=chunk,
-                                                max_consecutive_prefills=1)),
-                ("chunked, alternate k=2", dict(max_num_batched_tokens=chunk,
-                                                max_consecutive_prefills=2))]
+    chunked = {"max_num_batched_tokens": chunk}
+    variants = [("no chunking", {"max_num_batched_tokens": long_len + 64,
+                                 "max_consecutive_prefills": None}),
+                ("chunked, prefill first (v1)", {**chunked, "max_consecutive_prefills": None}),
+                ("chunked, alternate k=1", {**chunked, "max_consecutive_prefills": 1}),
+                ("chunked, alternate k=2", {**chunked, "max_consecutive_prefills": 2})]
     rows = []
     for name, kw in variants:
         eng = _engine(loaded, enable_prefix_caching=False, **kw)
@@ -156,7 +155,7 @@ def run_ttft(loaded, system_len: int, n: int) -> list[dict]:
                "later_ttft_median_s": statistics.median(t[1:]), "all_ttft_s": t,
                "hit_tokens": bm.prefix_hit_tokens - hits0}
         rows.append(row)
-        print(f"  prefix caching {str(caching):5s}: first request {t[0]:6.3f} s, later "
+        print(f"  prefix caching {caching!s:5s}: first request {t[0]:6.3f} s, later "
               f"requests median {row['later_ttft_median_s']:6.3f} s, cached tokens "
               f"{row['hit_tokens']}", flush=True)
     return rows
@@ -208,9 +207,8 @@ def main() -> None:
             record("sched_kv_waste_mixed_lengths", 100 * sim.stats.kv_waste, "%",
                    {"page_size": ps, "requests": 300, "workload": "tests/core kv_waste_run"})
     if "sim" in ns.parts:
-        from tests.core.test_scheduler import EOS, run_random
-
         from jaxinfer.scheduler import SchedulerConfig
+        from tests.core.test_scheduler import EOS, run_random
 
         cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=160,
                               page_size=8, num_pages=60, max_prefill_seqs=4, max_queue_len=40,

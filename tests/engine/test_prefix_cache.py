@@ -24,7 +24,7 @@ class Counted:
     """An LLM whose scheduled steps are counted (tokens computed, preemptions)."""
 
     def __init__(self, family: str, **kw) -> None:
-        args = dict(max_model_len=64, block_size=PS, max_num_seqs=8, max_num_batched_tokens=32)
+        args = {"max_model_len": 64, "block_size": PS, "max_num_seqs": 8, "max_num_batched_tokens": 32}
         args.update(kw)
         self.llm = LLM(tiny_loaded(family), **args)
         self.computed = self.preempted = 0

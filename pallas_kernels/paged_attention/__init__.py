@@ -8,6 +8,10 @@ from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,
 )
+from pallas_kernels.paged_attention.prefill import (
+    paged_prefill_attention,
+    paged_prefill_attention_supported,
+)
 from pallas_kernels.paged_attention.reference import (
     paged_decode_attention_ref,
     paged_prefill_attention_ref,
@@ -20,6 +24,8 @@ __all__ = [
     "paged_decode_attention",
     "paged_decode_attention_ref",
     "paged_decode_attention_supported",
+    "paged_prefill_attention",
     "paged_prefill_attention_ref",
+    "paged_prefill_attention_supported",
     "write_kv_ref",
 ]

@@ -1,8 +1,8 @@
 """Attention backend that runs the Pallas GPU kernels of ``pallas_kernels/paged_attention``.
 
-Decode goes to :func:`paged_decode_attention` where
-:func:`paged_decode_attention_supported` accepts the shapes and KV dtype; everything else
-(prefill, unsupported shapes) falls back to the jnp reference of the base class.
+Decode goes to :func:`paged_decode_attention` and prefill (packed ragged, chunked) to
+:func:`paged_prefill_attention` where their ``*_supported`` checks accept the shapes and KV
+dtype; unsupported shapes fall back to the jnp reference of the base class.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata
 from pallas_kernels.paged_attention import (
     paged_decode_attention,
     paged_decode_attention_supported,
+    paged_prefill_attention,
+    paged_prefill_attention_supported,
 )
 
 
 class PallasAttentionBackend(AttentionBackend):
-    """Pallas decode kernel; reference prefill. ``interpret=True`` runs the kernels on CPU."""
+    """Pallas decode and prefill kernels. ``interpret=True`` runs the kernels on CPU."""
 
     name = "pallas"
 
@@ -35,3 +37,14 @@ class PallasAttentionBackend(AttentionBackend):
             return super().decode(q, k_cache, v_cache, layer, md, scale, window)
         return paged_decode_attention(q, k_cache, v_cache, layer, md.block_tables, md.seq_lens,
                                       scale=scale, window=window, interpret=self.interpret)
+
+    def prefill(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
+                md: AttentionMetadata, scale: float, window: jax.Array) -> jax.Array:
+        # float32 caches (parity runs) take the kernel only in interpret mode: on the GPU its
+        # f32 tiles would not fit the tuned shared-memory budget.
+        kv = jnp.bfloat16 if self.interpret and k_cache.dtype == jnp.float32 else k_cache.dtype
+        if not (scale > 0 and paged_prefill_attention_supported(q.shape, k_cache.shape, kv)):
+            return super().prefill(q, k_cache, v_cache, layer, md, scale, window)
+        return paged_prefill_attention(q, k_cache, v_cache, layer, md.block_tables,
+                                       md.seq_lens, md.positions, md.seq_ids, scale=scale,
+                                       window=window, interpret=self.interpret)

@@ -145,8 +145,10 @@ class EngineConfig:
       dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on
         CPU and bfloat16 on accelerators.
       attention_backend: "auto" (Pallas on GPU, reference elsewhere), "reference", "pallas".
-      scan_layers: run the layers under ``lax.scan`` (compile time independent of depth,
-        the default); False unrolls them with one weight array per layer.
+      scan_layers: run the layers under ``lax.scan`` (compile time independent of depth);
+        False unrolls them with one weight array per layer. None (default): scan on
+        accelerators, unroll on CPU, where XLA copies each scanned weight slice (SmolLM2
+        decode step measured 95 ms unrolled vs 155 ms scanned on the 2-core CI machine).
       quantization: None, or "fp8" to quantize the projection weights on load to
         float8_e4m3fn with per-output-channel scales (W8A16 GEMMs).
       enable_prefix_caching: reuse the KV pages of full prompt pages already computed
@@ -169,7 +171,7 @@ class EngineConfig:
     page_buckets: tuple[int, ...] = ()
     dtype: str = "auto"
     attention_backend: str = "auto"
-    scan_layers: bool = True
+    scan_layers: bool | None = None
     quantization: str | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True

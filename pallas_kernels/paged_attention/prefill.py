@@ -21,7 +21,7 @@ tokens contiguously (as ours does) pays this only at the sequence boundaries.
 
 FP8 (e4m3fn) caches are widened in registers (to f16 by default); ``k_scale`` folds into
 the softmax scale and ``v_scale`` into the output.
-Design notes and measurements: benchmarks/kernels/NOTES_paged_attention.md.
+Design notes, SASS analysis and measurements: benchmarks/kernels/NOTES_paged_prefill.md.
 """
 
 from __future__ import annotations

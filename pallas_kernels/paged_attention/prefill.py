@@ -112,7 +112,7 @@ def _prefill_kernel(*refs, G: int, Hkv: int, BQ: int, BM: int, BK: int, ps: int,
     if reverse:
         i = nblk - 1 - i
     layer = layer_ref[0]
-    window = window_ref[0] if window_ref is not None else static_window
+    window = window_ref[0] if window_ref is not None else int(static_window or 0)
 
     r = jnp.arange(BM, dtype=jnp.int32)
     tq = r // G  # token of each row within the block

@@ -40,7 +40,6 @@ from pallas_kernels.paged_attention.errors import (
 )
 
 _BIG = 2**30
-META = 5  # per (block, sequence): seq id, lo_tok, hi_tok, first / end full KV block
 
 
 def _cdiv(a, b):

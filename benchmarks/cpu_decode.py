@@ -30,7 +30,9 @@ def ours(model: str, batches: list[int], prompt_len: int, new: int) -> dict:
     from jaxinfer import LLM, SamplingParams
     from jaxinfer.loading import load_model
 
-    llm = LLM(load_model(model, progress=False), max_num_seqs=max(batches), dtype="float32")
+    # Prefix caching off: the warm-up and the timed run use the same prompts.
+    llm = LLM(load_model(model, progress=False), max_num_seqs=max(batches), dtype="float32",
+              enable_prefix_caching=False)
     eng = llm.engine
     rng = np.random.default_rng(0)
     prompts = rng.integers(100, 1000, (max(batches), prompt_len)).tolist()

@@ -48,7 +48,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=8, help="sequences running at once")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--attention-backend", default="auto",
-                   choices=["auto", "reference", "pallas"])
+                   choices=["auto", "reference", "pallas", "pallas_decode"])
     p.add_argument("--quantization", choices=["fp8"], default=None,
                    help="quantize the projection weights on load (FP8 e4m3, per channel)")
     p.add_argument("--seed", type=int, default=0)

@@ -193,9 +193,9 @@ class EngineConfig:
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
-        if self.attention_backend not in ("auto", "reference", "pallas"):
+        if self.attention_backend not in ("auto", "reference", "pallas", "pallas_decode"):
             raise ConfigError(
-                f"attention_backend must be 'auto', 'reference' or 'pallas', "
+                f"attention_backend must be 'auto', 'reference', 'pallas' or 'pallas_decode', "
                 f"got {self.attention_backend!r}")
         if not self.decode_buckets:
             object.__setattr__(self, "decode_buckets", _pow2_buckets(1, self.max_num_seqs))

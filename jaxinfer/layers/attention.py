@@ -97,7 +97,8 @@ class AttentionBackend:
 
 
 def get_backend(name: str) -> AttentionBackend:
-    """``"reference"``, ``"pallas"`` or ``"auto"`` (Pallas kernels on GPU, else reference).
+    """``"reference"``, ``"pallas"``, ``"pallas_decode"`` (decode kernel only) or ``"auto"``
+    (Pallas kernels on GPU, else reference).
 
     ``"pallas"`` off a GPU runs the kernels in Pallas interpret mode (slow; for tests).
 
@@ -108,8 +109,10 @@ def get_backend(name: str) -> AttentionBackend:
         name = "pallas" if jax.default_backend() == "gpu" else "reference"
     if name == "reference":
         return AttentionBackend()
-    if name == "pallas":
+    if name in ("pallas", "pallas_decode"):  # pallas_decode: decode kernel, jnp prefill
         from jaxinfer.layers.pallas_attention import PallasAttentionBackend
 
-        return PallasAttentionBackend(interpret=jax.default_backend() != "gpu")
-    raise ValueError(f"unknown attention backend {name!r}; use auto, reference or pallas")
+        return PallasAttentionBackend(interpret=jax.default_backend() != "gpu",
+                                      prefill_kernel=name == "pallas")
+    raise ValueError(f"unknown attention backend {name!r}; use auto, reference, pallas or "
+                     f"pallas_decode")

@@ -24,8 +24,11 @@ class PallasAttentionBackend(AttentionBackend):
 
     name = "pallas"
 
-    def __init__(self, interpret: bool = False):
+    def __init__(self, interpret: bool = False, prefill_kernel: bool = True):
         self.interpret = interpret
+        self.prefill_kernel = prefill_kernel
+        if not prefill_kernel:
+            self.name = "pallas_decode"
 
     def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                md: AttentionMetadata, scale: float, window: jax.Array) -> jax.Array:
@@ -43,7 +46,8 @@ class PallasAttentionBackend(AttentionBackend):
         # float32 caches (parity runs) take the kernel only in interpret mode: on the GPU its
         # f32 tiles would not fit the tuned shared-memory budget.
         kv = jnp.bfloat16 if self.interpret and k_cache.dtype == jnp.float32 else k_cache.dtype
-        if not (scale > 0 and paged_prefill_attention_supported(q.shape, k_cache.shape, kv)):
+        if not (self.prefill_kernel and scale > 0
+                and paged_prefill_attention_supported(q.shape, k_cache.shape, kv)):
             return super().prefill(q, k_cache, v_cache, layer, md, scale, window)
         return paged_prefill_attention(q, k_cache, v_cache, layer, md.block_tables,
                                        md.seq_lens, md.positions, md.seq_ids, scale=scale,

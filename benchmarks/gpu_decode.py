@@ -84,7 +84,7 @@ def run_peer(path: str, batches: list[int], ctx: int, steps: int, out: Path) -> 
     if not path or not Path(path).exists():
         return []
     j = out / "peer.json"
-    cmd = [sys.executable, path, "--batch", *map(str, [b for b in batches if b <= 16]),
+    cmd = [sys.executable, path, "--batch", *map(str, [b for b in batches if b <= 1]),
            "--ctx", str(ctx),
            "--steps", str(steps), "--json", str(j)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -169,7 +169,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--peer", default=".peers/torch_compile_llama.py")
-    ap.add_argument("--backends", nargs="+", default=["pallas", "pallas:fp8", "reference"],
+    ap.add_argument("--backends", nargs="+", default=["pallas", "reference", "pallas:fp8"],
                     help="attention backend[:quantization] variants, run in this order")
     ap.add_argument("--budget-s", type=float, default=480)
     ns = ap.parse_args()

@@ -12,10 +12,10 @@ run() {  # name seconds command...
   timeout "$secs" "$@" > "$RES/$name.log" 2>&1; echo "rc=$?" >> "$RES/$name.log"
   tail -25 "$RES/$name.log"
 }
-run gpu_decode "${DECODE_S:-330}" python3 benchmarks/gpu_decode.py --out "$RES/gpu_decode" --budget-s "$(( ${DECODE_S:-330} - 30 ))"
+run gpu_decode "${DECODE_S:-300}" python3 benchmarks/gpu_decode.py --out "$RES/gpu_decode" --budget-s "$(( ${DECODE_S:-300} - 30 ))"
 [ -f benchmarks/kernels/bench_paged_prefill.py ] && \
-  run paged_prefill "${PREFILL_S:-110}" python3 benchmarks/kernels/bench_paged_prefill.py --out "$RES/paged_prefill"
+  run paged_prefill "${PREFILL_S:-90}" python3 benchmarks/kernels/bench_paged_prefill.py --out "$RES/paged_prefill" --deadline-s "$(( ${PREFILL_S:-90} - 15 ))"
 [ -f benchmarks/startup_gpu.py ] && \
-  run startup_gpu "${STARTUP_S:-110}" python3 benchmarks/startup_gpu.py --out "$RES/startup_gpu"
+  run startup_gpu "${STARTUP_S:-170}" python3 benchmarks/startup_gpu.py --out "$RES/startup_gpu" --skip-cold
 tar -czf "${OUT:-/tmp}/results.tgz" -C "$RES" .
 echo "packed $(du -h "${OUT:-/tmp}/results.tgz" | cut -f1)"

@@ -9,8 +9,10 @@ entries are 0, and their ``seq_lens`` are 0 so attention ignores them.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Protocol, Sequence as Seq
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -42,6 +44,91 @@ def pick(buckets: Seq[int], n: int, what: str) -> int:
     return buckets[i]
 
 
+class SamplingArrays(NamedTuple):
+    """Per-row sampling parameters of one step (numpy on the host, jax arrays on the device).
+
+    Every field is [S] (seeds [S, 2]); padding rows hold neutral values (greedy, no
+    penalties, slot -1, no logprobs). See ``sampling.sample_rows`` for how they are used.
+
+    Attributes:
+      temperature: float32, 0 = greedy.  top_k: int32, 0 = off.  top_p: float32 in (0, 1].
+      min_p: float32 in [0, 1].  repetition_penalty: float32 > 0 (1 = off).
+      presence_penalty / frequency_penalty: float32 in [-2, 2] (0 = off).
+      seeds: uint32 [S, 2], the request's 64-bit seed as (low, high) words.
+      sample_index: int32 index of the output token being sampled (0 = first).
+      slots: int32 persistent penalty-state row of the sequence; -1 = none (scratch row).
+      want_logprobs: bool, the request asked for logprobs (the step then computes the
+        ``MAX_LOGPROBS`` best of every row; the host keeps as many as each request wants).
+    All-zero arrays are valid input too (greedy rows, no penalties, slot 0, no logprobs).
+    """
+
+    temperature: Any
+    top_k: Any
+    top_p: Any
+    min_p: Any
+    repetition_penalty: Any
+    presence_penalty: Any
+    frequency_penalty: Any
+    seeds: Any
+    sample_index: Any
+    slots: Any
+    want_logprobs: Any
+
+    @classmethod
+    def neutral(cls, S: int) -> SamplingArrays:
+        """numpy arrays of ``S`` greedy rows without penalties, slots or logprobs."""
+        f32, i32 = np.float32, np.int32
+        return cls(np.zeros(S, f32), np.zeros(S, i32), np.ones(S, f32), np.zeros(S, f32),
+                   np.ones(S, f32), np.zeros(S, f32), np.zeros(S, f32), np.zeros((S, 2), _U32),
+                   np.zeros(S, i32), np.full(S, -1, i32), np.zeros(S, bool))
+
+
+class SlotError(RuntimeError):
+    """No free penalty-state slot (more running sequences than ``max_num_seqs``)."""
+
+
+class SlotTable:
+    """Persistent slots (rows of the device's penalty state) of running sequences.
+
+    The engine assigns a slot when a sequence is admitted (or re-admitted after preemption)
+    and releases it when the sequence finishes, is aborted or preempted. Plain Python.
+
+    Args:
+      num_slots: how many sequences can hold a slot at once (``max_num_seqs``).
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out 0 first
+        self._of: dict[int, int] = {}
+
+    def get(self, seq_id: int) -> int | None:
+        return self._of.get(seq_id)
+
+    def assign(self, seq_id: int) -> int:
+        """A free slot for ``seq_id`` (raises SlotError when none is free)."""
+        if seq_id in self._of:
+            return self._of[seq_id]
+        if not self._free:
+            raise SlotError(f"no free sampling slot for request {seq_id}: all "
+                            f"{self.num_slots} are held")
+        self._of[seq_id] = slot = self._free.pop()
+        return slot
+
+    def release(self, seq_id: int) -> None:
+        slot = self._of.pop(seq_id, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    @property
+    def mapping(self) -> Mapping[int, int]:
+        """seq_id -> slot of every sequence holding one (read-only view)."""
+        return self._of
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+
 class _Chunk(Protocol):  # what batch building needs of a scheduled chunk
     start: int
     num_tokens: int
@@ -62,16 +149,13 @@ class StepInputs:
     block_tables: np.ndarray    # [S, maxp] int32
     seq_lens: np.ndarray        # [S] int32
     logits_indices: np.ndarray  # [S] int32
-    temperature: np.ndarray     # [S] float32 (0 = greedy)
-    top_k: np.ndarray           # [S] int32 (0 = off)
-    top_p: np.ndarray           # [S] float32
-    seeds: np.ndarray           # [S, 2] uint32
-    sample_index: np.ndarray    # [S] int32 index of the token being sampled (per request)
+    sampling: SamplingArrays    # [S] per-row sampling parameters
 
 
 def build_step(chunks: Seq[_Chunk], *, is_prefill: bool, page_size: int,
                token_buckets: Seq[int], seq_buckets: Seq[int], page_buckets: Seq[int],
-               request_seeds: dict[int, int]) -> StepInputs:
+               request_seeds: Mapping[int, int],
+               slots: Mapping[int, int] | None = None) -> StepInputs:
     """Pack ``chunks`` (each: tokens [start, start+num_tokens) of one sequence) into a bucket.
 
     Args:
@@ -79,6 +163,8 @@ def build_step(chunks: Seq[_Chunk], *, is_prefill: bool, page_size: int,
       token_buckets / seq_buckets / page_buckets: the compiled sizes to choose from (for decode
         the token bucket equals the sequence bucket).
       request_seeds: seq_id -> seed used for sampling (the engine fills it per request).
+      slots: seq_id -> penalty-state slot (``SlotTable.mapping``); rows of chunks that do
+        not sample (a prompt chunk before the last) or without a slot get -1.
     Raises:
       BucketError: if the step exceeds every bucket.
     """
@@ -98,11 +184,8 @@ def build_step(chunks: Seq[_Chunk], *, is_prefill: bool, page_size: int,
     block_tables = np.zeros((S, P), np.int32)
     seq_lens = np.zeros(S, np.int32)
     logits_indices = np.zeros(S, np.int32)
-    temperature = np.zeros(S, np.float32)
-    top_k = np.zeros(S, np.int32)
-    top_p = np.ones(S, np.float32)
-    seeds = np.zeros((S, 2), _U32)
-    sample_index = np.zeros(S, np.int32)
+    sa = SamplingArrays.neutral(S)
+    slots = slots or {}
 
     t = 0
     for row, c in enumerate(chunks):
@@ -111,19 +194,37 @@ def build_step(chunks: Seq[_Chunk], *, is_prefill: bool, page_size: int,
         table = np.asarray(seq.block_table[:-(-end // page_size)], np.int32)
         block_tables[row, :len(table)] = table
         pos = np.arange(c.start, end, dtype=np.int32)
-        token_ids[t:t + c.num_tokens] = np.asarray(seq.all_token_ids[c.start:end], np.int32)
+        # ScheduledChunk.token_ids slices without copying the whole history every step.
+        toks = c.token_ids if hasattr(c, "token_ids") else seq.all_token_ids[c.start:end]
+        token_ids[t:t + c.num_tokens] = np.asarray(toks, np.int32)
         positions[t:t + c.num_tokens] = pos
         slot_mapping[t:t + c.num_tokens] = table[pos // page_size] * page_size + pos % page_size
         seq_ids[t:t + c.num_tokens] = row
         seq_lens[row] = end
         logits_indices[row] = t + c.num_tokens - 1
-        sp = seq.sampling_params
-        temperature[row] = sp.temperature
-        top_k[row] = max(sp.top_k, 0)
-        top_p[row] = sp.top_p
-        seed = request_seeds.get(seq.seq_id, 0)
-        seeds[row] = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
-        sample_index[row] = end - seq.num_prompt_tokens
+        _fill_row(sa, row, seq, end, request_seeds.get(seq.seq_id, 0),
+                  slots.get(seq.seq_id, -1) if _samples(c) else -1)
         t += c.num_tokens
     return StepInputs(bucket, token_ids, positions, slot_mapping, seq_ids, block_tables,
-                      seq_lens, logits_indices, temperature, top_k, top_p, seeds, sample_index)
+                      seq_lens, logits_indices, sa)
+
+
+def _samples(c: _Chunk) -> bool:
+    """Whether the chunk ends at its sequence's last token (its logits give a new token)."""
+    s = getattr(c, "samples", None)
+    return bool(s) if s is not None else c.start + c.num_tokens == len(c.seq.all_token_ids)
+
+
+def _fill_row(sa: SamplingArrays, row: int, seq: Any, end: int, seed: int, slot: int) -> None:
+    sp = seq.sampling_params
+    sa.temperature[row] = sp.temperature
+    sa.top_k[row] = max(sp.top_k, 0)
+    sa.top_p[row] = sp.top_p
+    sa.min_p[row] = sp.min_p
+    sa.repetition_penalty[row] = sp.repetition_penalty
+    sa.presence_penalty[row] = sp.presence_penalty
+    sa.frequency_penalty[row] = sp.frequency_penalty
+    sa.seeds[row] = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+    sa.sample_index[row] = end - seq.num_prompt_tokens
+    sa.slots[row] = slot
+    sa.want_logprobs[row] = sp.logprobs is not None

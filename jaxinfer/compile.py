@@ -133,7 +133,7 @@ def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:
                                             quantization=ec.quantization), shapes)
     return ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
                        attention=get_backend(ec.attention_backend), kv_dtype=dtype,
-                       abstract=True)
+                       abstract=True, num_slots=ec.max_num_seqs)  # as LLMEngine does
 
 
 def attach_program_store(engine: Any, directory: str | Path, strict: bool = False) -> bool:

@@ -16,15 +16,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.batch import build_step
+from jaxinfer.batch import SlotTable, build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
 from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend
 from jaxinfer.models.transformer import CausalLM
-from jaxinfer.outputs import CompletionOutput, RequestOutput
+from jaxinfer.outputs import (
+    Logprobs,
+    RequestOutput,
+    RequestState,
+    logprobs_entry,
+    prompt_logprobs_from_logits,
+)
 from jaxinfer.runner import LOGITS, ModelRunner
 from jaxinfer.sampling_params import ParameterError, SamplingParams
-from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig
+from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
 from jaxinfer.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -96,7 +102,7 @@ class LLMEngine:
         self.runner = ModelRunner(net, num_pages=self.kv_sizing.num_pages,
                                   page_size=ec.block_size,
                                   attention=get_backend(ec.attention_backend),
-                                  kv_dtype=self.dtype)
+                                  kv_dtype=self.dtype, num_slots=ec.max_num_seqs)
         if compile_cache_dir is not None:
             from jaxinfer.compile import attach_program_store
 
@@ -110,6 +116,8 @@ class LLMEngine:
         self._seed_rng = np.random.default_rng(ec.seed)
         self._seeds: dict[int, int] = {}
         self._prompts: dict[int, str | None] = {}
+        self._states: dict[int, RequestState] = {}  # text, stop strings, logprobs
+        self._slots = SlotTable(ec.max_num_seqs)  # penalty-state rows of running requests
         self._first_token_time: dict[int, float] = {}
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
                  self.kv_sizing.describe(ec.max_model_len))
@@ -145,6 +153,9 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be SamplingParams, got {type(params)}")
         ids = prompt_token_ids if prompt_token_ids is not None else self.encode_prompt(prompt)
+        if params.stop_strings and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer; this model has none "
+                               "(use stop_token_ids)")
         limit = self.config.max_model_len
         if len(ids) >= limit:
             raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is {limit} "
@@ -160,6 +171,7 @@ class LLMEngine:
         self._seeds[rid] = (params.seed if params.seed is not None
                             else int(self._seed_rng.integers(0, 2**63)))
         self._prompts[rid] = prompt if isinstance(prompt, str) else None
+        self._states[rid] = RequestState(params, ids, self.tokenizer)
         return rid
 
     def abort_request(self, request_id: int) -> bool:
@@ -177,6 +189,8 @@ class LLMEngine:
         self._seeds.pop(rid, None)
         self._prompts.pop(rid, None)
         self._first_token_time.pop(rid, None)
+        self._states.pop(rid, None)
+        self._slots.release(rid)
 
     # ------------------------------------------------------------------ stepping
     def _inputs(self, chunks, is_prefill: bool):
@@ -185,21 +199,58 @@ class LLMEngine:
                           token_buckets=ec.prefill_buckets if is_prefill else ec.decode_buckets,
                           seq_buckets=ec.prefill_seq_buckets if is_prefill
                           else ec.decode_buckets,
-                          page_buckets=ec.page_buckets, request_seeds=self._seeds)
+                          page_buckets=ec.page_buckets, request_seeds=self._seeds,
+                          slots=self._slots.mapping)
+
+    def _assign_slots(self, out: SchedulerOutput) -> None:
+        """Give every sequence of the step a penalty-state slot (preempted ones lose theirs);
+        a newly (re)admitted sequence with penalties gets its row loaded from its tokens."""
+        for seq in out.preempted:
+            self._slots.release(seq.seq_id)
+        for c in out.chunks:
+            seq = c.seq
+            if self._slots.get(seq.seq_id) is not None:
+                continue
+            slot = self._slots.assign(seq.seq_id)
+            if seq.sampling_params.has_penalties:
+                ids = seq.all_token_ids  # prompt + outputs kept across preemption
+                toks = np.full(self.config.max_model_len, -1, np.int32)
+                toks[:len(ids)] = ids
+                self.runner.load_history(slot, toks, seq.num_prompt_tokens)
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns outputs of requests that advanced or finished."""
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        inputs = self._inputs(out.chunks, out.is_prefill)
-        sampled = self.runner.execute(inputs)
-        new_tokens, finished = self.scheduler.postprocess(out, sampled[:len(out.chunks)].tolist())
+        self._assign_slots(out)
+        res = self.runner.execute(self._inputs(out.chunks, out.is_prefill))
+        for c in out.chunks:  # before postprocess: a request may finish and free its pages
+            st = self._states.get(c.seq.seq_id)
+            if (c.samples and not c.seq.output_token_ids and st is not None
+                    and c.seq.sampling_params.prompt_logprobs is not None
+                    and st.prompt_logprobs is None):
+                st.prompt_logprobs = self._prompt_logprobs(c.seq)
+        row = {c.seq.seq_id: i for i, c in enumerate(out.chunks)}
+        new_tokens, finished = self.scheduler.postprocess(
+            out, res.tokens[:len(out.chunks)].tolist())
         now = time.monotonic()
         touched: dict[int, Sequence] = {}
-        for seq, _ in new_tokens:
+        for seq, tok in new_tokens:
             touched[seq.seq_id] = seq
             self._first_token_time.setdefault(seq.seq_id, now)
+            st = self._states[seq.seq_id]
+            lp: Logprobs | None = None
+            k = seq.sampling_params.logprobs
+            if k is not None and res.logprobs is not None:
+                r = row[seq.seq_id]
+                lp = logprobs_entry(tok, res.logprobs[r], res.top_ids[r], res.top_logprobs[r], k)
+            if st.add_token(tok, lp):  # a stop string: ends the request ("stop" over "length")
+                if seq.is_finished:
+                    seq.finish_reason = "stop"
+                else:
+                    self.scheduler.finish(seq.seq_id, "stop")
+                    finished.append(seq)
         for seq in finished:
             touched[seq.seq_id] = seq
         results = [self._output(seq) for seq in touched.values()]
@@ -208,17 +259,34 @@ class LLMEngine:
         return results
 
     def _output(self, seq: Sequence) -> RequestOutput:
-        text = (self.tokenizer.decode(seq.output_token_ids)
-                if self.tokenizer is not None else "")
+        st = self._states[seq.seq_id]
         metrics = {"arrival_time": seq.arrival_time,
                    "num_cached_tokens": seq.num_cached_tokens}  # prefix-cache hit
         if seq.seq_id in self._first_token_time:
             metrics["first_token_time"] = self._first_token_time[seq.seq_id]
+        comp = st.completion(list(seq.output_token_ids), seq.finish_reason, seq.is_finished)
         return RequestOutput(
             request_id=seq.seq_id, prompt=self._prompts.get(seq.seq_id),
-            prompt_token_ids=list(seq.prompt_token_ids),
-            outputs=[CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason)],
-            finished=seq.is_finished, metrics=metrics)
+            prompt_token_ids=list(seq.prompt_token_ids), outputs=[comp],
+            finished=seq.is_finished, metrics=metrics, prompt_logprobs=st.prompt_logprobs)
+
+    def _prompt_logprobs(self, seq: Sequence) -> list[Logprobs | None]:
+        """vLLM's prompt_logprobs of a sequence whose prompt K/V are all in its pages.
+
+        The prompt is scored again through the "logits" program over the sequence's own
+        block table (prefix-cached pages included) with every K/V write sent to the null
+        page, so no page changes; position i's entry is the log-softmax of the logits at
+        i - 1 (raw, float32 on the host): the prompt token and the k best.
+        """
+        ids, n, k = seq.prompt_token_ids, seq.num_prompt_tokens, seq.sampling_params.prompt_logprobs
+        assert k is not None  # the caller checks
+        rows, step = [], self.config.max_num_batched_tokens
+        for start in range(0, n - 1, step):  # the last prompt token predicts no prompt token
+            m = min(step, n - 1 - start)
+            inputs = self._inputs([_Chunk(seq, start, m)], True)
+            inputs.slot_mapping[:] = 0  # read-only: write into the null page
+            rows.append(self.runner.execute(inputs, LOGITS)[:m])
+        return prompt_logprobs_from_logits(np.concatenate(rows) if rows else None, ids, k)
 
     # ------------------------------------------------------------------ research
     def prompt_logits(self, prompt: str | Seq[int]) -> np.ndarray:

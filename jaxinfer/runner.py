@@ -5,30 +5,50 @@ pool donated so page writes happen in place. ``num_compilations`` counts program
 XLA so tests can assert that serving compiles nothing after warm-up; ``num_loaded`` counts
 programs loaded instead (from a ``jaxinfer compile`` cache set as ``program_store``, or from
 JAX's persistent compilation cache).
+
+Besides the KV pool the runner holds the sampling penalty state, ``counts`` [num_slots + 1, V]
+int32 (see ``sampling.py``), donated to every sample step like the pool, and a small
+"history" program that loads one slot's row from a sequence's tokens.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxinfer.batch import Bucket, StepInputs
+from jaxinfer.batch import Bucket, SamplingArrays, StepInputs
 from jaxinfer.compile_cache import xla_compilations
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, allocate_kv_cache
 from jaxinfer.models.transformer import CausalLM
-from jaxinfer.sampling import sample
+from jaxinfer.sampling import SampleOutput, load_token_history, sample_rows
 
 log = logging.getLogger(__name__)
 
 # Modes of a compiled step: sample one token per row, or return every token's logits
-# (research / parity checks / prompt logprobs).
-SAMPLE, LOGITS = "sample", "logits"
+# (research / parity checks / prompt logprobs). HISTORY is not a step: it loads one slot of
+# the penalty state (``load_history``); its bucket is Bucket("history", L, 1, 0).
+SAMPLE, LOGITS, HISTORY = "sample", "logits", "history"
+
+
+class SampleResult(NamedTuple):
+    """Host copy of a sample step's output; rows past the real ones are padding.
+
+    Attributes:
+      tokens: [S] int32 sampled tokens.
+      logprobs / top_ids / top_logprobs: [S], [S, K], [S, K] (see ``sampling.SampleOutput``);
+        None when no row of the step asked for logprobs (not copied to the host).
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
 
 
 class ModelRunner:
@@ -42,10 +62,13 @@ class ModelRunner:
       kv_dtype: dtype of the KV pool.
       abstract: the model holds ShapeDtypeStructs (built under ``nnx.eval_shape``) and the
         pool is not allocated: the runner lowers and compiles programs but cannot run them.
+      num_slots: penalty-state slots (the engine's ``max_num_seqs``); the programs' shapes
+        depend on it, so ahead-of-time compilation must pass the engine's value.
     """
 
     def __init__(self, model: CausalLM, *, num_pages: int, page_size: int,
-                 attention: AttentionBackend, kv_dtype: Any, abstract: bool = False):
+                 attention: AttentionBackend, kv_dtype: Any, abstract: bool = False,
+                 num_slots: int = 0):
         cfg = model.cfg
         self.model_config = cfg
         self.graphdef, self.state = nnx.split(model)
@@ -57,39 +80,56 @@ class ModelRunner:
                                      cfg.head_dim, kv_dtype)
 
         self.cache = jax.eval_shape(pool) if abstract else pool()
+        self.num_slots = num_slots
+        counts_shape = (num_slots + 1, cfg.vocab_size)  # + the scratch row
+        self.counts = (jax.ShapeDtypeStruct(counts_shape, jnp.int32) if abstract
+                       else jnp.zeros(counts_shape, jnp.int32))
         self.num_compilations = 0  # programs compiled by XLA
         self.num_loaded = 0  # programs loaded from program_store or JAX's persistent cache
         self.program_store: Any = None  # a compile_cache.ProgramStore, set by the engine
         self.compile_seconds: dict[tuple[str, Bucket], float] = {}
         self._executables: dict[tuple[str, Bucket], Any] = {}
-        self._jitted = {SAMPLE: self._make_step(SAMPLE), LOGITS: self._make_step(LOGITS)}
+        self._jitted = {SAMPLE: self._make_step(SAMPLE), LOGITS: self._make_step(LOGITS),
+                        HISTORY: jax.jit(load_token_history, donate_argnums=(0,))}
 
     # ----------------------------------------------------------------- programs
     def _make_step(self, mode: str):
         graphdef, attention = self.graphdef, self.attention
 
-        def step(state, cache, token_ids, md, temperature, top_k, top_p, seeds, sample_index):
+        # Arguments: (state, cache, token_ids, md, *SamplingArrays fields, counts). Returns
+        # SAMPLE: ((SampleOutput, counts), cache); LOGITS: ([T, V] logits, cache).
+        def step(state, cache, token_ids, md, *rest):
             model = nnx.merge(graphdef, state)
             hidden, cache = model(token_ids, cache, md, attention)
             if mode == LOGITS:
                 return model.logits(hidden), cache
+            sp, counts = SamplingArrays(*rest[:-1]), rest[-1]
             logits = model.logits(hidden[md.logits_indices])
-            return sample(logits, temperature, top_k, top_p, seeds, sample_index), cache
+            return sample_rows(logits, sp, counts), cache
 
-        return jax.jit(step, donate_argnums=(1,))
+        n_args = 4 + len(SamplingArrays._fields) + 1
+        return jax.jit(step, donate_argnums=(1, n_args - 1) if mode == SAMPLE else (1,))
 
     def _abstract_args(self, bucket: Bucket) -> tuple:
         T, S, P = bucket.num_tokens, bucket.num_seqs, bucket.max_pages
         i32, f32 = jnp.int32, jnp.float32
         sds = jax.ShapeDtypeStruct
+        counts = sds(self.counts.shape, self.counts.dtype)
+        if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt)
+            return (counts, sds((), i32), sds((T,), i32), sds((), i32))
         md = AttentionMetadata(positions=sds((T,), i32), slot_mapping=sds((T,), i32),
                                seq_ids=sds((T,), i32), block_tables=sds((S, P), i32),
                                seq_lens=sds((S,), i32), logits_indices=sds((S,), i32),
                                is_prefill=bucket.kind == "prefill")
         state = jax.tree.map(lambda a: sds(a.shape, a.dtype), self.state)
         cache = jax.tree.map(lambda a: sds(a.shape, a.dtype), self.cache)
-        return (state, cache, sds((T,), i32), md, sds((S,), f32), sds((S,), i32),
-                sds((S,), f32), sds((S, 2), jnp.uint32), sds((S,), i32))
+        sp = SamplingArrays(
+            temperature=sds((S,), f32), top_k=sds((S,), i32), top_p=sds((S,), f32),
+            min_p=sds((S,), f32), repetition_penalty=sds((S,), f32),
+            presence_penalty=sds((S,), f32), frequency_penalty=sds((S,), f32),
+            seeds=sds((S, 2), jnp.uint32), sample_index=sds((S,), i32), slots=sds((S,), i32),
+            want_logprobs=sds((S,), jnp.bool_))
+        return (state, cache, sds((T,), i32), md, *sp, counts)
 
     def lower(self, bucket: Bucket, mode: str = SAMPLE) -> jax.stages.Lowered:
         """Trace and lower the program of ``bucket`` from abstract shapes."""
@@ -102,7 +142,9 @@ class ModelRunner:
         exe = self._executables.get(key)
         if exe is None:
             t0 = time.perf_counter()
-            if self.program_store is not None:
+            # jaxinfer compile does not build the history program: load it only if present.
+            if self.program_store is not None and (
+                    mode != HISTORY or (mode, bucket) in self.program_store.entries):
                 exe = self.program_store.load(mode, bucket)
             compiled = 0
             if exe is None:
@@ -122,25 +164,47 @@ class ModelRunner:
         return list(self._executables)
 
     # ----------------------------------------------------------------- running
-    def execute(self, inputs: StepInputs, mode: str = SAMPLE) -> np.ndarray:
+    def execute(self, inputs: StepInputs, mode: str = SAMPLE) -> Any:
         """Run one padded step.
 
         Returns:
-          mode "sample": [S] int32 sampled token per row (padding rows are garbage);
-          mode "logits": [T, V] float32 logits of every token.
+          mode "sample": a :class:`SampleResult` (tokens [S] int32, padding rows garbage;
+            logprobs only when some row asked for them);
+          mode "logits": [T, V] float32 logits of every token (numpy).
         """
         exe = self.executable(inputs.bucket, mode)
         host = (inputs.token_ids, inputs.positions, inputs.slot_mapping, inputs.seq_ids,
                 inputs.block_tables, inputs.seq_lens, inputs.logits_indices,
-                inputs.temperature, inputs.top_k, inputs.top_p, inputs.seeds,
-                inputs.sample_index)
+                *inputs.sampling)
         (token_ids, positions, slot_mapping, seq_ids, block_tables, seq_lens, logits_indices,
-         temperature, top_k, top_p, seeds, sample_index) = jax.device_put(host)
+         *sp) = jax.device_put(host)
         md = AttentionMetadata(positions, slot_mapping, seq_ids, block_tables, seq_lens,
                                logits_indices, is_prefill=inputs.bucket.kind == "prefill")
-        out, self.cache = exe(self.state, self.cache, token_ids, md, temperature, top_k,
-                              top_p, seeds, sample_index)
-        return np.asarray(out)
+        if mode == LOGITS:
+            logits, self.cache = exe(self.state, self.cache, token_ids, md, *sp, self.counts)
+            return np.asarray(logits)
+        out: SampleOutput
+        (out, self.counts), self.cache = exe(self.state, self.cache, token_ids, md, *sp,
+                                             self.counts)
+        if not np.any(inputs.sampling.want_logprobs):
+            return SampleResult(np.asarray(out.tokens))
+        return SampleResult(*jax.device_get(tuple(out)))
+
+    def load_history(self, slot: int, token_ids: np.ndarray, num_prompt: int) -> None:
+        """Overwrite penalty-state row ``slot`` with the counts of one sequence's tokens.
+
+        Args:
+          slot: row in [0, num_slots).  token_ids: [L] int32 prompt then output tokens, -1
+            padding; L fixes the program's bucket (the engine always pads to max_model_len).
+          num_prompt: how many leading tokens are the prompt.
+        Raises:
+          ValueError: slot out of range.
+        """
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is not in [0, {self.num_slots})")
+        exe = self.executable(Bucket(HISTORY, int(token_ids.shape[0]), 1, 0), HISTORY)
+        self.counts = exe(self.counts, np.int32(slot), np.asarray(token_ids, np.int32),
+                          np.int32(num_prompt))
 
     def kv_cache_bytes(self) -> int:
         return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(self.cache))

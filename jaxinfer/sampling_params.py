@@ -1,27 +1,72 @@
-"""Per-request sampling parameters (names and meanings as in vLLM's ``SamplingParams``)."""
+"""Per-request sampling parameters (names, meanings and ranges as in vLLM's ``SamplingParams``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# Most top logprobs a request may ask for per token (vLLM's default ``max_logprobs``); the
+# compiled step always computes this many and returns the first ``logprobs`` of them.
+MAX_LOGPROBS = 20
 
 
 class ParameterError(ValueError):
     """A request parameter is out of its allowed range; the message names the field."""
 
 
+def _number(name: str, v: object, integer: bool = False) -> float:
+    kinds: tuple[type, ...] = (int,) if integer else (int, float)
+    if isinstance(v, bool) or not isinstance(v, kinds):
+        raise ParameterError(f"{name} must be {'an int' if integer else 'a number'}, "
+                             f"got {v!r}")
+    if not integer and not math.isfinite(v):  # type: ignore[arg-type]
+        raise ParameterError(f"{name} must be finite, got {v!r}")
+    return v  # type: ignore[return-value]
+
+
+def _flag(name: str, v: object) -> None:
+    if not isinstance(v, bool):
+        raise ParameterError(f"{name} must be a bool, got {v!r}")
+
+
 @dataclass
 class SamplingParams:
-    """How to pick each next token and when to stop.
+    """How to pick each next token, what to return, and when to stop.
+
+    Each token is drawn as in vLLM v1's sampler: the raw logits get the penalties
+    (repetition, then frequency and presence), then greedy rows take the argmax; other rows
+    divide by ``temperature``, drop tokens below ``min_p`` times the top probability, keep
+    the ``top_k`` best and the ``top_p`` nucleus of what is left, and draw from the rest.
 
     Attributes:
       temperature: softmax temperature, >= 0; 0 means greedy (argmax).
-      top_k: keep the k most likely tokens; -1 (or 0) keeps all.
-      top_p: keep the smallest set of tokens whose probability sums to >= top_p, in (0, 1].
+      top_k: keep the k most likely tokens; -1 or 0 keeps all.
+      top_p: keep the smallest set of most likely tokens whose probability sums to
+        >= top_p, in (0, 1].
+      min_p: drop tokens whose probability is below ``min_p`` times the most likely
+        token's, in [0, 1]; 0 = off.
+      repetition_penalty: > 0; logits of tokens seen in the prompt or the output are
+        divided by it when positive and multiplied when negative (HF / vLLM; 1 = off).
+      presence_penalty: in [-2, 2]; subtracted once from the logit of every token present
+        in the output so far (OpenAI semantics; prompt tokens do not count).
+      frequency_penalty: in [-2, 2]; subtracted from each token's logit once per time it
+        occurs in the output so far (OpenAI semantics).
+      seed: per-request seed in [0, 2**63); the same seed gives the same tokens whatever
+        else is batched. None: the engine draws one (unseeded requests differ).
       max_tokens: most new tokens to generate, >= 1.
-      min_tokens: EOS and stop tokens are not honoured before this many new tokens.
+      min_tokens: EOS, ``stop_token_ids`` and ``stop`` strings are not honoured before this
+        many new tokens, in [0, max_tokens].
+      stop: strings that end the output; the text is cut before the first one found (after
+        it with ``include_stop_str_in_output``). A str is one stop string.
+      stop_token_ids: extra token ids that end the sequence (the token stays in token_ids).
+      include_stop_str_in_output: keep the matched stop string in the text.
       ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).
-      stop_token_ids: extra token ids that end the sequence.
-      seed: per-request seed; the same seed gives the same tokens whatever else is batched.
+      logprobs: None = off; k in [0, 20]: return, per generated token, the chosen token's
+        log-probability and the k most likely tokens' (log-softmax of the raw logits, before
+        penalties and temperature -- vLLM v1's default ``raw_logprobs``).
+      prompt_logprobs: None = off; k in [0, 20]: the same for every prompt token after
+        the first (each position scored given the tokens before it).
+      skip_special_tokens: drop special tokens (EOS, turn markers) from the text.
       n: samples per prompt (only 1 in this version).
     Raises:
       ParameterError: on a value outside its range, naming the field and the range.
@@ -36,38 +81,69 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     n: int = 1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: list[str] | str | None = None
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        def num(name: str, v: object, kinds: tuple[type, ...]) -> None:
-            if isinstance(v, bool) or not isinstance(v, kinds):
-                raise ParameterError(f"{name} must be a number, got {v!r}")
-
-        num("temperature", self.temperature, (int, float))
-        if not self.temperature >= 0.0 or self.temperature != self.temperature:
+        if _number("n", self.n, integer=True) != 1:
+            raise ParameterError(f"n must be 1 in this version, got {self.n}")
+        if _number("temperature", self.temperature) < 0.0:
             raise ParameterError(f"temperature must be >= 0, got {self.temperature}")
-        num("top_k", self.top_k, (int,))
-        if self.top_k < -1:
-            raise ParameterError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
-        num("top_p", self.top_p, (int, float))
-        if not 0.0 < self.top_p <= 1.0:
+        if _number("top_k", self.top_k, integer=True) < -1:
+            raise ParameterError(f"top_k must be -1 or 0 (disabled) or >= 1, got {self.top_k}")
+        if not 0.0 < _number("top_p", self.top_p) <= 1.0:
             raise ParameterError(f"top_p must be in (0, 1], got {self.top_p}")
-        num("max_tokens", self.max_tokens, (int,))
-        if self.max_tokens < 1:
+        if not 0.0 <= _number("min_p", self.min_p) <= 1.0:
+            raise ParameterError(f"min_p must be in [0, 1], got {self.min_p}")
+        if _number("repetition_penalty", self.repetition_penalty) <= 0.0:
+            raise ParameterError(f"repetition_penalty must be > 0, got "
+                                 f"{self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= _number(name, getattr(self, name)) <= 2.0:
+                raise ParameterError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if _number("max_tokens", self.max_tokens, integer=True) < 1:
             raise ParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        num("min_tokens", self.min_tokens, (int,))
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if not 0 <= _number("min_tokens", self.min_tokens, integer=True) <= self.max_tokens:
             raise ParameterError(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
-        if self.n != 1:
-            raise ParameterError(f"n must be 1 in this version, got {self.n}")
-        if self.seed is not None:
-            num("seed", self.seed, (int,))
-            if not 0 <= self.seed < 2**63:
-                raise ParameterError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.seed is not None and not 0 <= _number("seed", self.seed, integer=True) < 2**63:
+            raise ParameterError(f"seed must be in [0, 2**63), got {self.seed}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= _number(name, v, integer=True) <= MAX_LOGPROBS:
+                raise ParameterError(f"{name} must be None or in [0, {MAX_LOGPROBS}], got {v}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _flag(name, getattr(self, name))
+        self.stop_token_ids = list(self.stop_token_ids)
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise ParameterError(f"stop_token_ids must hold non-negative ints, got {t!r}")
+        stop = self.stop
+        stop = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ParameterError(f"stop must hold non-empty strings, got {s!r}")
+        self.stop = stop
 
     @property
     def greedy(self) -> bool:
+        """Temperature 0: the argmax of the (penalized) logits."""
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Any of repetition / presence / frequency penalty is not neutral."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """``stop`` as a list (``__post_init__`` normalizes it)."""
+        return self.stop if isinstance(self.stop, list) else []

@@ -44,7 +44,8 @@ then decode-shaped). New requests join at step boundaries (``add``); past ``max_
 waiting requests ``add`` raises ``QueueFullError``. Finished and aborted sequences release
 their pages at once. ``postprocess`` advances ``num_computed_tokens``, appends sampled tokens
 and applies vLLM's stop rules (EOS unless ``ignore_eos``, ``stop_token_ids``, both only once
-``min_tokens`` outputs exist; ``max_tokens`` and ``max_model_len`` give "length").
+``min_tokens`` outputs exist; ``max_tokens`` and ``max_model_len`` give "length"). Stop
+strings are matched by the engine on the text, which then calls ``finish(seq_id, "stop")``.
 """
 
 from __future__ import annotations
@@ -280,9 +281,17 @@ class Scheduler:
     def abort(self, seq_id: int) -> Sequence | None:
         """Finish a waiting or running sequence with reason "abort", freeing its pages at
         once. Returns it, or None if no unfinished sequence has that id."""
+        return self.finish(seq_id, "abort")
+
+    def finish(self, seq_id: int, reason: str) -> Sequence | None:
+        """Finish a waiting or running sequence with ``reason`` ("stop" when the engine finds
+        a stop string in its text, "abort"), freeing its pages at once. Returns it, or None
+        if no unfinished sequence has that id. Raises ValueError for another reason."""
+        if reason not in ("stop", "length", "abort"):
+            raise ValueError(f"finish reason must be 'stop', 'length' or 'abort', got {reason!r}")
         seq = self._seqs.get(seq_id)
         if seq is not None:
-            self._finish(seq, "abort")
+            self._finish(seq, reason)
         return seq
 
     def get(self, seq_id: int) -> Sequence | None:

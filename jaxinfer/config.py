@@ -145,10 +145,10 @@ class EngineConfig:
       dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on
         CPU and bfloat16 on accelerators.
       attention_backend: "auto" (Pallas on GPU, reference elsewhere), "reference", "pallas".
-      scan_layers: run the layers under ``lax.scan`` (compile time independent of depth);
-        False unrolls them with one weight array per layer. None (default): scan on
-        accelerators, unroll on CPU, where XLA copies each scanned weight slice (SmolLM2
-        decode step measured 95 ms unrolled vs 155 ms scanned on the 2-core CI machine).
+      scan_layers: True runs the layers under ``lax.scan`` (compile time independent of
+        depth); False/None (default) unrolls them, one weight array per layer: XLA copies
+        scanned weight slices, measured 13.2 vs 7.5 ms per 8B decode step on an H200 and
+        155 vs 95 ms per SmolLM2 step on a 2-core CPU.
       quantization: None, or "fp8" to quantize the projection weights on load to
         float8_e4m3fn with per-output-channel scales (W8A16 GEMMs).
       enable_prefix_caching: reuse the KV pages of full prompt pages already computed

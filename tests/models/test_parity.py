@@ -109,3 +109,16 @@ def test_gemma3_long_prompt_past_the_sliding_window():
     np.testing.assert_allclose(logits[-1], ref["long0_last_logits"], atol=ATOL, rtol=0)
     tf = ref["long0_tf_logits"][: len(prompt)]
     np.testing.assert_allclose(logits[:, ref["vocab_subset"]], tf, atol=5e-3, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_scanned_layers_match_unrolled_and_transformers(family):
+    """The lax.scan path (compile time independent of depth) gives the same logits."""
+    d = FIXTURES / "tiny" / family
+    ref = np.load(d / "reference.npz")
+    ids = ref["input_ids"][0].tolist()
+    llm = LLM(str(d), max_model_len=64, block_size=4, max_num_seqs=1,
+              max_num_batched_tokens=32, dtype="float32", scan_layers=True)
+    assert llm.engine.runner.graphdef is not None and "layers__wq" in llm.engine.runner.state
+    np.testing.assert_allclose(llm.engine.prompt_logits(ids), ref["logits"][0], atol=ATOL,
+                               rtol=0)

@@ -160,7 +160,8 @@ class RequestState:
 
     def add_token(self, token: int, logprob: Logprobs | None = None) -> bool:
         """Record one generated token (and its logprobs entry); returns True when the text
-        now contains a stop string (only searched after ``min_tokens`` tokens, as vLLM)."""
+        now contains a stop string. Like EOS in the scheduler, a stop string counts once
+        ``min_tokens`` tokens exist; text completed before that is never searched again."""
         self.num_tokens += 1
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
@@ -168,7 +169,7 @@ class RequestState:
         if self.detok is None or self.stop_match is not None:
             return False
         new = self.detok.step([token])
-        if self.stops and self.num_tokens > self.params.min_tokens:
+        if self.stops and self.num_tokens >= self.params.min_tokens:
             self.stop_match = find_stop_string(self.detok.output_text, len(new), self.stops)
         return self.stop_match is not None
 

@@ -26,7 +26,8 @@ row from the host with :func:`load_token_history` when a sequence with penalties
 (its prompt may come from the prefix cache and was never fed through a step).
 Batch-wide conds skip what no row needs: all-greedy rows skip temperature, min-p, top-k/top-p
 and the random draw; no top-k/top-p skips the vocabulary sort; no penalties skip the gather of
-count rows; no logprobs skip the log-softmax.
+count rows; no logprobs skip the log-softmax; a top-k of at most ``TOPK_FAST`` in every
+filtering row replaces the sort by ``lax.top_k``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from jaxinfer.batch import SamplingArrays
 from jaxinfer.sampling_params import MAX_LOGPROBS
 
 NEG_INF = -jnp.inf
+TOPK_FAST = 64  # top-k up to this many tokens skips the vocabulary sort (lax.top_k instead)
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
 COUNT_MASK = PROMPT_FLAG - 1  # bits holding the number of occurrences in the output
 
@@ -87,12 +89,15 @@ def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.A
             - presence[:, None] * (out_counts > 0).astype(jnp.float32))
 
 
-def _cutoff(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    """[S] value of the smallest logit top-k and then top-p keep (one sort per row)."""
-    V = scaled.shape[-1]
-    srt = -jnp.sort(-scaled, axis=-1)  # descending; -inf (min-p dropped) last
-    k = jnp.where((top_k > 0) & (top_k < V), top_k, V)
-    in_k = jnp.arange(V)[None, :] < k[:, None]
+def _cutoff(srt: jax.Array, V: int, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """[S] value of the smallest logit that top-k and then top-p keep.
+
+    ``srt`` [S, W] holds each row's W largest scaled logits in descending order (W = V after
+    a full sort; W < V when every row's k is at most W).
+    """
+    W = srt.shape[-1]
+    k = jnp.minimum(jnp.where((top_k > 0) & (top_k < V), top_k, V), W)
+    in_k = jnp.arange(W)[None, :] < k[:, None]
     probs = jax.nn.softmax(jnp.where(in_k, srt, NEG_INF), axis=-1)
     cum_before = jnp.cumsum(probs, axis=-1) - probs
     # A token survives top-p while the mass before it is below p (the best one always);
@@ -110,9 +115,30 @@ def _draw(logits: jax.Array, sp: SamplingArrays) -> jax.Array:
     # min-p: p_i >= min_p * p_max  <=>  scaled_i - max >= log(min_p)  (log 0 = -inf keeps all)
     top = jnp.max(scaled, axis=-1, keepdims=True)
     scaled = jnp.where(scaled - top >= jnp.log(sp.min_p)[:, None], scaled, NEG_INF)
-    needs_cut = jnp.any(((sp.top_k > 0) & (sp.top_k < V)) | (sp.top_p < 1.0))
-    cut = jax.lax.cond(needs_cut, lambda: _cutoff(scaled, sp.top_k, sp.top_p),
-                       lambda: jnp.full(scaled.shape[:1], NEG_INF, scaled.dtype))
+    # Rows that sample and filter by rank or mass need a cut-off. When each such row keeps
+    # at most TOPK_FAST tokens by top-k, lax.top_k's TOPK_FAST best replace the full sort
+    # (top-p acts on the top-k set, so those values are all it needs).
+    cuts = (sp.temperature > 0.0) & (((sp.top_k > 0) & (sp.top_k < V)) | (sp.top_p < 1.0))
+    narrow = (sp.top_k > 0) & (sp.top_k <= TOPK_FAST)
+    none = jnp.full(scaled.shape[:1], NEG_INF, scaled.dtype)
+
+    W = min(TOPK_FAST, V)
+
+    def by_sort() -> jax.Array:
+        srt = -jnp.sort(-scaled, axis=-1)
+        # Narrow rows take the width-W computation of by_top_k: the same floats either way,
+        # so a row's draw does not depend on which path its neighbours force.
+        return jnp.where(narrow, _cutoff(srt[:, :W], V, sp.top_k, sp.top_p),
+                         _cutoff(srt, V, sp.top_k, sp.top_p))
+
+    def by_top_k() -> jax.Array:
+        best = jax.lax.top_k(scaled, W)[0]
+        return jnp.where(cuts, _cutoff(best, V, sp.top_k, sp.top_p), NEG_INF)
+
+    cut = jax.lax.cond(
+        jnp.any(cuts),
+        lambda: jax.lax.cond(jnp.all(narrow | ~cuts), by_top_k, by_sort),
+        lambda: none)
     masked = jnp.where(scaled >= cut[:, None], scaled, NEG_INF)
     keys = jax.vmap(_row_key)(sp.seeds, sp.sample_index)
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(keys)

@@ -92,7 +92,9 @@ def test_stop_strings_wait_for_min_tokens(tok):
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids[:2]) == "a,"  # the first comma is token 1
     _, hit, final, _ = _stream(tok, text, stop=[","], min_tokens=2, max_tokens=20)
-    assert final == "a, b" and hit == 3
+    assert final == "a" and hit == 1  # the 2nd token: min_tokens reached, as for EOS
+    _, hit, final, _ = _stream(tok, text, stop=[","], min_tokens=3, max_tokens=20)
+    assert final == "a, b" and hit == 3  # the first comma came too early
 
 
 def test_final_text_without_stops_is_the_full_decode(tok):

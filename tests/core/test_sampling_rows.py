@@ -209,3 +209,22 @@ def test_all_zero_inputs_are_greedy_rows():
     out, _ = _sample(logits, zeros)
     np.testing.assert_array_equal(out.tokens, logits.argmax(-1))
     assert not out.logprobs.any()
+
+
+def test_top_k_fast_path_and_sort_path_agree():
+    # A row with top_k <= TOPK_FAST is cut from lax.top_k alone, or from the full sort when a
+    # neighbour needs it (top_p without top_k): the same tokens either way, all allowed.
+    from jaxinfer.sampling import TOPK_FAST
+
+    W = 4 * TOPK_FAST
+    rng = np.random.default_rng(13)
+    logits = rng.standard_normal((2, W)) * 1.5
+    allowed = _allowed(logits[0], 1.1, 12, 0.85, 0.0)
+    for step in range(30):
+        kw = dict(temperature=1.1, top_k=12, top_p=0.85, sample_index=step)
+        alone = _sample(logits[:1], _params(1, **kw))[0].tokens[0]
+        pair = _params(2, **kw)
+        pair.top_k[1], pair.top_p[1] = 0, 0.9  # forces the sort
+        pair.seeds[1] = pair.seeds[0] + 1
+        assert _sample(logits, pair)[0].tokens[0] == alone
+        assert alone in allowed

@@ -258,3 +258,22 @@ def test_bad_parameters_and_stop_strings_without_tokenizer():
                       (dict(temperature=float("nan")), "temperature")]:
         with pytest.raises(ParameterError, match=field):
             SamplingParams(**kw)
+
+
+@pytest.mark.slow
+def test_real_model_stop_string_and_logprobs():
+    from jaxinfer.loading import CheckpointError, load_model
+
+    try:
+        loaded = load_model("smollm2-135m")
+    except CheckpointError as e:
+        pytest.skip(str(e))
+    llm = LLM(loaded, max_model_len=128, max_num_seqs=2, max_num_batched_tokens=32)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    full = llm.generate(["The capital of France is"], greedy)[0].outputs[0]
+    assert full.text.startswith(" Paris.")  # models.md: greedy " Paris." ...
+    out = llm.generate(["The capital of France is"],
+                       _with(greedy, stop=["."], logprobs=2))[0].outputs[0]
+    assert (out.text, out.finish_reason, out.stop_reason) == (" Paris", "stop", ".")
+    assert out.token_ids == full.token_ids[:len(out.token_ids)]
+    assert len(out.logprobs) == len(out.token_ids) and out.cumulative_logprob < 0

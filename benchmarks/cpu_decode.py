@@ -93,12 +93,13 @@ def main() -> None:
     for b in ns.batches:
         m = mine[f"b{b}"]
         record("cpu_decode_tok_s_jaxinfer", m["decode_tok_s"], "tok/s",
-               {**cfg, "batch": b, "tpot_ms": m["tpot_ms"], "ttft_s": m["ttft_s"]})
+               {**cfg, "batch": b, "tpot_ms": m["tpot_ms"], "ttft_s": m["ttft_s"],
+                "load_avg_1m": os.getloadavg()[0]})
         h = hf[f"b{b}"] if hf else None
         if h:
             record("cpu_decode_tok_s_hf_transformers", h["decode_tok_s"], "tok/s",
                    {**cfg, "batch": b, "tpot_ms": h["tpot_ms"], "torch": hf["torch"],
-                    "threads": hf["threads"]})
+                    "threads": h["threads"], "load_avg_1m": os.getloadavg()[0]})
             record("cpu_decode_speedup_vs_hf", m["decode_tok_s"] / h["decode_tok_s"], "x",
                    {**cfg, "batch": b})
         print(f"{b:>5} {m['decode_tok_s']:>15.1f} {h['decode_tok_s'] if h else float('nan'):>10.1f}"

@@ -25,7 +25,7 @@ from jaxinfer.sequence import SequenceStatus
 
 if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
-    from jaxinfer.outputs import RequestOutput
+    from jaxinfer.outputs import Logprobs, RequestOutput
     from jaxinfer.serving.metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,25 @@ class EngineStopped(RuntimeError):
 
 @dataclass
 class StreamItem:
-    """New tokens of one request, as produced by one step.
+    """New output of one request, as produced by one step (from the engine's RequestOutput).
 
-    ``token_ids``: ids generated since the previous item; ``finish_reason``: None while running,
-    then "stop" / "length" / "abort"; ``error``: set (and nothing else) when the request failed.
+    ``token_ids``: ids generated since the previous item; ``text``: what the engine's output
+    text (``CompletionOutput.text``: stop strings cut, a possible partial one held back)
+    gained since then; ``logprobs``: ``CompletionOutput.logprobs`` entries of ``token_ids``
+    (None unless requested); ``prompt_logprobs``: ``RequestOutput.prompt_logprobs`` on the
+    first item that has them; ``finish_reason``: None while running, then "stop" / "length" /
+    "abort", with ``stop_reason`` and ``cumulative_logprob``; ``error``: set (and nothing
+    else) when the request failed.
     """
 
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: BaseException | None = None
+    text: str = ""
+    logprobs: list[Logprobs] | None = None
+    prompt_logprobs: list[Logprobs | None] | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
 
 
 class RequestHandle:
@@ -76,6 +86,8 @@ class RequestHandle:
         self.request_id: int = -1  # set by EngineThread.submit
         self.arrival = time.monotonic()
         self.num_sent = 0  # tokens handed out (engine thread only)
+        self.num_chars_sent = 0  # characters of the output text handed out (engine thread)
+        self.prompt_logprobs_sent = False  # (engine thread)
         self.last_token_time: float | None = None
         self.finished = False  # set on the event loop when the final item was read
 
@@ -248,7 +260,14 @@ class EngineThread:
     def _item(self, h: RequestHandle, out: RequestOutput, now: float) -> StreamItem:
         comp = out.outputs[0]
         new = comp.token_ids[h.num_sent:]
+        lps = comp.logprobs[h.num_sent:len(comp.token_ids)] if comp.logprobs is not None else None
         h.num_sent = len(comp.token_ids)
+        # The engine's text only grows: it holds back what a stop string could still cut.
+        text = comp.text[h.num_chars_sent:]
+        h.num_chars_sent = max(h.num_chars_sent, len(comp.text))
+        plp = None
+        if out.prompt_logprobs is not None and not h.prompt_logprobs_sent:
+            plp, h.prompt_logprobs_sent = out.prompt_logprobs, True
         if self.metrics is not None and new:
             self.metrics.on_tokens(h, len(new), now)
         h.last_token_time = now if new else h.last_token_time
@@ -256,7 +275,11 @@ class EngineThread:
             self._active.pop(h.request_id, None)
             if self.metrics is not None:
                 self.metrics.on_finished(h, comp.finish_reason or "stop", now)
-        return StreamItem(new, comp.finish_reason if out.finished else None)
+        if not out.finished:
+            return StreamItem(new, None, text=text, logprobs=lps, prompt_logprobs=plp)
+        return StreamItem(new, comp.finish_reason, text=text, logprobs=lps, prompt_logprobs=plp,
+                          stop_reason=comp.stop_reason,
+                          cumulative_logprob=comp.cumulative_logprob)
 
     def _fail_all(self, err: BaseException) -> None:
         batch = []

@@ -66,14 +66,18 @@ class InferenceServicer:
 
     def Generate(self, request, context):
         """Streams the generated tokens as they are produced: each message carries the new token
-        ids and the text they complete; the last one carries finish_reason and usage.
+        ids, the text delta (the engine's output text: a partial stop string is held back until
+        it can no longer match, a matched one is cut) and, when asked for, their logprobs; the
+        first message carries prompt_logprobs when asked for; the last one carries
+        finish_reason, stop_reason, cumulative_logprob and usage.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GenerateUnary(self, request, context):
-        """The whole completion in one message (all token ids, full text, finish_reason, usage).
+        """The whole completion in one message (all token ids, full text, logprobs,
+        prompt_logprobs, finish_reason, stop_reason, cumulative_logprob, usage).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -10,12 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxinfer.outputs import Logprobs
 from jaxinfer.sampling_params import ParameterError, SamplingParams
 from jaxinfer.serving import jaxinfer_pb2 as pb
-
-# Server-side (detokenizer) options of SamplingParameters, never passed to SamplingParams
-# unless it grows a field of the same name.
-SERVER_SIDE_FIELDS = ("skip_special_tokens",)
 
 FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
                   "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
@@ -25,8 +22,8 @@ class InvalidRequest(ValueError):
     """A request is malformed or out of range; the message names the field."""
 
 
-def sampling_params_from_proto(msg: pb.SamplingParameters) -> tuple[SamplingParams, bool]:
-    """``SamplingParams`` from the set fields of ``msg``, plus ``skip_special_tokens``.
+def sampling_params_from_proto(msg: pb.SamplingParameters) -> SamplingParams:
+    """``SamplingParams`` from the set fields of ``msg``.
 
     Each set field is passed to ``SamplingParams`` under its own name (the proto uses vLLM's
     names), so fields added to ``SamplingParams`` later need no change here; a set field that
@@ -39,23 +36,65 @@ def sampling_params_from_proto(msg: pb.SamplingParameters) -> tuple[SamplingPara
     """
     known = {f.name for f in dataclasses.fields(SamplingParams)}
     kwargs: dict[str, Any] = {}
-    skip_special = True
     for field, value in msg.ListFields():  # only fields that are set / non-empty
         name = field.name
-        if name in SERVER_SIDE_FIELDS and name not in known:
-            skip_special = bool(value)
-            continue
         if name not in known:
             raise InvalidRequest(f"sampling.{name} is not supported by this server version")
         if not isinstance(value, (str, bytes, bool, int, float)):
             value = list(value)  # a repeated field's container
         kwargs[name] = value
     try:
-        return SamplingParams(**kwargs), skip_special
+        return SamplingParams(**kwargs)
     except ParameterError as e:
         raise InvalidRequest(f"sampling: {e}") from e
     except TypeError as e:  # a proto type the dataclass rejects
         raise InvalidRequest(f"sampling: {e}") from e
+
+
+def token_logprob(token: int, entry: Logprobs, k: int) -> pb.TokenLogprob:
+    """One position's ``TokenLogprob`` from an engine logprobs entry.
+
+    ``entry`` is vLLM's layout (``jaxinfer.outputs.logprobs_entry``): the token at that
+    position first, then the ``k`` most likely tokens, most likely first, leaving out the
+    token itself when it is among them. So ``top`` is the entries after the first when there
+    are ``k + 1``; with ``k`` entries the token is one of the best ``k``, and all of them,
+    ordered by logprob (ties: lower id first, as ``jaxinfer.outputs.top_k_ids``), are ``top``.
+    """
+    items = list(entry.items())
+    if len(items) > k:
+        top = items[1:k + 1]
+    else:
+        top = sorted(items, key=lambda kv: (-kv[1], kv[0]))
+    return pb.TokenLogprob(token_id=int(token), logprob=entry[int(token)],
+                           top=[pb.TopLogprob(token_id=i, logprob=v) for i, v in top])
+
+
+def token_logprobs(tokens: list[int], entries: list[Logprobs], k: int) -> list[pb.TokenLogprob]:
+    """``TokenLogprob`` per (token, entry) pair (see :func:`token_logprob`).
+
+    Raises ValueError when the two lists differ in length (an engine/server mismatch).
+    """
+    if len(tokens) != len(entries):
+        raise ValueError(f"logprobs: {len(entries)} entries for {len(tokens)} tokens")
+    return [token_logprob(t, e, k) for t, e in zip(tokens, entries)]
+
+
+def prompt_logprobs_proto(prompt_ids: list[int], entries: list[Logprobs | None],
+                          k: int) -> list[pb.TokenLogprob]:
+    """``GenerateResponse.prompt_logprobs`` from ``RequestOutput.prompt_logprobs``: one
+    TokenLogprob per prompt token after the first (whose entry is None)."""
+    rest = entries[1:]
+    if any(e is None for e in rest):
+        raise ValueError("prompt_logprobs: an entry after the first is None")
+    return token_logprobs(list(prompt_ids[1:]), rest, k)  # type: ignore[arg-type]
+
+
+def set_stop_reason(resp: pb.GenerateResponse, stop_reason: int | str | None) -> None:
+    """Fill the ``stop_reason`` oneof (``stop_str`` or ``stop_token_id``); None leaves it unset."""
+    if isinstance(stop_reason, str):
+        resp.stop_str = stop_reason
+    elif stop_reason is not None:
+        resp.stop_token_id = int(stop_reason)
 
 
 def chat_messages(msg: pb.ChatMessages) -> list[dict[str, str]]:

@@ -1,8 +1,10 @@
 """The ``jaxinfer.v1.Inference`` servicer on ``grpc.aio``.
 
 Each RPC validates its request on the event loop (errors -> ``INVALID_ARGUMENT`` naming the
-field), hands it to the :class:`EngineThread` and relays the tokens it produces, detokenizing
-incrementally (``IncrementalDetokenizer``). When a stream ends early -- the client cancelled,
+field), hands it to the :class:`EngineThread` and relays what the engine produces: new token
+ids, the delta of the engine's own output text (``CompletionOutput.text``: incrementally
+detokenized, ``skip_special_tokens`` honoured, stop strings cut, a partial one held back),
+logprobs, prompt logprobs, finish and stop reason. When a stream ends early -- the client cancelled,
 its deadline passed, the server is stopping -- the handler's ``finally`` aborts the request,
 which frees its KV pages at the engine's next step boundary.
 
@@ -34,8 +36,11 @@ from jaxinfer.serving.protocol import (
     InvalidRequest,
     chat_messages,
     model_info,
+    prompt_logprobs_proto,
     prompt_token_ids,
     sampling_params_from_proto,
+    set_stop_reason,
+    token_logprobs,
 )
 
 if TYPE_CHECKING:
@@ -60,10 +65,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     # ------------------------------------------------------------------ generation
     async def _start(self, req: pb.GenerateRequest,
-                     context: grpc.aio.ServicerContext) -> tuple[RequestHandle, bool]:
+                     context: grpc.aio.ServicerContext) -> RequestHandle:
         arrival = time.monotonic()  # TTFT / end-to-end clocks include tokenization
         try:
-            params, skip_special = sampling_params_from_proto(req.sampling)
+            params = sampling_params_from_proto(req.sampling)
             ids, text = prompt_token_ids(self.engine, req)
         except InvalidRequest as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e),
@@ -74,7 +79,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             self.et.submit(handle)
         except EngineStopped as e:
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e), "error")
-        return handle, skip_special
+        return handle
 
     async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode,
                      msg: str, outcome: str) -> None:
@@ -103,33 +108,41 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 handle.finished = True
                 return
 
-    def _detokenizer(self, handle: RequestHandle, skip_special: bool) -> Any:
-        if self.engine.tokenizer is None:
-            return None
-        from jaxinfer.tokenizer import IncrementalDetokenizer
-
-        return IncrementalDetokenizer(self.engine.tokenizer, handle.prompt_ids, skip_special)
+    def _response(self, request: pb.GenerateRequest, handle: RequestHandle,
+                  items: list[StreamItem], num_tokens: int) -> pb.GenerateResponse:
+        """One GenerateResponse from consecutive items (a stream message, or all of a unary
+        request's); ``num_tokens``: completion tokens so far (usage, on the final one)."""
+        params = handle.params
+        ids = [t for it in items for t in it.token_ids]
+        resp = pb.GenerateResponse(request_id=request.request_id, token_ids=ids,
+                                   text="".join(it.text for it in items))
+        if params.logprobs is not None:
+            entries = [e for it in items for e in (it.logprobs or [])]
+            resp.logprobs.extend(token_logprobs(ids, entries, params.logprobs))
+        plp = next((it.prompt_logprobs for it in items if it.prompt_logprobs is not None), None)
+        if plp is not None and params.prompt_logprobs is not None:
+            resp.prompt_logprobs.extend(
+                prompt_logprobs_proto(handle.prompt_ids, plp, params.prompt_logprobs))
+        last = items[-1]
+        if last.finish_reason is not None:
+            resp.finish_reason = FINISH_REASONS[last.finish_reason]
+            set_stop_reason(resp, last.stop_reason)
+            if last.cumulative_logprob is not None:
+                resp.cumulative_logprob = last.cumulative_logprob
+            resp.usage.prompt_tokens = len(handle.prompt_ids)
+            resp.usage.completion_tokens = num_tokens
+        return resp
 
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
-        handle, skip_special = await self._start(request, context)
-        detok = self._detokenizer(handle, skip_special)
+        handle = await self._start(request, context)
         n = 0
         try:
             async for items in self._items(handle, context):
-                ids = [t for it in items for t in it.token_ids]
-                n += len(ids)
-                reason = items[-1].finish_reason
-                text = detok.step(ids) if detok is not None else ""
-                resp = pb.GenerateResponse(request_id=request.request_id, token_ids=ids)
-                if reason is not None:
-                    if detok is not None:
-                        text += detok.flush()
-                    resp.finish_reason = FINISH_REASONS[reason]
-                    resp.usage.prompt_tokens = len(handle.prompt_ids)
-                    resp.usage.completion_tokens = n
-                resp.text = text
-                if ids or text or reason is not None:
+                n += sum(len(it.token_ids) for it in items)
+                resp = self._response(request, handle, items, n)
+                if (resp.token_ids or resp.text or resp.prompt_logprobs
+                        or items[-1].finish_reason is not None):
                     yield resp
         finally:
             if not handle.finished:  # cancelled, deadline passed, or the server is stopping
@@ -137,22 +150,15 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     async def GenerateUnary(self, request: pb.GenerateRequest,
                             context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        handle, skip_special = await self._start(request, context)
-        ids: list[int] = []
-        reason = None
+        handle = await self._start(request, context)
+        got: list[StreamItem] = []
         try:
             async for items in self._items(handle, context):
-                ids += [t for it in items for t in it.token_ids]
-                reason = items[-1].finish_reason
+                got += items
         finally:
             if not handle.finished:
                 self.et.abort(handle)
-        tok = self.engine.tokenizer
-        text = tok.decode(ids, skip_special_tokens=skip_special) if tok is not None else ""
-        return pb.GenerateResponse(request_id=request.request_id, token_ids=ids, text=text,
-                                   finish_reason=FINISH_REASONS[reason],
-                                   usage=pb.Usage(prompt_tokens=len(handle.prompt_ids),
-                                                  completion_tokens=len(ids)))
+        return self._response(request, handle, got, sum(len(it.token_ids) for it in got))
 
     # ------------------------------------------------------------------ tokenizer
     async def _tokenizer(self, context: grpc.aio.ServicerContext) -> Any:

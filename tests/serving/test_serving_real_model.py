@@ -1,15 +1,19 @@
 """gRPC serving of the default real model (SmolLM2-135M-Instruct): text and chat prompts give the
-offline engine's tokens and text; tokenizer RPCs round-trip."""
+offline engine's tokens and text, also with stop strings, logprobs and special tokens kept;
+unary responses agree with streams; tokenizer RPCs round-trip."""
 
 from __future__ import annotations
 
 import asyncio
 
 import grpc
+import numpy as np
 import pytest
 
 from jaxinfer.engine import LLM
+from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
 from jaxinfer.serving.client import InferenceClient, build_request
 from tests.serving.conftest import ServerThread
@@ -17,6 +21,24 @@ from tests.serving.conftest import ServerThread
 TEXTS = ["The capital of France is", "def fibonacci(n):"]
 CHAT = [{"role": "user", "content": "What is 2+2?"}]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+# (name, input kwargs of build_request, sampling kwargs): served and run offline alike.
+CASES = [
+    ("stop_dot", {"prompt": TEXTS[0]}, {"stop": ["."], "max_tokens": 32}),
+    # A multi-token stop string (its first tokens are streamed while it may still match).
+    ("stop_multi", {"prompt": TEXTS[1]}, {"stop": ["return n"], "max_tokens": 32}),
+    ("logprobs", {"prompt": TEXTS[0]}, {"logprobs": 3, "prompt_logprobs": 2, "max_tokens": 6}),
+    ("logprobs_stop", {"prompt": TEXTS[0]},
+     {"logprobs": 0, "stop_token_ids": [30], "max_tokens": 24}),  # 30: "." after " Paris"
+    ("special_kept", {"messages": CHAT}, {"skip_special_tokens": False, "max_tokens": 48}),
+    ("special_skipped", {"messages": CHAT}, {"max_tokens": 48}),
+]
+
+
+def _offline(llm: LLM, inp: dict, sampling: dict) -> RequestOutput:
+    sp = SamplingParams(temperature=0.0, **sampling)
+    if "messages" in inp:
+        return llm.chat(inp["messages"], sp)[0]
+    return llm.generate([inp["prompt"]], sp)[0]
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +47,9 @@ def real_server():
               decode_buckets=(4,), max_num_batched_tokens=64, prefill_buckets=(64,),
               max_prefill_seqs=2)
     ref = llm.generate(TEXTS, GREEDY) + llm.chat(CHAT, GREEDY)
+    cases = {name: _offline(llm, inp, sampling) for name, inp, sampling in CASES}
     st = ServerThread(llm.engine).start()
-    yield st, ref
+    yield st, ref, cases
     st.stop()
 
 
@@ -47,7 +70,7 @@ async def _streams(target: str) -> list[tuple[list[int], str]]:
 
 
 def test_text_and_chat_streams_equal_offline(real_server):
-    st, ref = real_server
+    st, ref, _ = real_server
     got = asyncio.run(_streams(st.target))
     for (ids, text), o in zip(got, ref):
         assert ids == o.outputs[0].token_ids
@@ -60,7 +83,7 @@ def test_text_and_chat_streams_equal_offline(real_server):
 
 
 def test_tokenizer_rpcs_and_info(real_server):
-    st, _ = real_server
+    st, _, _ = real_server
     tok = st.engine.tokenizer
     with InferenceClient(st.target, timeout=30) as c:
         ids = c.tokenize(TEXTS[0])
@@ -76,3 +99,103 @@ def test_tokenizer_rpcs_and_info(real_server):
                 c.generate(**bad, max_tokens=4)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert needle in e.value.details()
+
+
+def _req(inp: dict, sampling: dict) -> pb.GenerateRequest:
+    return build_request(inp.get("prompt"), messages=inp.get("messages"), temperature=0.0,
+                         **sampling)
+
+
+async def _stream_and_unary(target: str) -> dict[str, tuple[list, pb.GenerateResponse]]:
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = pb_grpc.InferenceStub(ch)
+
+        async def one(inp, sampling):
+            msgs = [r async for r in stub.Generate(_req(inp, sampling), timeout=120)]
+            return msgs, await stub.GenerateUnary(_req(inp, sampling), timeout=120)
+
+        # One at a time: each step then batches what the offline run batched, so logprobs
+        # are the same floats (a different batch may round differently on the CPU).
+        got = [await one(inp, sp) for _, inp, sp in CASES]
+    return {name: g for (name, _, _), g in zip(CASES, got)}
+
+
+def _check_logprobs(got, want: list[dict[int, float]], k: int) -> None:
+    """TokenLogprob messages against the engine's {chosen: lp, k best...} entries."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.logprob == np.float32(w[g.token_id])
+        best = sorted(w.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+        assert [t.token_id for t in g.top] == [i for i, _ in best]
+        assert [t.logprob for t in g.top] == [np.float32(v) for _, v in best]
+
+
+@pytest.fixture(scope="module")
+def served_cases(real_server):
+    st, _, cases = real_server
+    return asyncio.run(_stream_and_unary(st.target)), cases
+
+
+def test_stop_strings_stream_equals_offline(served_cases):
+    got, cases = served_cases
+    for name, stop in (("stop_dot", "."), ("stop_multi", "return n")):
+        o = cases[name].outputs[0]
+        assert o.finish_reason == "stop" and o.stop_reason == stop, name  # the case is valid
+        msgs, unary = got[name]
+        text = "".join(m.text for m in msgs)
+        assert text == o.text and stop not in text and text, name
+        assert [t for m in msgs for t in m.token_ids] == o.token_ids
+        last = msgs[-1]
+        assert last.finish_reason == pb.FINISH_REASON_STOP and last.stop_str == stop, name
+        assert all(m.finish_reason == pb.FINISH_REASON_UNSPECIFIED for m in msgs[:-1])
+        assert (unary.text, list(unary.token_ids), unary.stop_str) == (text, o.token_ids, stop)
+    # The held-back start of "return n" ("return 1" comes first) is released, not lost.
+    assert "return 1" in cases["stop_multi"].outputs[0].text
+
+
+def test_logprobs_equal_offline(served_cases):
+    got, cases = served_cases
+    o = cases["logprobs"]
+    msgs, unary = got["logprobs"]
+    c = o.outputs[0]
+    for lps, plps, last in (([x for m in msgs for x in m.logprobs],
+                             [x for m in msgs for x in m.prompt_logprobs], msgs[-1]),
+                            (unary.logprobs, unary.prompt_logprobs, unary)):
+        assert [x.token_id for x in lps] == c.token_ids
+        _check_logprobs(lps, c.logprobs, 3)
+        assert [x.token_id for x in plps] == o.prompt_token_ids[1:]
+        _check_logprobs(plps, o.prompt_logprobs[1:], 2)
+        assert last.HasField("cumulative_logprob")
+        assert last.cumulative_logprob == pytest.approx(c.cumulative_logprob, abs=1e-9)
+    assert msgs[0].prompt_logprobs and not any(m.prompt_logprobs for m in msgs[1:])
+    assert all(len(m.logprobs) == len(m.token_ids) for m in msgs)
+    # logprobs=0: only the chosen token's; a stop token id ends it and is reported.
+    o = cases["logprobs_stop"].outputs[0]
+    msgs, unary = got["logprobs_stop"]
+    assert o.finish_reason == "stop" and o.stop_reason == 30
+    for lps, last in (([x for m in msgs for x in m.logprobs], msgs[-1]), (unary.logprobs, unary)):
+        _check_logprobs(lps, o.logprobs, 0)
+        assert last.WhichOneof("stop_reason") == "stop_token_id" and last.stop_token_id == 30
+    assert not unary.prompt_logprobs and not got["stop_dot"][1].logprobs
+
+
+def test_skip_special_tokens_false_keeps_special_tokens(served_cases):
+    got, cases = served_cases
+    kept, skipped = cases["special_kept"].outputs[0], cases["special_skipped"].outputs[0]
+    assert kept.finish_reason == "stop" and kept.token_ids == skipped.token_ids
+    assert kept.text.endswith("<|im_end|>") and "<|im_end|>" not in skipped.text
+    for name, o in (("special_kept", kept), ("special_skipped", skipped)):
+        msgs, unary = got[name]
+        assert "".join(m.text for m in msgs) == o.text == unary.text, name
+        assert msgs[-1].WhichOneof("stop_reason") is None  # EOS is no stop string or id
+
+
+def test_unary_agrees_with_stream(served_cases):
+    got, _ = served_cases
+    for name, (msgs, unary) in got.items():
+        assert list(unary.token_ids) == [t for m in msgs for t in m.token_ids], name
+        assert unary.text == "".join(m.text for m in msgs), name
+        last = msgs[-1]
+        for f in ("finish_reason", "usage", "cumulative_logprob", "stop_str", "stop_token_id"):
+            assert getattr(unary, f) == getattr(last, f), (name, f)
+        assert unary.usage.completion_tokens == len(unary.token_ids) > 0

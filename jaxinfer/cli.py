@@ -24,6 +24,8 @@ def _engine_args(ns: argparse.Namespace) -> dict:
                  "prefill_buckets", "page_buckets", "quantization"):  # None: the default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
+    if ns.scan_layers is not None:
+        args["scan_layers"] = ns.scan_layers == "true"
     if ns.cache_dir:
         args["compile_cache_dir"] = ns.cache_dir
         args["compile_cache_strict"] = ns.strict
@@ -49,6 +51,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--attention-backend", default="auto",
                    choices=["auto", "reference", "pallas", "pallas_decode"])
+    p.add_argument("--scan-layers", choices=["true", "false"], default=None,
+                   help="run the layers under lax.scan (compile time independent of depth; "
+                        "default: unrolled, faster steps)")
     p.add_argument("--quantization", choices=["fp8"], default=None,
                    help="quantize the projection weights on load (FP8 e4m3, per channel)")
     p.add_argument("--seed", type=int, default=0)

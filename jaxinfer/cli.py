@@ -1,4 +1,4 @@
-"""``jaxinfer`` command line: generate | chat | convert | compile.
+"""``jaxinfer`` command line: generate | chat | convert | compile | serve | client.
 
 Errors that come from bad input (a missing checkpoint, a bad parameter, a too-long prompt)
 print one line ``jaxinfer: error: ...`` and exit with status 2; nothing else is printed.
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import warnings
 import time
 from typing import Sequence as Seq
 
@@ -18,7 +20,7 @@ DEFAULT_MODEL = "smollm2-135m"
 def _engine_args(ns: argparse.Namespace) -> dict:
     args = {"block_size": ns.block_size, "max_num_seqs": ns.max_num_seqs, "dtype": ns.dtype,
             "attention_backend": ns.attention_backend, "seed": ns.seed}
-    if ns.max_model_len:
+    if ns.max_model_len is not None:
         args["max_model_len"] = ns.max_model_len
     for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
                  "prefill_buckets", "page_buckets", "quantization"):  # None: the default
@@ -48,7 +50,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="longest prompt + output in tokens (default: min(2048, model's))")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV page")
     p.add_argument("--max-num-seqs", type=int, default=8, help="sequences running at once")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="weights, activations and KV cache (auto: float32 on CPU, else bf16)")
     p.add_argument("--attention-backend", default="auto",
                    choices=["auto", "reference", "pallas", "pallas_decode"])
     p.add_argument("--scan-layers", choices=["true", "false"], default=None,
@@ -56,7 +59,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "default: unrolled, faster steps)")
     p.add_argument("--quantization", choices=["fp8"], default=None,
                    help="quantize the projection weights on load (FP8 e4m3, per channel)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="engine seed: draws the sampling seeds of requests without their own")
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
     b.add_argument("--max-num-batched-tokens", type=int, help="most tokens in a prefill step")
     b.add_argument("--max-prefill-seqs", type=int, help="most sequences in a prefill step")
@@ -80,7 +84,8 @@ def _sampling(ns: argparse.Namespace):
 
 
 def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--max-tokens", type=int, default=max_tokens,
+                   help="most new tokens per prompt (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -91,22 +96,27 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     from jaxinfer.engine import LLM
 
     params = _sampling(ns)
+    t_start = time.perf_counter()
     llm = LLM(ns.model, **_engine_args(ns))
+    t_load = time.perf_counter() - t_start
+    runner = llm.engine.runner
     t0 = time.perf_counter()
     if ns.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompt], params)
     else:
         outs = llm.generate(ns.prompt, params)
     dt = time.perf_counter() - t0
+    t_compile = sum(runner.compile_seconds.values())
     for prompt, out in zip(ns.prompt, outs):
         c = out.outputs[0]
         if len(ns.prompt) > 1:
             print(f"### {prompt}")
         print(c.text if ns.chat else prompt + c.text, flush=True)
     n = sum(len(o.outputs[0].token_ids) for o in outs)
-    print(f"[{n} tokens in {dt:.2f} s, {n / dt:.1f} tok/s; "
-          f"{llm.engine.runner.num_compilations} programs compiled, "
-          f"{llm.engine.runner.num_loaded} loaded]", file=sys.stderr)
+    run = max(dt - t_compile, 1e-9)
+    print(f"[{n} tokens in {run:.2f} s ({n / run:.1f} tok/s) after {t_load:.1f} s loading and "
+          f"{t_compile:.1f} s building {runner.num_compilations} compiled + "
+          f"{runner.num_loaded} cached programs]", file=sys.stderr)
     return 0
 
 
@@ -185,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Seq[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    # transformers announces at import that torch is absent: jaxinfer never needs torch.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"jaxinfer: warning: {msg}\n"
     logging.basicConfig(level=logging.INFO if getattr(ns, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

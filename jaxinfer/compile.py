@@ -349,6 +349,9 @@ def add_compile_command(sub: Any) -> None:
 
 
 def cmd_compile(ns: Any) -> int:
+    """``jaxinfer compile``: print the configuration; with ``--list`` the bucket table, else
+    compile into ``--cache-dir`` and print per-program seconds. Raises ConfigError,
+    CheckpointError (one-line CLI errors)."""
     from jaxinfer import cli
     from jaxinfer.compile_cache import MANIFEST
     from jaxinfer.config import ConfigError

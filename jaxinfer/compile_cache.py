@@ -62,12 +62,12 @@ _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _counts = {"requests": 0, "hits": 0}
 
 
-def _on_duration(event: str, duration: float, **_: Any) -> None:
+def _on_duration(event: str, duration_secs: float, **_: str | int) -> None:
     if event == _BACKEND_COMPILE:
         _counts["requests"] += 1
 
 
-def _on_event(event: str, **_: Any) -> None:
+def _on_event(event: str, **_: str | int) -> None:
     if event == _CACHE_HIT:
         _counts["hits"] += 1
 
@@ -275,6 +275,7 @@ class ProgramStore:
         return entry
 
     def write_manifest(self) -> None:
+        """Write manifest.json atomically (temporary file + rename)."""
         self.manifest["written"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         _atomic_write(self.directory / MANIFEST, json.dumps(self.manifest, indent=1).encode())
 

@@ -29,6 +29,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,
+    check_q_and_cache,
 )
 
 LOG2E = math.log2(math.e)
@@ -155,20 +156,8 @@ def default_block_tokens(head_dim: int, kv_dtype) -> int:
 
 
 def _check(q, k_cache, v_cache, block_tables, seq_lens) -> None:
-    if q.ndim != 3 or k_cache.ndim != 5:
-        raise PagedAttentionShapeError(
-            f"paged_decode_attention: q must be [B, Hq, D] and k_cache [L, Hkv, P, ps, D], "
-            f"got q{q.shape} k_cache{k_cache.shape}")
-    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise PagedAttentionShapeError(
-            f"paged_decode_attention: k_cache {k_cache.shape}/{k_cache.dtype} and v_cache "
-            f"{v_cache.shape}/{v_cache.dtype} differ")
-    B, Hq, D = q.shape
-    Hkv = k_cache.shape[1]
-    if k_cache.shape[-1] != D or Hq % Hkv:
-        raise PagedAttentionShapeError(
-            f"paged_decode_attention: q{q.shape} does not fit k_cache{k_cache.shape} "
-            f"(head dim must match and Hq must be a multiple of Hkv)")
+    check_q_and_cache("paged_decode_attention", q, k_cache, v_cache)
+    B = q.shape[0]
     if block_tables.ndim != 2 or block_tables.shape[0] != B or seq_lens.shape != (B,):
         raise PagedAttentionShapeError(
             f"paged_decode_attention: block_tables{block_tables.shape} / "

@@ -37,6 +37,7 @@ from pallas_kernels.paged_attention.decode import KV_DTYPES, LOG2E, _pow2
 from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,
+    check_q_and_cache,
 )
 
 _BIG = 2**30
@@ -213,20 +214,8 @@ def default_tuning(head_dim: int, kv_dtype) -> dict[str, int]:
 
 def _check(q, k_cache, v_cache, block_tables, seq_lens, positions, seq_ids) -> None:
     name = "paged_prefill_attention"
-    if q.ndim != 3 or k_cache.ndim != 5:
-        raise PagedAttentionShapeError(
-            f"{name}: q must be [T, Hq, D] and k_cache [L, Hkv, P, ps, D], "
-            f"got q{q.shape} k_cache{k_cache.shape}")
-    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise PagedAttentionShapeError(
-            f"{name}: k_cache {k_cache.shape}/{k_cache.dtype} and v_cache "
-            f"{v_cache.shape}/{v_cache.dtype} differ")
-    T, Hq, D = q.shape
-    Hkv = k_cache.shape[1]
-    if k_cache.shape[-1] != D or Hq % Hkv:
-        raise PagedAttentionShapeError(
-            f"{name}: q{q.shape} does not fit k_cache{k_cache.shape} "
-            f"(head dim must match and Hq must be a multiple of Hkv)")
+    check_q_and_cache(name, q, k_cache, v_cache)
+    T = q.shape[0]
     if positions.shape != (T,) or seq_ids.shape != (T,):
         raise PagedAttentionShapeError(
             f"{name}: positions{positions.shape} / seq_ids{seq_ids.shape} must be [{T}]")

@@ -58,12 +58,17 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
 
     Runs one 8-token greedy request to its second token (the smallest prefill bucket and the
     B=1 decode program), then, with ``decode_buckets``, compiles the decode program of every
-    batch bucket at the narrowest block table. Prefill programs of other token counts compile
-    on first use (``runner.num_compilations`` counts them).
+    batch bucket at the narrowest block table. With a compile cache every precompiled program
+    is loaded first; otherwise prefill programs of other token counts compile on first use
+    (``runner.num_compilations`` counts them).
     """
     from jaxinfer.batch import Bucket
+    from jaxinfer.compile import preload
 
     t0 = time.perf_counter()
+    # With a compile cache (`serve --cache-dir`), load the whole precompiled set now so no
+    # request waits for a program later.
+    preload(engine)
     ec, V = engine.config, engine.model_config.vocab_size
     n = max(1, min(8, ec.max_model_len - 2))
     rid = engine.add_request([(i + 1) % V for i in range(n)],

@@ -30,6 +30,7 @@ from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,
     check_q_and_cache,
+    scalar_operands,
 )
 
 LOG2E = math.log2(math.e)
@@ -248,15 +249,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     pps = -(-n_blocks // S) * bp  # pages per split, a multiple of bp
     S = -(-maxp // pps)
 
-    fp8 = k_cache.dtype == jnp.float8_e4m3fn
-    compute_dtype = jnp.dtype(fp8_compute_dtype) if fp8 else k_cache.dtype
-    static_window = window if isinstance(window, int) else None
-    operands = [jnp.asarray(layer, jnp.int32).reshape(1)]
-    if static_window is None:
-        operands.append(jnp.asarray(window, jnp.int32).reshape(1))
-    for sc in (k_scale, v_scale):
-        if sc is not None:
-            operands.append(jnp.asarray(sc, jnp.float32).reshape(1))
+    operands, static_window, compute_dtype = scalar_operands(
+        layer, window, k_scale, v_scale, k_cache.dtype, fp8_compute_dtype)
     operands += [block_tables, seq_lens, q, k_cache, v_cache]
 
     split_out = S > 1

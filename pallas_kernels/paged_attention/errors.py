@@ -1,4 +1,6 @@
-"""Exceptions raised by the paged-attention kernels."""
+"""Exceptions and input handling shared by the paged-attention kernels."""
+
+import jax.numpy as jnp
 
 
 class PagedAttentionShapeError(ValueError):
@@ -29,3 +31,23 @@ def check_q_and_cache(name: str, q, k_cache, v_cache) -> None:
         raise PagedAttentionShapeError(
             f"{name}: q{q.shape} does not fit k_cache{k_cache.shape} "
             f"(head dim must match and Hq must be a multiple of Hkv)")
+
+
+def scalar_operands(layer, window, k_scale, v_scale, k_dtype, fp8_compute_dtype):
+    """The leading scalar operands shared by the decode and prefill kernels.
+
+    Returns ``(operands, static_window, compute_dtype)``: ``operands`` holds ``layer`` and,
+    when they are traced or given, ``window`` / ``k_scale`` / ``v_scale`` as [1] arrays (in
+    the order the kernels read them); ``static_window`` is the window when it is a Python
+    int (then not passed as an operand); FP8 caches compute in ``fp8_compute_dtype``.
+    """
+    fp8 = k_dtype == jnp.float8_e4m3fn
+    compute_dtype = jnp.dtype(fp8_compute_dtype) if fp8 else k_dtype
+    static_window = window if isinstance(window, int) else None
+    operands = [jnp.asarray(layer, jnp.int32).reshape(1)]
+    if static_window is None:
+        operands.append(jnp.asarray(window, jnp.int32).reshape(1))
+    for sc in (k_scale, v_scale):
+        if sc is not None:
+            operands.append(jnp.asarray(sc, jnp.float32).reshape(1))
+    return operands, static_window, compute_dtype

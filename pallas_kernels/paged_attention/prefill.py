@@ -38,6 +38,7 @@ from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,
     check_q_and_cache,
+    scalar_operands,
 )
 
 _BIG = 2**30
@@ -319,15 +320,8 @@ def paged_prefill_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array
     nseq, meta = block_metadata(positions, seq_ids, seq_lens, window, bq=BQ,
                                 block_k=block_k, max_seqs=block_tables.shape[0])
 
-    fp8 = k_cache.dtype == jnp.float8_e4m3fn
-    compute_dtype = jnp.dtype(fp8_compute_dtype) if fp8 else k_cache.dtype
-    static_window = window if isinstance(window, int) else None
-    operands = [jnp.asarray(layer, jnp.int32).reshape(1)]
-    if static_window is None:
-        operands.append(jnp.asarray(window, jnp.int32).reshape(1))
-    for sc in (k_scale, v_scale):
-        if sc is not None:
-            operands.append(jnp.asarray(sc, jnp.float32).reshape(1))
+    operands, static_window, compute_dtype = scalar_operands(
+        layer, window, k_scale, v_scale, k_cache.dtype, fp8_compute_dtype)
     operands += [nseq, meta, block_tables, positions, seq_ids, q, k_cache, v_cache]
     kernel = functools.partial(
         _prefill_kernel, G=G, Hkv=Hkv, BQ=BQ, BM=block_m, BK=block_k, ps=ps, D=D, T=T,

@@ -15,10 +15,10 @@ time (HF transformers' modeling_llama / qwen2 / qwen3 / mistral / gemma3 are the
 Per-layer weights are stacked on a leading axis and the layers run under ``jax.lax.scan``,
 so compile time does not grow with depth (``scan_layers=True``). The default unrolls them
 with one weight array per layer instead, because XLA materializes each scanned layer's
-weight slice before its GEMMs, which costs a decode step about 1.7x: Llama-3.1-8B shape,
+weight slice before its GEMMs, which costs a decode step 1.4-1.8x: Llama-3.1-8B shape,
 batch 1, H200: 13.2 ms scanned vs 7.5 ms unrolled (the XLA flag
 --xla_gpu_enable_dynamic_slice_fusion did not help: 12.8 ms); SmolLM2 on a 2-core CPU:
-155 vs 95 ms. Unrolled programs compile in time proportional to depth; GEMMs that read the
+42.8 vs 30.4 ms (benchmarks/cpu_layer_loop.py). Unrolled programs compile in time proportional to depth; GEMMs that read the
 stacked weight in place (pallas_kernels/matmul, ``layer=`` argument) are the way to get
 both.
 """

@@ -48,17 +48,21 @@ def ceilings() -> dict:
     import jax.numpy as jnp
 
     small = jax.default_backend() == "cpu"  # smoke runs on the CPU
-    x = jax.random.normal(jax.random.key(0), (64 if small else 1024, 1024 * 1024),
-                          jnp.bfloat16)  # 2 GiB on the GPU
-    copy = jax.jit(lambda a: a * 2)
-    t = median_time(lambda: copy(x))
+    x = jax.random.normal(jax.random.key(0), (32 if small else 512, 1024 * 1024),
+                          jnp.float32)  # 2 GiB on the GPU
+    copy = jax.jit(lambda a: a + 1.0)  # read + write every byte once
+    t = median_time(lambda: copy(x), n=20)
     bw = 2 * x.nbytes / t
+    read = jax.jit(lambda a: a.sum(axis=1))  # read every byte once
+    tr = median_time(lambda: read(x), n=20)
+    nbytes = x.nbytes
     n = 512 if small else 8192
     a = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
     mm = jax.jit(lambda p, q: p @ q)
     tm = median_time(lambda: mm(a, a))
     del x
-    return {"copy_GBps": bw / 1e9, "bf16_matmul_TFLOPs": 2 * n ** 3 / tm / 1e12}
+    return {"copy_GBps": bw / 1e9, "read_GBps": nbytes / tr / 1e9,
+            "bf16_matmul_TFLOPs": 2 * n ** 3 / tm / 1e12}
 
 
 def check_tiny() -> dict:
@@ -74,7 +78,7 @@ def check_tiny() -> dict:
         out = {}
         for backend in ("reference", "pallas"):
             llm = LLM("dummy:tiny-llama", dtype=dtype, attention_backend=backend,
-                      max_model_len=128, max_num_seqs=8)
+                      max_model_len=128, max_num_seqs=8, num_kv_pages=64)
             out[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
         res[f"identical_{dtype}"] = sum(a == b for a, b in zip(out["reference"], out["pallas"]))
     return res
@@ -92,21 +96,60 @@ def run_peer(path: str, batches: list[int], ctx: int, steps: int, out: Path) -> 
     return json.loads(j.read_text()) if j.exists() else []
 
 
+def decode_replay(eng, b: int, ctx: int):
+    """A callable that replays eng's compiled decode program for batch b at context ctx.
+
+    Fixed inputs (every row at position ctx, pages 1.. in order), no host work: the device time
+    of one decode step. The KV cache is threaded through as the engine does (donated).
+    """
+    import jax
+
+    runner = eng.runner
+    bucket = [k for k in runner.compiled_buckets if k[1].kind == "decode"
+              and k[1].num_seqs == b][0][1]
+    exe = runner.executable(bucket)
+    args = runner._abstract_args(bucket)
+    md = args[3]
+    zeros = lambda s: jax.numpy.zeros(s.shape, s.dtype)  # noqa: E731
+    bt = np.zeros((b, bucket.max_pages), np.int32)
+    bt[:, : (ctx + 1) // 16 + 1] = np.arange(1, (ctx + 1) // 16 + 2)
+    md_arr = type(md)(positions=jax.numpy.full((b,), ctx, "int32"),
+                      slot_mapping=jax.numpy.full((b,), 16 + ctx % 16, "int32"),
+                      seq_ids=jax.numpy.arange(b, dtype="int32"),
+                      block_tables=jax.numpy.asarray(bt),
+                      seq_lens=jax.numpy.full((b,), ctx + 1, "int32"),
+                      logits_indices=jax.numpy.arange(b, dtype="int32"), is_prefill=False)
+    rest = [zeros(a) for a in args[4:]]
+    toks = jax.numpy.zeros((b,), "int32")
+
+    def replay():  # the cache and the penalty counts (last argument) are donated: thread them
+        (out, rest[-1]), runner.cache = exe(runner.state, runner.cache, toks, md_arr, *rest)
+        return out
+
+    return replay
+
+
+def make_engine(model, backend: str, batches: list[int], ctx: int, steps: int,
+                scan_layers: bool | None = None, **engine_args):
+    """An LLMEngine for decode timing: backend "attention[:quantization]", e.g. "pallas:fp8"."""
+    from jaxinfer.engine import LLMEngine
+
+    backend, _, quant = backend.partition(":")
+    return LLMEngine(model, dtype="bfloat16", attention_backend=backend,
+                     quantization=quant or None, scan_layers=scan_layers,
+                     max_model_len=ctx + steps + 16, max_num_seqs=max(batches),
+                     decode_buckets=tuple(batches), max_num_batched_tokens=ctx,
+                     prefill_buckets=(ctx,), max_prefill_seqs=1, **engine_args)
+
+
 def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
                   deadline: float, scan_layers: bool | None = None) -> dict:
     import jax
 
     from jaxinfer import SamplingParams
-    from jaxinfer.engine import LLMEngine
 
-    maxb = max(batches)
     t0 = time.perf_counter()
-    backend, _, quant = backend.partition(":")  # e.g. "pallas:fp8"
-    eng = LLMEngine(model, dtype="bfloat16", attention_backend=backend,
-                    quantization=quant or None, scan_layers=scan_layers,
-                    max_model_len=ctx + steps + 16, max_num_seqs=maxb,
-                    decode_buckets=tuple(batches), max_num_batched_tokens=ctx,
-                    prefill_buckets=(ctx,), max_prefill_seqs=1)
+    eng = make_engine(model, backend, batches, ctx, steps, scan_layers)
     res = {"load_s": time.perf_counter() - t0}
     rng = np.random.default_rng(0)
     sp = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
@@ -123,29 +166,7 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
             dt = time.perf_counter() - ts
             if outs and all(len(o.outputs[0].token_ids) > 2 for o in outs) and len(outs) == b:
                 times.append(dt)
-        # Device-only: replay the compiled decode program on fixed inputs.
-        runner = eng.runner
-        bucket = [k for k in runner.compiled_buckets if k[1].kind == "decode"
-                  and k[1].num_seqs == b][0][1]
-        exe = runner.executable(bucket)
-        args = runner._abstract_args(bucket)
-        md = args[3]
-        zeros = lambda s: jax.numpy.zeros(s.shape, s.dtype)  # noqa: E731
-        bt = np.zeros((b, bucket.max_pages), np.int32)
-        bt[:, : (ctx + 1) // 16 + 1] = np.arange(1, (ctx + 1) // 16 + 2)
-        md_arr = type(md)(positions=jax.numpy.full((b,), ctx, "int32"),
-                          slot_mapping=jax.numpy.full((b,), 16 + ctx % 16, "int32"),
-                          seq_ids=jax.numpy.arange(b, dtype="int32"),
-                          block_tables=jax.numpy.asarray(bt),
-                          seq_lens=jax.numpy.full((b,), ctx + 1, "int32"),
-                          logits_indices=jax.numpy.arange(b, dtype="int32"), is_prefill=False)
-        rest = [zeros(a) for a in args[4:]]
-        toks = jax.numpy.zeros((b,), "int32")
-
-        def replay():
-            out, runner.cache = exe(runner.state, runner.cache, toks, md_arr, *rest)
-            return out
-
+        replay = decode_replay(eng, b, ctx)
         dev = median_time(replay, n=20)
         res[f"b{b}"] = {"tpot_ms_engine": 1000 * float(np.median(times)),
                         "tpot_ms_device": 1000 * dev, "steps": len(times),
@@ -154,7 +175,7 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
     res["compile_s"] = {str(k[1]): round(v, 2) for k, v in eng.runner.compile_seconds.items()}
     res["weight_bytes"] = int(sum(x.size * x.dtype.itemsize
                                   for x in jax.tree.leaves(eng.runner.state)))
-    del eng, runner, exe, replay
+    del eng, replay
     import gc
 
     gc.collect()

@@ -84,10 +84,13 @@ def child(a: dict) -> dict:
 
 
 def run(cmd: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float]:
+    """Run cmd; its stderr (progress bars, logs) goes to ours as it comes, stdout is kept."""
+    print("+", " ".join(cmd)[:300], flush=True)
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT, check=False)
     if p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-4000:]}")
+        raise RuntimeError(f"{' '.join(cmd)[:300]} failed with exit code {p.returncode} "
+                           "(its stderr is above)")
     return p, t0
 
 

@@ -1,0 +1,182 @@
+"""Per-kernel time of one decode step, from a JAX profiler trace, summarised as text.
+
+    PYTHONPATH=. python3 benchmarks/profile_decode.py --out $OUT
+        [--model dummy:llama-3.1-8b] [--backend pallas[:fp8]] [--batch 1] [--ctx 512]
+        [--steps 20] [--scan-layers auto|true|false]
+
+Builds an LLMEngine as benchmarks/gpu_decode.py does, compiles the decode bucket, then traces
+(``jax.profiler.trace(..., create_perfetto_trace=True)``) two phases:
+1. device-only: the compiled decode program replayed ``--steps`` times on fixed inputs;
+2. engine: ``--steps`` calls of ``LLMEngine.step()`` (scheduler, host arrays, token read-back).
+For each phase it sums the device's kernel events (the trace's ``/device:*`` processes) per
+kernel name and per class (GEMM, attention, XLA fusion, copy/memset, other), divided by the
+number of steps, and reports device-busy time per step beside the wall time per step: the
+difference is time the device sat idle (launch gaps, host work). Writes the table as text and
+JSON under ``--out``; prints the table last. Parsing is ``summarise_trace`` (tested on CPU with
+a synthetic trace; XLA:CPU traces have no device process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CLASSES = [  # (class, regex on the kernel name), first match wins
+    ("gemm", re.compile(r"gemm|cublas|cutlass|xmma|nvjet|sm90_|matmul|dot", re.I)),
+    ("attention", re.compile(r"paged|attention|attn|flash", re.I)),
+    ("copy", re.compile(r"memcpy|memset|copy|dynamic.update.slice|scatter", re.I)),
+    ("fusion", re.compile(r"fusion|loop_|input_|reduce|transpose|convert|broadcast", re.I)),
+]
+
+
+def classify(name: str) -> str:
+    for cls, rx in CLASSES:
+        if rx.search(name):
+            return cls
+    return "other"
+
+
+def load_trace(log_dir: str) -> list[dict]:
+    """The traceEvents of the newest perfetto trace under log_dir."""
+    paths = sorted(glob.glob(os.path.join(log_dir, "**", "perfetto_trace.json.gz"),
+                             recursive=True), key=os.path.getmtime)
+    if not paths:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {log_dir}")
+    with gzip.open(paths[-1], "rt") as f:
+        d = json.load(f)
+    return d["traceEvents"] if isinstance(d, dict) else d
+
+
+def summarise_trace(events: list[dict], steps: int) -> dict:
+    """Per-step kernel time by name and class from trace events of the device processes.
+
+    Args:
+      events: Chrome/perfetto trace events (``ph`` "M" metadata names processes; "X" events
+        have ``ts`` and ``dur`` in microseconds).
+      steps: decode steps inside the trace (divisor).
+    Returns:
+      dict with ``kernels`` [(name, class, us_per_step, calls_per_step)] sorted by time,
+      ``classes`` {class: us_per_step}, ``busy_us_per_step`` (union of kernel intervals over
+      all device streams / steps), ``span_us_per_step`` (first kernel start to last kernel
+      end / steps), ``device_pids``.
+    Raises:
+      ValueError: no device process in the trace.
+    """
+    dev = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+           and str(e.get("args", {}).get("name", "")).startswith("/device:")}
+    if not dev:
+        raise ValueError("no /device:* process in the trace (a CPU run has none)")
+    ks = [e for e in events if e.get("ph") == "X" and e.get("pid") in dev and e.get("dur")]
+    # Device processes hold kernels plus XLA-op / module rows on other threads; keep the
+    # thread rows that are streams (the ones named "Stream"), else all.
+    names = {(e["pid"], e.get("tid")): str(e.get("args", {}).get("name", ""))
+             for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    streams = [e for e in ks if "stream" in names.get((e["pid"], e.get("tid")), "").lower()]
+    ks = streams or ks
+    per, cnt = collections.Counter(), collections.Counter()
+    for e in ks:
+        per[e["name"]] += e["dur"]
+        cnt[e["name"]] += 1
+    iv = sorted((e["ts"], e["ts"] + e["dur"]) for e in ks)
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, t in iv:
+        if cur_e is None or s > cur_e:
+            busy += 0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, t
+        else:
+            cur_e = max(cur_e, t)
+    busy += 0 if cur_e is None else cur_e - cur_s
+    classes = collections.Counter()
+    for n, us in per.items():
+        classes[classify(n)] += us / steps
+    kernels = sorted(((n, classify(n), us / steps, cnt[n] / steps) for n, us in per.items()),
+                     key=lambda k: -k[2])
+    return {"kernels": kernels, "classes": dict(classes), "busy_us_per_step": busy / steps,
+            "span_us_per_step": (iv[-1][1] - iv[0][0]) / steps if iv else 0.0,
+            "device_pids": sorted(dev)}
+
+
+def format_summary(title: str, s: dict, wall_ms: float, top: int = 25) -> str:
+    lines = [f"== {title}: wall {wall_ms:.3f} ms/step, device busy "
+             f"{s['busy_us_per_step'] / 1000:.3f} ms/step "
+             f"({100 * s['busy_us_per_step'] / 1000 / wall_ms:.0f} % of wall), kernel span "
+             f"{s['span_us_per_step'] / 1000:.3f} ms/step"]
+    tot = sum(s["classes"].values())
+    lines.append("  by class (us/step, % of kernel time): " + ", ".join(
+        f"{c} {us:.0f} ({100 * us / tot:.0f}%)" for c, us in
+        sorted(s["classes"].items(), key=lambda kv: -kv[1])))
+    lines.append(f"  {'us/step':>9} {'calls':>6} {'class':>9}  kernel")
+    for n, c, us, k in s["kernels"][:top]:
+        lines.append(f"  {us:>9.1f} {k:>6.1f} {c:>9}  {n[:110]}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/profile")
+    ap.add_argument("--model", default="dummy:llama-3.1-8b")
+    ap.add_argument("--backend", default="pallas", help="attention[:quantization]")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--scan-layers", choices=["auto", "true", "false"], default="auto")
+    ns = ap.parse_args()
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.85")
+    import jax
+    import numpy as np
+
+    from benchmarks.gpu_decode import decode_replay, make_engine
+    from jaxinfer import SamplingParams
+
+    scan = {"auto": None, "true": True, "false": False}[ns.scan_layers]
+    b = ns.batch
+    eng = make_engine(ns.model, ns.backend, [b], ns.ctx, 4 * ns.steps + 8, scan)
+    rng = np.random.default_rng(0)
+    sp = SamplingParams(temperature=0.0, max_tokens=4 * ns.steps, ignore_eos=True)
+    for _ in range(b):
+        eng.add_request(rng.integers(0, eng.model_config.vocab_size, ns.ctx).tolist(), sp)
+    while not all(s.num_output_tokens > 2 for s in eng.scheduler.running) \
+            or len(eng.scheduler.running) < b:
+        eng.step()  # prefill + first decode steps: everything compiled
+    report, summary = [], {"config": vars(ns), "device": jax.devices()[0].device_kind}
+    replay = decode_replay(eng, b, ns.ctx)
+    jax.block_until_ready(replay())
+    for phase in ("device-only", "engine"):
+        d = tempfile.mkdtemp(prefix="trace_")
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            t0 = time.perf_counter()
+            for _ in range(ns.steps):
+                if phase == "device-only":
+                    r = replay()
+                else:
+                    eng.step()
+            jax.block_until_ready(r if phase == "device-only" else eng.runner.cache)
+            wall_ms = 1000 * (time.perf_counter() - t0) / ns.steps
+        try:
+            s = summarise_trace(load_trace(d), ns.steps)
+        except (ValueError, FileNotFoundError) as e:
+            report.append(f"== {phase}: wall {wall_ms:.3f} ms/step; no kernel summary: {e}")
+            continue
+        summary[phase] = {"wall_ms_per_step": wall_ms, **s}
+        report.append(format_summary(phase, s, wall_ms))
+    (out / "profile_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    text = "\n".join(report)
+    (out / "profile_summary.txt").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

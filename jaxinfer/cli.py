@@ -23,7 +23,8 @@ def _engine_args(ns: argparse.Namespace) -> dict:
     if ns.max_model_len is not None:
         args["max_model_len"] = ns.max_model_len
     for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
-                 "prefill_buckets", "page_buckets", "quantization"):  # None: the default
+                 "prefill_buckets", "page_buckets", "quantization",
+                 "kv_cache_dtype"):  # None: the default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
     if ns.scan_layers is not None:
@@ -46,6 +47,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="named model (smollm2-135m, gemma3-270m), .gguf file, HF directory, "
                         "converted checkpoint or dummy:<shape> (default: %(default)s)")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="dummy: random weights at --model's shape (a dummy shape such as "
+                        "llama-3.1-8b, or any model whose config can be read), as vLLM's "
+                        "--load-format dummy")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output in tokens (default: min(2048, model's))")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV page")
@@ -59,6 +64,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "default: unrolled, faster steps)")
     p.add_argument("--quantization", choices=["fp8"], default=None,
                    help="quantize the projection weights on load (FP8 e4m3, per channel)")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3"], default=None,
+                   help="KV cache dtype: auto = the model dtype; fp8 / fp8_e4m3 = e4m3 with "
+                        "per-layer scales (half the bytes: twice the tokens of bf16)")
     p.add_argument("--seed", type=int, default=0,
                    help="engine seed: draws the sampling seeds of requests without their own")
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
@@ -69,11 +77,20 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     b.add_argument("--decode-buckets", type=_ints, help="batch sizes, e.g. 1,2,4,8")
     b.add_argument("--prefill-buckets", type=_ints, help="packed token counts, e.g. 16,64,512")
     b.add_argument("--page-buckets", type=_ints, help="block-table widths in pages")
-    p.add_argument("--cache-dir", default=None,
+    p.add_argument("--cache-dir", "--compile-cache-dir", dest="cache_dir", default=None,
                    help="compile cache written by `jaxinfer compile`: load programs from it")
     p.add_argument("--strict", action="store_true",
                    help="refuse a compile cache that does not match this configuration")
     p.add_argument("-v", "--verbose", action="store_true", help="log engine events")
+
+
+def model_spec(model: str, load_format: str = "auto") -> str:
+    """The ``load_model`` source for ``--model`` / ``--load-format``: with ``dummy``, the
+    ``dummy:`` form (``llama-3.1-8b`` -> ``dummy:llama-3.1-8b``; a path or named model ->
+    random weights at its shape)."""
+    if load_format == "dummy" and not model.startswith("dummy:"):
+        return f"dummy:{model}"
+    return model
 
 
 def _sampling(ns: argparse.Namespace):
@@ -195,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Seq[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if hasattr(ns, "load_format") and hasattr(ns, "model"):
+        ns.model = model_spec(ns.model, ns.load_format)
     # transformers announces at import that torch is absent: jaxinfer never needs torch.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.formatwarning = lambda msg, cat, *a, **k: f"jaxinfer: warning: {msg}\n"

@@ -87,24 +87,25 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
 
 
 def kv_pool_bytes(cfg: ModelConfig, ec: EngineConfig, dtype: Any) -> int:
-    """Device KV pool size: 2 (K and V) * L * Hkv * pages * page_size * D * dtype bytes."""
-    return (2 * cfg.num_layers * cfg.num_kv_heads * ec.total_kv_pages * ec.block_size
-            * cfg.head_dim * np.dtype(dtype).itemsize)
+    """Device KV pool size: 2 (K and V) * L * Hkv * pages * page_size * D * KV dtype bytes
+    (+ the per-layer scales of an FP8 pool); ``dtype`` is the model dtype, the KV dtype
+    follows ``ec.kv_cache_dtype``."""
+    from jaxinfer.kv_sizing import kv_page_bytes, kv_scale_bytes, resolve_kv_dtype
+
+    kv = resolve_kv_dtype(ec.kv_cache_dtype, dtype)
+    return (ec.total_kv_pages * kv_page_bytes(cfg, ec.block_size, kv)
+            + kv_scale_bytes(cfg, kv))
 
 
 # ----------------------------------------------------------------------------- building
 def model_config_of(model: str) -> ModelConfig:
     """A model's config without reading its weights where possible (dummy shapes, converted
     checkpoints); other sources are loaded in full. Raises CheckpointError."""
-    from jaxinfer.loading import DUMMY_CONFIGS, NAMED_MODELS, load_model
-    from jaxinfer.loading.base import CheckpointError
+    from jaxinfer.loading import NAMED_MODELS, dummy_header, load_model
     from jaxinfer.loading.orbax_store import find_cached, is_converted
 
     if model.startswith("dummy:"):
-        if model[6:] not in DUMMY_CONFIGS:
-            raise CheckpointError(f"unknown dummy shape {model!r}; known: "
-                                  f"{', '.join('dummy:' + k for k in DUMMY_CONFIGS)}")
-        return DUMMY_CONFIGS[model[6:]]
+        return dummy_header(model[6:])[0]
     path: Path | None = Path(model).expanduser()
     if model in NAMED_MODELS:
         from jaxinfer.loading.named import resolve_named
@@ -122,6 +123,7 @@ def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:
     from flax import nnx
 
     from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.kv_sizing import resolve_kv_dtype
     from jaxinfer.layers.attention import get_backend
     from jaxinfer.models.params import param_shapes
     from jaxinfer.models.transformer import CausalLM
@@ -132,7 +134,8 @@ def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:
     net = nnx.eval_shape(lambda p: CausalLM(model_config, p, dtype, scan_layers=ec.scan_layers,
                                             quantization=ec.quantization), shapes)
     return ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
-                       attention=get_backend(ec.attention_backend), kv_dtype=dtype,
+                       attention=get_backend(ec.attention_backend),
+                       kv_dtype=resolve_kv_dtype(ec.kv_cache_dtype, dtype),
                        abstract=True, num_slots=ec.max_num_seqs)  # as LLMEngine does
 
 
@@ -289,11 +292,14 @@ def _gib(n: float) -> str:
 def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Program]) -> str:
     """Header of ``jaxinfer compile``: model, KV pool memory and program counts."""
     from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.kv_sizing import kv_scale_bytes, resolve_kv_dtype
     from jaxinfer.layers.attention import get_backend
     from jaxinfer.models.params import param_shapes
 
     dtype = np.dtype(_resolve_dtype(ec.dtype))
+    kv_dtype = resolve_kv_dtype(ec.kv_cache_dtype, dtype)
     kv = kv_pool_bytes(mc, ec, dtype)
+    scales = kv_scale_bytes(mc, kv_dtype)
     n_params = sum(math.prod(s) for s in param_shapes(mc).values())
     counts: dict[str, int] = {}
     for p in programs:
@@ -307,9 +313,10 @@ def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Progr
         (f"buckets: decode {list(ec.decode_buckets)}, prefill tokens "
          f"{list(ec.prefill_buckets)}, prefill seqs {list(ec.prefill_seq_buckets)}, "
          f"pages {list(ec.page_buckets)}"),
-        (f"KV pool: {ec.total_kv_pages} pages x {ec.block_size} tokens; 2 x L {mc.num_layers} "
-         f"x Hkv {mc.num_kv_heads} x {ec.total_kv_pages} x {ec.block_size} x D {mc.head_dim} "
-         f"x {dtype.itemsize} B = {kv:,} bytes ({_gib(kv)})"),
+        (f"KV pool ({kv_dtype.name}): {ec.total_kv_pages} pages x {ec.block_size} tokens; "
+         f"2 x L {mc.num_layers} x Hkv {mc.num_kv_heads} x {ec.total_kv_pages} x "
+         f"{ec.block_size} x D {mc.head_dim} x {kv_dtype.itemsize} B"
+         + (f" + {scales} B scales" if scales else "") + f" = {kv:,} bytes ({_gib(kv)})"),
         f"programs: {len(programs)} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")",
     ]
     return "\n".join(lines)

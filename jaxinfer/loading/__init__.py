@@ -7,7 +7,10 @@
   read from there on later starts, see :mod:`.orbax_store`);
 * an HF checkpoint directory (``config.json`` + safetensors, see :mod:`.hf_loader`);
 * a directory written by :func:`convert`;
-* ``dummy:<shape>``: random weights at a named shape (see :mod:`.dummy`).
+* ``dummy:<shape>``: random weights at a named shape (see :mod:`.dummy`);
+* ``dummy:<any of the above>``: random weights at that model's shape, with its tokenizer
+  (vLLM's ``--load-format dummy``; the CLI's ``--load-format dummy`` adds the prefix). Only
+  the source's config and tokenizer are read, never its weights.
 
 and returns a :class:`LoadedModel` whose params follow jaxinfer/models/params.py.
 """
@@ -18,8 +21,9 @@ import warnings
 from pathlib import Path
 
 from jaxinfer.loading.base import CheckpointError, LoadedModel, cast_params, np_dtype
-from jaxinfer.loading.dummy import DUMMY_CONFIGS, load_dummy
-from jaxinfer.loading.hf_loader import load_hf
+from jaxinfer.config import ModelConfig
+from jaxinfer.loading.dummy import DUMMY_CONFIGS, dummy_params, load_dummy
+from jaxinfer.loading.hf_loader import load_hf, read_hf_header
 from jaxinfer.loading.named import DEFAULT_MODEL, NAMED_MODELS, resolve_named
 from jaxinfer.loading.orbax_store import (
     cache_path_for,
@@ -27,8 +31,10 @@ from jaxinfer.loading.orbax_store import (
     find_cached,
     is_converted,
     load_converted,
+    read_converted_header,
     save_converted,
 )
+from jaxinfer.tokenizer import Tokenizer
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -38,7 +44,9 @@ __all__ = [
     "LoadedModel",
     "checkpoint_dir",
     "convert",
+    "dummy_header",
     "load_model",
+    "read_header",
 ]
 
 
@@ -100,7 +108,7 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
     """
     np_dtype(dtype)
     if model.startswith("dummy:"):
-        return load_dummy(model.removeprefix("dummy:"), dtype)
+        return _load_dummy_like(model.removeprefix("dummy:"), dtype)
     kind, path = _resolve(model)
     if kind == "converted":
         return load_converted(path, dtype)
@@ -119,6 +127,45 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
     if dtype != "float32":
         loaded.params = cast_params(loaded.params, dtype)
     return loaded
+
+
+def read_header(model: str) -> tuple[ModelConfig, Tokenizer | None]:
+    """(config, tokenizer or None) of a named model, GGUF file, HF or converted directory,
+    without reading its weights. Raises CheckpointError as :func:`load_model` does."""
+    kind, path = _resolve(model)
+    if kind == "converted":
+        return read_converted_header(path)
+    if kind == "hf":
+        return read_hf_header(path)
+    try:
+        from jaxinfer.loading.gguf_loader import read_gguf_header
+    except ImportError as e:
+        raise CheckpointError(f"reading {path} needs the gguf package (pip install 'gguf>=0.17'):"
+                              f" {e}") from e
+    _reader, cfg, tokenizer = read_gguf_header(path)
+    return cfg, tokenizer
+
+
+def dummy_header(name: str) -> tuple[ModelConfig, Tokenizer | None]:
+    """(config, tokenizer) behind ``dummy:<name>``: a named dummy shape (no tokenizer) or the
+    config and tokenizer of model source ``name``. Raises CheckpointError for neither."""
+    if name in DUMMY_CONFIGS:
+        return DUMMY_CONFIGS[name], None
+    try:
+        return read_header(name)
+    except CheckpointError as e:
+        raise CheckpointError(f"dummy:{name}: not a dummy shape (known: "
+                              f"{', '.join('dummy:' + k for k in DUMMY_CONFIGS)}) nor a model "
+                              f"whose config can be read: {e}") from e
+
+
+def _load_dummy_like(name: str, dtype: str) -> LoadedModel:
+    """Random weights at a named dummy shape, or at the shape of model source ``name``."""
+    if name in DUMMY_CONFIGS:
+        return load_dummy(name, dtype)
+    cfg, tokenizer = dummy_header(name)
+    return LoadedModel(config=cfg, params=dummy_params(cfg, dtype), tokenizer=tokenizer,
+                       source=f"dummy:{name}")
 
 
 def convert(model: str, output: str | None = None, progress: bool = True) -> Path:

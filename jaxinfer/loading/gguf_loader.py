@@ -245,6 +245,17 @@ def load_gguf(path: str | Path, dtype: str = "float32", progress: bool = True,
               with_tokenizer: bool = True) -> LoadedModel:
     """Read a GGUF file into a LoadedModel (config, params, tokenizer from its metadata)."""
     source = str(Path(path))
+    reader, cfg, tokenizer = read_gguf_header(path, with_tokenizer)
+    params = read_gguf_params(reader, cfg, source, dtype, progress)
+    return LoadedModel(config=cfg, params=params, tokenizer=tokenizer, source=source)
+
+
+def read_gguf_header(path: str | Path, with_tokenizer: bool = True
+                     ) -> tuple[gguf.GGUFReader, ModelConfig, Tokenizer | None]:
+    """(reader, config, tokenizer or None) of a GGUF file, without reading its tensors.
+
+    Raises CheckpointError (unreadable file, unsupported architecture, bad vocabulary)."""
+    source = str(Path(path))
     reader = open_gguf(path)
     tokenizer = None
     if with_tokenizer and "tokenizer.ggml.tokens" in reader.fields:
@@ -252,6 +263,4 @@ def load_gguf(path: str | Path, dtype: str = "float32", progress: bool = True,
             tokenizer = Tokenizer.from_gguf(reader)
         except TokenizerError as e:
             raise CheckpointError(str(e)) from e
-    cfg = config_from_gguf(reader, source, tokenizer)
-    params = read_gguf_params(reader, cfg, source, dtype, progress)
-    return LoadedModel(config=cfg, params=params, tokenizer=tokenizer, source=source)
+    return reader, config_from_gguf(reader, source, tokenizer), tokenizer

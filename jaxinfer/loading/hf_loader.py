@@ -242,6 +242,15 @@ def load_hf(path: str | Path, dtype: str = "float32", progress: bool = True,
             with_tokenizer: bool = True) -> LoadedModel:
     """Load an HF checkpoint directory into a LoadedModel (tokenizer if the directory has one)."""
     d = Path(path)
+    cfg, tokenizer = read_hf_header(d, with_tokenizer)
+    params = read_hf_params(d, cfg, dtype, progress)
+    return LoadedModel(config=cfg, params=params, tokenizer=tokenizer, source=str(d))
+
+
+def read_hf_header(d: Path, with_tokenizer: bool = True) -> tuple[ModelConfig, Tokenizer | None]:
+    """(config, tokenizer or None) of an HF checkpoint directory, without reading weights.
+
+    Raises CheckpointError (no config.json, unsupported architecture, bad tokenizer)."""
     if not (d / "config.json").is_file():
         raise CheckpointError(f"{d} has no config.json (not an HF checkpoint directory)")
     raw = read_json(d / "config.json")
@@ -257,5 +266,4 @@ def load_hf(path: str | Path, dtype: str = "float32", progress: bool = True,
             raise CheckpointError(str(e)) from e
         eos = tuple(dict.fromkeys(cfg.eos_token_ids + tokenizer.eos_token_ids))
         cfg = cfg.replace(eos_token_ids=eos)
-    params = read_hf_params(d, cfg, dtype, progress)
-    return LoadedModel(config=cfg, params=params, tokenizer=tokenizer, source=str(d))
+    return cfg, tokenizer

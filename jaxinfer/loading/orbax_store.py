@@ -173,13 +173,7 @@ def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
     import orbax.checkpoint as ocp
 
     d = Path(path).absolute()
-    if not is_converted(d):
-        raise CheckpointError(f"{d} is not a complete converted checkpoint (no {MANIFEST} "
-                              f"with format {FORMAT!r})")
-    try:
-        cfg = ModelConfig.from_json((d / "model_config.json").read_text())
-    except (OSError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{d}/model_config.json: {e}") from e
+    cfg, tokenizer = read_converted_header(d)
     dt = np_dtype(dtype)
     shapes = _nest(dict.fromkeys(param_shapes(cfg), np.empty(0)))
     args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dt), shapes)
@@ -194,11 +188,25 @@ def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
         if k not in params or tuple(params[k].shape) != shape:
             got = params[k].shape if k in params else "missing"
             raise CheckpointError(f"{d}: tensor {k} is {got}, expected {shape}")
+    return LoadedModel(config=cfg, params={k: params[k] for k in want}, tokenizer=tokenizer,
+                       source=str(d))
+
+
+def read_converted_header(d: Path) -> tuple[ModelConfig, Tokenizer | None]:
+    """(config, tokenizer or None) of a converted checkpoint, without reading its params.
+
+    Raises CheckpointError when the directory is incomplete or its files cannot be read."""
+    if not is_converted(d):
+        raise CheckpointError(f"{d} is not a complete converted checkpoint (no {MANIFEST} "
+                              f"with format {FORMAT!r})")
+    try:
+        cfg = ModelConfig.from_json((d / "model_config.json").read_text())
+    except (OSError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{d}/model_config.json: {e}") from e
     tokenizer = None
     if (d / "tokenizer.json").is_file():
         try:
             tokenizer = Tokenizer.from_pretrained(d)
         except TokenizerError as e:
             raise CheckpointError(str(e)) from e
-    return LoadedModel(config=cfg, params={k: params[k] for k in want}, tokenizer=tokenizer,
-                       source=str(d))
+    return cfg, tokenizer

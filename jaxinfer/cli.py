@@ -1,4 +1,4 @@
-"""``jaxinfer`` command line: generate | chat | convert | compile | serve | client.
+"""``jaxinfer`` command line: generate | chat | convert | compile | serve | client | bench.
 
 Errors that come from bad input (a missing checkpoint, a bad parameter, a too-long prompt)
 print one line ``jaxinfer: error: ...`` and exit with status 2; nothing else is printed.
@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxinfer.serving.cli import add_serving_commands  # serve, client
 
     add_serving_commands(sub)
+    from jaxinfer.bench.cli import add_bench_command  # bench offline | serve | latency
+
+    add_bench_command(sub)
     return parser
 
 

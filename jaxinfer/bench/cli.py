@@ -1,0 +1,91 @@
+"""``jaxinfer bench``: argument parsers of the sub-commands, registered into ``jaxinfer.cli``
+by :func:`add_bench_command`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """Engine options (as ``jaxinfer generate``), ``--out``, ``--progress-interval``.
+
+    ``--max-num-seqs`` and ``--max-model-len`` default to None here: each benchmark derives
+    them from its workload (number of requests, lengths) unless given.
+    """
+    from jaxinfer.bench.records import RESULTS
+    from jaxinfer.cli import _add_engine_options
+
+    before = len(p._actions)
+    _add_engine_options(p)
+    p.set_defaults(engine_actions=list(p._actions[before:]), max_num_seqs=None)
+    p.add_argument("--out", default=None,
+                   help=f"folder for the JSON records (default: {RESULTS})")
+    p.add_argument("--progress-interval", type=float, default=10.0,
+                   help="seconds between progress lines on stderr")
+
+
+def add_bench_command(sub: Any) -> None:
+    """Register ``jaxinfer bench {offline,serve,latency,roofline}``."""
+    from jaxinfer.bench import latency, offline, serve
+
+    b = sub.add_parser("bench", help="benchmarks: offline throughput, serving, latency, "
+                                     "roofline (README 'Benchmarks')")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    offline.add_parser(bsub, add_common)
+    serve.add_parser(bsub, add_common)
+    latency.add_parser(bsub, add_common)
+    add_roofline_parser(bsub)
+
+
+def add_roofline_parser(sub: Any) -> None:
+    r = sub.add_parser("roofline", help="bytes and FLOPs of a decode step; fractions of the "
+                                        "hardware's ceilings reached by a measured TPOT")
+    r.add_argument("--model", default="dummy:llama-3.1-8b",
+                   help="any --model of `jaxinfer generate` (only its config is read)")
+    r.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
+    r.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    r.add_argument("--quantization", choices=["fp8"], default=None)
+    r.add_argument("--batch", type=int, default=1)
+    r.add_argument("--context", type=int, default=512,
+                   help="tokens each sequence attends to (new token included)")
+    r.add_argument("--tpot-ms", type=float, default=None, help="measured decode step time")
+    r.add_argument("--copy-gbps", type=float, default=None, help="measured copy bandwidth")
+    r.add_argument("--matmul-tflops", type=float, default=None, help="measured matmul rate")
+    r.set_defaults(func=cmd_roofline)
+
+
+def cmd_roofline(ns: argparse.Namespace) -> int:
+    from jaxinfer.bench import roofline
+    from jaxinfer.bench.metrics import format_table
+    from jaxinfer.compile import model_config_of
+
+    cfg = model_config_of(ns.model)
+    if ns.batch < 1 or ns.context < 1:
+        raise ValueError("--batch and --context must be >= 1")
+    cost = roofline.decode_step_cost(cfg, ns.context, batch=ns.batch, dtype=ns.dtype,
+                                     quantization=ns.quantization)
+    rows: list[tuple[str, Any]] = [
+        ("weights resident (GB)", roofline.weight_bytes(cfg, ns.dtype, ns.quantization) / 1e9),
+        ("weights read per step (GB)", cost.weight_bytes / 1e9),
+        ("KV read per step (GB)", cost.kv_read_bytes / 1e9),
+        ("bytes per step (GB)", cost.bytes / 1e9),
+        ("FLOPs per step (GFLOP)", cost.flops / 1e9),
+    ]
+    bw = ns.copy_gbps * 1e9 if ns.copy_gbps else None
+    mm = ns.matmul_tflops * 1e12 if ns.matmul_tflops else None
+    if bw or mm:
+        floor = max(cost.bytes / bw if bw else 0.0, cost.flops / mm if mm else 0.0)
+        rows.append(("step time the ceilings allow (ms)", 1000 * floor))
+    if ns.tpot_ms:
+        r = roofline.roofline(cost, ns.tpot_ms / 1000, bw, mm)
+        rows += [("achieved bandwidth (GB/s)", r["achieved_bytes_per_s"] / 1e9),
+                 ("achieved compute (TFLOP/s)", r["achieved_flops_per_s"] / 1e12)]
+        if r["bandwidth_frac"] is not None:
+            rows.append(("fraction of copy bandwidth", r["bandwidth_frac"]))
+        if r["matmul_frac"] is not None:
+            rows.append(("fraction of matmul rate", r["matmul_frac"]))
+    print(format_table(rows, f"roofline: {ns.model}, {ns.dtype}"
+                             f"{' fp8' if ns.quantization else ''}, batch {ns.batch}, "
+                             f"context {ns.context}"))
+    return 0

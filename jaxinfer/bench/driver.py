@@ -1,0 +1,196 @@
+"""Driving an ``LLMEngine`` for ``jaxinfer bench offline`` and ``bench latency``: random
+prompts, a warm-up that compiles what a workload needs before it is timed, and a timed run
+that records every request's token arrivals.
+
+Only the public engine API is used (``add_request``, ``step``, ``abort_request``,
+``RequestOutput``), so the timings are what a caller of the engine sees: a token "arrives"
+when ``step()`` returns it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxinfer.bench.metrics import Progress, RequestTimeline
+from jaxinfer.sampling_params import SamplingParams
+
+WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts never equal measured ones (prefix cache)
+
+
+def random_prompts(rng: np.random.Generator, lengths: Sequence[int], vocab_size: int
+                   ) -> list[list[int]]:
+    """One prompt of uniformly random token ids in [0, vocab_size) per length."""
+    return [rng.integers(0, vocab_size, int(n)).tolist() for n in lengths]
+
+
+def fixed_length_params(output_len: int, temperature: float = 1.0) -> SamplingParams:
+    """Exactly ``output_len`` new tokens (EOS ignored), sampled as vLLM's benchmarks do
+    (temperature 1, top-p 1) unless ``temperature`` says otherwise."""
+    return SamplingParams(temperature=temperature, top_p=1.0, max_tokens=output_len,
+                          ignore_eos=True)
+
+
+def page_round(n: int, block_size: int) -> int:
+    """``n`` rounded up to a multiple of ``block_size``."""
+    return -(-n // block_size) * block_size
+
+
+@dataclass
+class CompileState:
+    """The runner's compile counters at one moment."""
+
+    compiled: int
+    loaded: int
+    seconds: float
+
+    @classmethod
+    def of(cls, engine: Any) -> CompileState:
+        r = engine.runner
+        return cls(r.num_compilations, r.num_loaded, float(sum(r.compile_seconds.values())))
+
+    def since(self, before: CompileState) -> dict[str, Any]:
+        return {"programs_compiled": self.compiled - before.compiled,
+                "programs_loaded": self.loaded - before.loaded,
+                "compile_s": self.seconds - before.seconds}
+
+
+def build_engine(ns: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """``LLMEngine`` from the CLI's engine options; with a compile cache every program in it is
+    loaded now. Returns (engine, {"load_s", "preload_s", "programs_preloaded"})."""
+    from jaxinfer.cli import _engine_args
+    from jaxinfer.compile import preload
+    from jaxinfer.engine import LLMEngine
+
+    t0 = time.perf_counter()
+    engine = LLMEngine(ns.model, **_engine_args(ns))
+    t1 = time.perf_counter()
+    n = preload(engine)
+    return engine, {"load_s": t1 - t0, "preload_s": time.perf_counter() - t1,
+                    "programs_preloaded": n}
+
+
+def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: int
+            ) -> dict[str, Any]:
+    """Compile the programs a workload of ``num_seqs`` prompts of ``input_len`` tokens and
+    ``output_len`` new tokens, submitted at once, will use, so that its timing excludes them.
+
+    The run goes in waves of ``max_num_seqs`` requests (the last one holds the remainder).
+    Prefill: for the first and the last wave's size, that many other random prompts of the
+    same length are run to their first token (the scheduler packs them as it will pack the
+    measured wave). Decode: the programs of every batch bucket up to the wave's (decode
+    steps run between prefill steps while a wave is admitted) at every block-table width the
+    contexts ``input_len + 1 .. input_len + output_len`` need. What the run needs
+    beyond that (e.g. smaller waves when the KV pool admits fewer) is not guessed: the run
+    reports the programs it compiles. Returns seconds and counts.
+    """
+    from jaxinfer.batch import Bucket, pick
+
+    ec = engine.config
+    t0, c0 = time.perf_counter(), CompileState.of(engine)
+    M = ec.max_num_seqs
+    waves = {max(1, min(num_seqs, M))}
+    if num_seqs > M and num_seqs % M:
+        waves.add(num_seqs % M)
+    rng = np.random.default_rng(seed + WARMUP_SEED_OFFSET)
+    lo = pick(ec.page_buckets, -(-(input_len + 1) // ec.block_size), "pages")
+    hi = pick(ec.page_buckets, -(-(input_len + output_len) // ec.block_size), "pages")
+    for n in sorted(waves, reverse=True):
+        prompts = random_prompts(rng, [input_len] * n, engine.model_config.vocab_size)
+        run_requests(engine, prompts, [fixed_length_params(1)] * n)
+        if output_len > 1:  # the batch ramps up while prompts are prefilled: all buckets
+            top = pick(ec.decode_buckets, n, "batch")
+            for B in ec.decode_buckets:
+                for P in ec.page_buckets:
+                    if B <= top and lo <= P <= hi:
+                        engine.runner.executable(Bucket("decode", B, B, P))
+    return {"warmup_s": time.perf_counter() - t0,
+            **{f"warmup_{k}": v for k, v in CompileState.of(engine).since(c0).items()}}
+
+
+def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingParams], *,
+                 time_limit: float | None = None, progress: Progress | None = None
+                 ) -> tuple[list[RequestTimeline], float]:
+    """Submit every prompt at once and step the engine until all finish or ``time_limit``
+    seconds pass (then the unfinished ones are aborted and stay ``end=None``).
+
+    Returns (one timeline per prompt, in order; seconds from the first submission to the
+    last finish, or to the time limit). A request the engine finishes as "abort" gets
+    ``error="abort"``.
+    """
+    t0 = time.perf_counter()
+    timelines: dict[int, RequestTimeline] = {}
+    order = []
+    for p, sp in zip(prompts, params):
+        start = time.perf_counter()
+        rid = engine.add_request(p, sp)
+        timelines[rid] = RequestTimeline(start, len(p), sp.max_tokens)
+        order.append(rid)
+    pending = set(order)
+    last = t0
+    while pending:
+        outs = engine.step()
+        now = time.perf_counter()
+        for o in outs:
+            tl = timelines.get(o.request_id)
+            if tl is None or o.request_id not in pending:
+                continue
+            new = len(o.outputs[0].token_ids) - tl.output_len
+            if new > 0:
+                tl.add(now, new)
+            if o.finished:
+                pending.discard(o.request_id)
+                tl.end, last = now, now
+                if o.outputs[0].finish_reason == "abort":
+                    tl.error = "abort"
+        if progress is not None:
+            progress.tick(lambda: _status(timelines.values(), now - t0))
+        if time_limit is not None and now - t0 >= time_limit and pending:
+            for rid in pending:
+                engine.abort_request(rid)
+            last = now
+            break
+    if progress is not None:
+        progress.tick(lambda: _status(timelines.values(), last - t0), force=True)
+    return [timelines[r] for r in order], max(last - t0, 1e-9)
+
+
+def _status(timelines: Any, elapsed: float) -> str:
+    tls = list(timelines)
+    done = sum(t.end is not None for t in tls)
+    toks = sum(t.output_len for t in tls)
+    return (f"{done}/{len(tls)} requests finished, {toks:,} output tokens, "
+            f"{toks / max(elapsed, 1e-9):,.1f} tok/s")
+
+
+def memory_report() -> dict[str, Any]:
+    """Peak device memory (bytes, XLA's allocator; None on the CPU, which has no such
+    counter), the process's peak resident host memory (bytes), the 1-minute load average."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"peak_device_memory_bytes": stats.get("peak_bytes_in_use"),
+            "device_memory_limit_bytes": stats.get("bytes_limit"),
+            "peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "loadavg_1min": os.getloadavg()[0]}  # the CPU may be shared with other jobs
+
+
+def engine_config_record(engine: Any) -> dict[str, Any]:
+    """The engine settings a result depends on (for the records' ``config``)."""
+    import jax.numpy as jnp
+
+    ec, kv = engine.config, engine.kv_sizing
+    return {"model": engine.model_name, "dtype": jnp.dtype(engine.dtype).name,
+            "quantization": ec.quantization, "attention_backend": ec.attention_backend,
+            "scan_layers": bool(ec.scan_layers), "max_model_len": ec.max_model_len,
+            "block_size": ec.block_size, "max_num_seqs": ec.max_num_seqs,
+            "max_num_batched_tokens": ec.max_num_batched_tokens,
+            "max_prefill_seqs": ec.max_prefill_seqs, "decode_buckets": list(ec.decode_buckets),
+            "kv_pages": kv.num_pages - 1, "kv_tokens": kv.max_tokens,
+            "kv_sizing": kv.source, "enable_prefix_caching": ec.enable_prefix_caching}

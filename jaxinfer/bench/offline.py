@@ -1,0 +1,130 @@
+"""``jaxinfer bench offline``: N requests of fixed input/output lengths submitted at once
+(EOS ignored), as TensorRT-LLM's and vLLM's throughput benchmarks run them.
+
+Phases, each timed on its own: engine start (weights, KV sizing), loading a compile cache
+(``--compile-cache-dir``), warm-up (compiles the programs the workload needs; see
+``driver.warm_up``), the measured run. Reported: output and total tok/s, request/s, TTFT /
+TPOT / ITL / end-to-end percentiles, programs compiled inside the measured run (and their
+seconds), peak device memory, the KV pool (pages, tokens). ``--time-limit`` aborts what has
+not finished when it expires and reports what did; progress prints every
+``--progress-interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import numpy as np
+
+from jaxinfer.bench import driver
+from jaxinfer.bench.metrics import Progress, format_table, summarize, unit_of
+from jaxinfer.bench.records import make_record, write_run
+
+
+def add_parser(sub: Any, add_common: Any) -> None:
+    """Register ``bench offline``; ``add_common`` adds the engine and output options."""
+    p = sub.add_parser("offline", help="throughput: N fixed-length requests submitted at once",
+                       description=__doc__.splitlines()[0])
+    add_common(p)
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens (ISL)")
+    p.add_argument("--output-len", type=int, default=128, help="new tokens (OSL), EOS ignored")
+    p.add_argument("--num-prompts", type=int, default=64, help="requests submitted at once")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (vLLM's benchmarks sample at 1.0; 0 = greedy)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds after which the measured run aborts what has not finished "
+                        "and reports what has")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="compile inside the measured run (reported) instead of before it")
+    p.set_defaults(func=cmd_offline)
+
+
+def check_lengths(input_len: int, output_len: int, num: int) -> None:
+    """Raise ValueError (a one-line CLI error) for lengths or counts below 1."""
+    for name, v in (("--input-len", input_len), ("--output-len", output_len),
+                    ("--num-prompts", num)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+
+
+def run_offline(ns: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark for parsed CLI options; returns ``{"summary", "config", "path"}``.
+
+    Raises ValueError (bad lengths, ConfigError, RequestError) before any request runs.
+    """
+    isl, osl, n = ns.input_len, ns.output_len, ns.num_prompts
+    check_lengths(isl, osl, n)
+    if ns.max_num_seqs is None:
+        ns.max_num_seqs = min(n, 256)
+    if ns.max_model_len is None:
+        ns.max_model_len = driver.page_round(isl + osl, ns.block_size)
+    engine, phases = driver.build_engine(ns)
+    print(f"jaxinfer bench offline: {engine.model_name}, {n} x ISL {isl} / OSL {osl}; "
+          f"{engine.kv_sizing.describe(engine.config.max_model_len)}", file=sys.stderr,
+          flush=True)
+    if not ns.no_warmup:
+        phases.update(driver.warm_up(engine, isl, osl, n, ns.seed))
+        print(f"warm-up: {phases['warmup_s']:.1f} s, {phases['warmup_programs_compiled']} "
+              f"programs compiled ({phases['warmup_compile_s']:.1f} s)", file=sys.stderr,
+              flush=True)
+    rng = np.random.default_rng(ns.seed)
+    prompts = driver.random_prompts(rng, [isl] * n, engine.model_config.vocab_size)
+    params = [driver.fixed_length_params(osl, ns.temperature)] * n
+    before = driver.CompileState.of(engine)
+    timelines, duration = driver.run_requests(
+        engine, prompts, params, time_limit=ns.time_limit,
+        progress=Progress("offline", ns.progress_interval))
+    s = summarize(timelines, duration)
+    s.update({f"run_{k}": v for k, v in driver.CompileState.of(engine).since(before).items()})
+    s.update(phases)
+    s.update(driver.memory_report())
+    s["kv_pages"] = engine.kv_sizing.num_pages - 1
+    s["kv_tokens"] = engine.kv_sizing.max_tokens
+    config = {**driver.engine_config_record(engine), "input_len": isl, "output_len": osl,
+              "num_prompts": n, "temperature": ns.temperature, "time_limit_s": ns.time_limit,
+              "warmup": not ns.no_warmup, "compile_cache_dir": ns.cache_dir, "seed": ns.seed}
+    records = [make_record(f"bench_offline.{k}", v, unit_of(k), config)
+               for k, v in s.items()]
+    path = write_run(f"bench_offline-{engine.model_name}-{isl}x{osl}", records, ns.out)
+    print(format_table(summary_rows(s), f"bench offline: {engine.model_name} "
+                                        f"ISL {isl} / OSL {osl}, {n} requests"))
+    print(f"records: {path}")
+    return {"summary": s, "config": config, "path": path}
+
+
+def summary_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The rows of the printed summary table."""
+    def gib(b: Any) -> Any:
+        return None if b is None else round(b / 2**30, 2)
+
+    return [
+        ("requests completed / submitted", f"{s['completed']} / {s['num_requests']}"),
+        ("errors, unfinished, length mismatches",
+         f"{s['errors']}, {s['unfinished']}, {s['length_mismatches']}"),
+        ("measured duration (s)", s["duration_s"]),
+        ("output tok/s", s["output_throughput"]),
+        ("total tok/s (prompt + output)", s["total_token_throughput"]),
+        ("requests/s", s["request_throughput"]),
+        ("TTFT p50 / p99 (ms)", f"{s['ttft_ms_p50']:.4g} / {s['ttft_ms_p99']:.4g}"),
+        ("TPOT p50 / p99 (ms)", f"{s['tpot_ms_p50']:.4g} / {s['tpot_ms_p99']:.4g}"),
+        ("ITL p50 / p99 (ms)", f"{s['itl_ms_p50']:.4g} / {s['itl_ms_p99']:.4g}"),
+        ("engine start (s)", s["load_s"]),
+        ("compile cache load (s, programs)", f"{s['preload_s']:.3g}, "
+                                             f"{s['programs_preloaded']}"),
+        ("warm-up (s, programs compiled, compile s)",
+         f"{s.get('warmup_s', 0):.3g}, {s.get('warmup_programs_compiled', 0)}, "
+         f"{s.get('warmup_compile_s', 0):.3g}" if "warmup_s" in s else "skipped"),
+        ("compiled in measured run (programs, s)",
+         f"{s['run_programs_compiled']}, {s['run_compile_s']:.3g}"),
+        ("KV pool (pages, tokens)", f"{s['kv_pages']:,}, {s['kv_tokens']:,}"),
+        ("peak device memory (GiB)", gib(s["peak_device_memory_bytes"])),
+        ("peak host RSS (GiB)", gib(s["peak_host_rss_bytes"])),
+    ]
+
+
+def cmd_offline(ns: argparse.Namespace) -> int:
+    r = run_offline(ns)
+    s = r["summary"]
+    return 0 if s["errors"] == 0 and s["length_mismatches"] == 0 else 1

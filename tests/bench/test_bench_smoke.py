@@ -1,0 +1,135 @@
+"""Smoke tests of ``jaxinfer bench offline | latency | serve`` on a tiny random model (CPU).
+
+No timing is asserted; the structure is: every request finished, no errors, token counts
+equal the lengths asked for, percentiles ordered, records written with the common fields.
+All three use one engine configuration (one prefill and one decode program, shared through
+JAX's persistent compilation cache set up in tests/conftest.py), so the set stays short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxinfer.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+# max_prefill_seqs 1: every prefill step is one prompt (T 64, S 1), so the workloads below
+# need exactly one prefill and one decode program.
+TINY = ["--model", "dummy:tiny-llama", "--max-model-len", "64", "--block-size", "16",
+        "--decode-buckets", "4", "--prefill-buckets", "64", "--max-num-batched-tokens", "64",
+        "--max-prefill-seqs", "1", "--page-buckets", "4"]
+FIELDS = {"name", "value", "unit", "config", "device", "jax", "date", "command"}
+
+
+def load_records(out: Path, prefix: str) -> dict[str, dict]:
+    [path] = out.glob(f"{prefix}-*.json")
+    recs = json.loads(path.read_text())
+    assert all(set(r) == FIELDS for r in recs)
+    return {r["name"]: r for r in recs}
+
+
+def values(recs: dict[str, dict], prefix: str) -> dict[str, object]:
+    return {k.removeprefix(prefix): r["value"] for k, r in recs.items() if k.startswith(prefix)}
+
+
+def assert_ordered(v: dict[str, object], metrics=("ttft", "tpot", "itl", "e2e")) -> None:
+    for m in metrics:
+        p50, p90, p99 = (v[f"{m}_ms_p{q}"] for q in (50, 90, 99))
+        assert 0 <= p50 <= p90 <= p99, (m, p50, p90, p99)
+
+
+def test_bench_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--input-len", "16",
+               "--output-len", "8", "--num-prompts", "10", "--out", str(tmp_path)])
+    assert rc == 0
+    recs = load_records(tmp_path, "bench_offline-dummy-tiny-llama-16x8")
+    v = values(recs, "bench_offline.")
+    assert (v["num_requests"], v["completed"], v["errors"], v["unfinished"]) == (10, 10, 0, 0)
+    assert v["length_mismatches"] == 0
+    assert v["input_tokens"] == 10 * 16 and v["output_tokens"] == 10 * 8
+    assert_ordered(v)
+    # Waves of 4, 4 and 2 requests: the warm-up compiled every program the run needed.
+    assert v["warmup_programs_compiled"] >= 1 and v["run_programs_compiled"] == 0
+    assert v["kv_pages"] == 4 * 4 and v["kv_tokens"] == 16 * 16  # max_num_seqs x 64 tokens
+    assert v["output_throughput"] > 0 and v["peak_host_rss_bytes"] > 0
+    cfg = recs["bench_offline.output_throughput"]["config"]
+    assert (cfg["input_len"], cfg["output_len"], cfg["num_prompts"]) == (16, 8, 10)
+    assert recs["bench_offline.output_throughput"]["unit"] == "tok/s"
+    out = capsys.readouterr().out
+    assert "requests completed / submitted             10 / 10" in out  # the summary table
+
+
+def test_bench_offline_time_limit_reports_what_finished(tmp_path: Path) -> None:
+    rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--input-len", "16",
+               "--output-len", "40", "--num-prompts", "12", "--time-limit", "0",
+               "--no-warmup", "--out", str(tmp_path)])
+    assert rc == 0
+    v = values(load_records(tmp_path, "bench_offline"), "bench_offline.")
+    assert v["num_requests"] == 12 and v["completed"] + v["unfinished"] == 12
+    assert v["unfinished"] >= 8  # one step ran: the first wave at most has started
+    assert v["errors"] == 0
+
+
+def test_bench_latency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench", "latency", *TINY, "--prompt-lens", "16,40", "--repeats", "2",
+               "--concurrency", "1,4", "--input-len", "16", "--output-len", "8",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    recs = load_records(tmp_path, "bench_latency-dummy-tiny-llama")
+    for L in (16, 40):
+        r = recs[f"bench_latency.ttft_ms_p50.prompt{L}"]
+        assert r["value"] > 0 and r["config"]["prompt_len"] == L
+        assert r["config"]["ttft_ms_min"] <= r["value"] <= r["config"]["ttft_ms_max"]
+    for c in (1, 4):
+        conf = recs[f"bench_latency.output_throughput.c{c}"]["config"]
+        assert conf["concurrency"] == c and conf["completed"] == c and conf["errors"] == 0
+        assert recs[f"bench_latency.output_throughput.c{c}"]["value"] > 0
+        assert 0 < recs[f"bench_latency.tpot_ms_p50.c{c}"]["value"] \
+            <= recs[f"bench_latency.tpot_ms_p99.c{c}"]["value"]
+        assert recs[f"bench_latency.itl_ms_p50.c{c}"]["value"] \
+            <= recs[f"bench_latency.itl_ms_p99.c{c}"]["value"]
+        assert recs[f"bench_latency.bandwidth_frac.c{c}"]["value"] > 0  # ceilings measured
+        assert conf["copy_bytes_per_s"] > 0 and conf["roofline_context"] == 16 + 4
+    out = capsys.readouterr().out
+    assert "TTFT 40-token prompt" in out and "4 streams" in out
+
+
+def test_bench_serve_starts_a_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server subprocess shares the suite's compiled programs (tests/conftest.py).
+    import jax
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", jax.config.jax_compilation_cache_dir)
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    n, seed = 12, 3
+    rc = main(["bench", "serve", *TINY, "--max-num-seqs", "4", "--num-prompts", str(n),
+               "--random-input-len", "16", "--random-output-len", "8",
+               "--random-range-ratio", "0.5", "--request-rate", "100", "--max-concurrency",
+               "3", "--num-warmups", "2", "--seed", str(seed), "--out", str(tmp_path)])
+    assert rc == 0
+    v = values(load_records(tmp_path, "bench_serve-dummy-tiny-llama"), "bench_serve.")
+    assert (v["num_requests"], v["completed"], v["errors"], v["not_sent"]) == (n, n, 0, 0)
+    assert v["length_mismatches"] == 0 and v["server_exit_code"] == 0
+    # The lengths drawn by the benchmark (same seed, same order): every token arrived.
+    from jaxinfer.bench.serve import sample_lengths
+
+    rng = np.random.default_rng(seed)
+    ins = sample_lengths(rng, n + 2, 16, 0.5)
+    outs = sample_lengths(rng, n + 2, 8, 0.5)
+    assert v["input_tokens"] == int(ins[:n].sum()) and v["output_tokens"] == int(outs[:n].sum())
+    assert_ordered(v)
+    assert v["compilations_during_run"] >= 0
+
+
+def test_bad_options_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "offline", *TINY, "--input-len", "0"]) == 2
+    assert "jaxinfer: error: --input-len must be >= 1" in capsys.readouterr().err
+    assert main(["bench", "serve", *TINY, "--random-range-ratio", "1.5"]) == 2
+    assert "--random-range-ratio must be in [0, 1)" in capsys.readouterr().err
+    assert os.environ.get("JAX_PLATFORMS") == "cpu"

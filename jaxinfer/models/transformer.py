@@ -43,6 +43,31 @@ FP8_PROJECTIONS = ("layers.wq", "layers.wk", "layers.wv", "layers.wo", "layers.w
                    "layers.w_up", "layers.w_down")
 
 
+# Projections that read the same input run as one GEMM on a weight concatenated along its
+# output axis at load time (TensorRT-LLM's fused QKV and gate-up; vLLM's QKVParallelLinear /
+# MergedColumnParallelLinear): one weight read per input instead of three or two, and no
+# skinny K/V GEMM, which XLA:GPU turns into a multiply + reduce at 0.8 TB/s (decode profile,
+# H200, benchmarks/profile_decode.py). Per-channel FP8 scales concatenate the same way.
+FUSED_PROJECTIONS = {"layers.wqkv": ("layers.wq", "layers.wk", "layers.wv"),
+                     "layers.w_gate_up": ("layers.w_gate", "layers.w_up")}
+
+
+def fuse_projections(params: dict) -> dict:
+    """``{layers.wq, wk, wv, w_gate, w_up}`` -> ``{layers.wqkv, layers.w_gate_up}`` (and
+    their ``*_scale``), each [L, H, sum of N]: numpy in, numpy out; device arrays in, device
+    arrays out."""
+    params = dict(params)
+    for fused, parts in FUSED_PROJECTIONS.items():
+        for suffix in ("", "_scale"):
+            if parts[0] + suffix not in params:
+                continue
+            arrays = [params.pop(p + suffix) for p in parts]
+            cat = np.concatenate if all(isinstance(a, np.ndarray) for a in arrays) \
+                else jnp.concatenate
+            params[fused + suffix] = cat(arrays, axis=-1)
+    return params
+
+
 def _as(name: str, value, dtype) -> jax.Array:
     """Device array in ``dtype``; FP8 weights and their float32 ``*_scale`` stay as they are."""
     value = jnp.asarray(value)
@@ -98,6 +123,7 @@ class CausalLM(nnx.Module):
         if quantization == "fp8":
             for name in FP8_PROJECTIONS:
                 params[name], params[name + "_scale"] = _quantize_stacked_fp8(params[name])
+        params = fuse_projections(params)
         for name, value in params.items():
             if name.startswith("layers.") and not scan_layers:
                 for i in range(cfg.num_layers):  # layer{i}__wq: one array per layer
@@ -164,7 +190,7 @@ class CausalLM(nnx.Module):
         T = x.shape[0]
         eps = cfg.rms_norm_eps
         h = rms_norm(x, w["attn_norm"], eps)
-        q, k, v = _proj(h, w, "wq"), _proj(h, w, "wk"), _proj(h, w, "wv")
+        q, k, v = jnp.split(_proj(h, w, "wqkv"), [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
         if cfg.attention_bias:
             q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
         q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -181,7 +207,7 @@ class CausalLM(nnx.Module):
         x = x + o
 
         h = rms_norm(x, w["ffn_norm"], eps)
-        gate, up = _proj(h, w, "w_gate"), _proj(h, w, "w_up")
+        gate, up = jnp.split(_proj(h, w, "w_gate_up"), 2, axis=-1)
         if cfg.hidden_act == "silu":
             act = jax.nn.silu(gate)
         else:

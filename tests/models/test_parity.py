@@ -119,6 +119,6 @@ def test_scanned_layers_match_unrolled_and_transformers(family):
     ids = ref["input_ids"][0].tolist()
     llm = LLM(str(d), max_model_len=64, block_size=4, max_num_seqs=1,
               max_num_batched_tokens=32, dtype="float32", scan_layers=True)
-    assert llm.engine.runner.graphdef is not None and "layers__wq" in llm.engine.runner.state
+    assert llm.engine.runner.graphdef is not None and "layers__wqkv" in llm.engine.runner.state
     np.testing.assert_allclose(llm.engine.prompt_logits(ids), ref["logits"][0], atol=ATOL,
                                rtol=0)

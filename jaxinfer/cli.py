@@ -23,7 +23,7 @@ def _engine_args(ns: argparse.Namespace) -> dict:
     if ns.max_model_len is not None:
         args["max_model_len"] = ns.max_model_len
     for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
-                 "prefill_buckets", "page_buckets", "quantization",
+                 "prefill_buckets", "page_buckets", "prefill_seq_buckets", "quantization",
                  "kv_cache_dtype"):  # None: the default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
@@ -77,6 +77,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     b.add_argument("--decode-buckets", type=_ints, help="batch sizes, e.g. 1,2,4,8")
     b.add_argument("--prefill-buckets", type=_ints, help="packed token counts, e.g. 16,64,512")
     b.add_argument("--page-buckets", type=_ints, help="block-table widths in pages")
+    b.add_argument("--prefill-seq-buckets", type=_ints,
+                   help="sequence rows of the prefill programs")
     p.add_argument("--cache-dir", "--compile-cache-dir", dest="cache_dir", default=None,
                    help="compile cache written by `jaxinfer compile`: load programs from it")
     p.add_argument("--strict", action="store_true",

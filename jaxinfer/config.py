@@ -141,7 +141,11 @@ class EngineConfig:
       decode_buckets / prefill_buckets: compiled batch sizes / packed token counts; derived
         from the limits above when empty (powers of two up to the limit).
       page_buckets: compiled block-table widths in pages (powers of two from 16 pages up to
-        max_pages_per_seq when empty); short contexts run in narrow programs.
+        max_pages_per_seq when empty); short contexts run in narrow programs. With the Pallas
+        kernels (which read only a sequence's own pages) the engine defaults to the one
+        width max_pages_per_seq: see ``engine.engine_config_for``.
+      prefill_seq_buckets: sequence rows of the prefill programs (powers of two up to
+        max_prefill_seqs when empty; the Pallas default is max_prefill_seqs alone).
       dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on
         CPU and bfloat16 on accelerators.
       attention_backend: "auto" (Pallas on GPU, reference elsewhere), "reference", "pallas".
@@ -169,6 +173,7 @@ class EngineConfig:
     decode_buckets: tuple[int, ...] = ()
     prefill_buckets: tuple[int, ...] = ()
     page_buckets: tuple[int, ...] = ()
+    prefill_seq_buckets: tuple[int, ...] = ()
     dtype: str = "auto"
     attention_backend: str = "auto"
     scan_layers: bool | None = None
@@ -203,11 +208,15 @@ class EngineConfig:
             lo = min(16, self.max_num_batched_tokens)
             object.__setattr__(self, "prefill_buckets",
                                _pow2_buckets(lo, self.max_num_batched_tokens))
+        if not self.prefill_seq_buckets:
+            object.__setattr__(self, "prefill_seq_buckets",
+                               _pow2_buckets(1, self.max_prefill_seqs))
         if not self.page_buckets:
             object.__setattr__(self, "page_buckets",
                                _pow2_buckets(min(16, self.max_pages_per_seq),
                                              self.max_pages_per_seq))
-        for name in ("decode_buckets", "prefill_buckets", "page_buckets"):
+        for name in ("decode_buckets", "prefill_buckets", "page_buckets",
+                     "prefill_seq_buckets"):
             vals = getattr(self, name)
             if any(not isinstance(b, int) or b <= 0 for b in vals):
                 raise ConfigError(f"{name} must hold positive integers, got {vals!r}")
@@ -220,6 +229,8 @@ class EngineConfig:
             raise ConfigError("the largest decode bucket must hold max_num_seqs sequences")
         if self.prefill_buckets[-1] < self.max_num_batched_tokens:
             raise ConfigError("the largest prefill bucket must hold max_num_batched_tokens")
+        if self.prefill_seq_buckets[-1] < self.max_prefill_seqs:
+            raise ConfigError("the largest prefill_seq_bucket must hold max_prefill_seqs")
         if self.quantization not in (None, "fp8"):
             raise ConfigError(f"quantization must be None or 'fp8', got {self.quantization!r}")
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
@@ -235,11 +246,6 @@ class EngineConfig:
     def max_pages_per_seq(self) -> int:
         """Width of a block table: pages needed by one sequence of max_model_len tokens."""
         return -(-self.max_model_len // self.block_size)
-
-    @property
-    def prefill_seq_buckets(self) -> tuple[int, ...]:
-        """Sequence rows of the prefill programs: powers of two up to max_prefill_seqs."""
-        return _pow2_buckets(1, self.max_prefill_seqs)
 
     @property
     def total_kv_pages(self) -> int:

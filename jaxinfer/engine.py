@@ -7,6 +7,8 @@ block_size=..., max_num_seqs=..., dtype=...)``, ``llm.generate(prompts, Sampling
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import logging
 import time
@@ -50,12 +52,30 @@ def _resolve_dtype(name: str) -> Any:
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 
+def _uses_paged_kernels(attention_backend: str) -> bool:
+    """True when prefill and decode attention both run the Pallas paged kernels."""
+    return attention_backend == "pallas" or (attention_backend == "auto"
+                                             and jax.default_backend() == "gpu")
+
+
 def engine_config_for(model_config: ModelConfig, engine_args: dict[str, Any]) -> EngineConfig:
     """The EngineConfig the engine runs ``model_config`` with (max_model_len defaults to
     min(2048, the model's context)). Raises ConfigError for bad or too-large values."""
     args = dict(engine_args)
     args.setdefault("max_model_len", min(2048, model_config.max_position_embeddings))
     ec = EngineConfig(**args)
+    if _uses_paged_kernels(ec.attention_backend):
+        # The Pallas kernels read only each sequence's own pages and rows, so block-table
+        # width and prefill row count cost nothing: one compiled width and row count instead
+        # of a grid of them (134 -> 16 programs for the default 8B set; vLLM's block table
+        # is likewise [max_num_seqs, max_blocks_per_seq]). The jnp reference gathers every
+        # page of the table, so it keeps the narrow buckets.
+        narrow = {}
+        if not engine_args.get("page_buckets"):
+            narrow["page_buckets"] = (ec.max_pages_per_seq,)
+        if not engine_args.get("prefill_seq_buckets"):
+            narrow["prefill_seq_buckets"] = (ec.max_prefill_seqs,)
+        ec = dataclasses.replace(ec, **narrow)
     if ec.max_model_len > model_config.max_position_embeddings:
         raise ConfigError(f"max_model_len {ec.max_model_len} exceeds the model's context "
                           f"length {model_config.max_position_embeddings}")

@@ -1,0 +1,36 @@
+"""Default bucket sets: narrow page/row buckets for the jnp reference, one width for Pallas."""
+
+import pytest
+
+from jaxinfer.compile import enumerate_programs
+from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
+from jaxinfer.engine import engine_config_for
+
+MC = ModelConfig(family="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+                 num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+
+
+def test_reference_backend_keeps_page_and_row_grids():
+    ec = engine_config_for(MC, {"attention_backend": "reference", "max_model_len": 2048})
+    assert ec.page_buckets == (16, 32, 64, 128)
+    assert ec.prefill_seq_buckets == (1, 2, 4, 8)
+
+
+def test_pallas_backend_compiles_one_table_width_and_row_count():
+    ref = engine_config_for(MC, {"attention_backend": "reference", "max_model_len": 2048})
+    ec = engine_config_for(MC, {"attention_backend": "pallas", "max_model_len": 2048})
+    assert ec.page_buckets == (128,) and ec.prefill_seq_buckets == (8,)
+    n_pallas, n_ref = len(enumerate_programs(ec)), len(enumerate_programs(ref))
+    # 6 prefill token buckets x (sample + logits) + 4 decode buckets (+ helper programs)
+    assert n_pallas < 20 < 100 < n_ref
+
+
+def test_explicit_buckets_win_over_the_pallas_default():
+    ec = engine_config_for(MC, {"attention_backend": "pallas", "max_model_len": 2048,
+                                "page_buckets": (32, 128), "prefill_seq_buckets": (2, 8)})
+    assert ec.page_buckets == (32, 128) and ec.prefill_seq_buckets == (2, 8)
+
+
+def test_prefill_seq_buckets_must_cover_max_prefill_seqs():
+    with pytest.raises(ConfigError, match="prefill_seq_bucket"):
+        EngineConfig(max_prefill_seqs=8, prefill_seq_buckets=(1, 2))

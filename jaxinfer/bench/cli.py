@@ -74,11 +74,10 @@ def cmd_roofline(ns: argparse.Namespace) -> int:
     ]
     bw = ns.copy_gbps * 1e9 if ns.copy_gbps else None
     mm = ns.matmul_tflops * 1e12 if ns.matmul_tflops else None
-    if bw or mm:
-        floor = max(cost.bytes / bw if bw else 0.0, cost.flops / mm if mm else 0.0)
-        rows.append(("step time the ceilings allow (ms)", 1000 * floor))
+    r = roofline.roofline(cost, (ns.tpot_ms or 1.0) / 1000, bw, mm)
+    if r["floor_s"] is not None:
+        rows.append(("step time the ceilings allow (ms)", 1000 * r["floor_s"]))
     if ns.tpot_ms:
-        r = roofline.roofline(cost, ns.tpot_ms / 1000, bw, mm)
         rows += [("achieved bandwidth (GB/s)", r["achieved_bytes_per_s"] / 1e9),
                  ("achieved compute (TFLOP/s)", r["achieved_flops_per_s"] / 1e12)]
         if r["bandwidth_frac"] is not None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -102,16 +104,26 @@ def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: i
     lo = pick(ec.page_buckets, -(-(input_len + 1) // ec.block_size), "pages")
     hi = pick(ec.page_buckets, -(-(input_len + output_len) // ec.block_size), "pages")
     for n in sorted(waves, reverse=True):
+        _say(f"warm-up: prefill of {n} prompts of {input_len} tokens")
         prompts = random_prompts(rng, [input_len] * n, engine.model_config.vocab_size)
         run_requests(engine, prompts, [fixed_length_params(1)] * n)
         if output_len > 1:  # the batch ramps up while prompts are prefilled: all buckets
             top = pick(ec.decode_buckets, n, "batch")
             for B in ec.decode_buckets:
                 for P in ec.page_buckets:
-                    if B <= top and lo <= P <= hi:
-                        engine.runner.executable(Bucket("decode", B, B, P))
+                    bucket = Bucket("decode", B, B, P)
+                    if B <= top and lo <= P <= hi and \
+                            ("sample", bucket) not in engine.runner.compiled_buckets:
+                        t = time.perf_counter()
+                        engine.runner.executable(bucket)
+                        _say(f"warm-up: decode program B={B} pages={P} "
+                             f"({time.perf_counter() - t:.1f} s)")
     return {"warmup_s": time.perf_counter() - t0,
             **{f"warmup_{k}": v for k, v in CompileState.of(engine).since(c0).items()}}
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingParams], *,
@@ -150,7 +162,7 @@ def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingPar
                 if o.outputs[0].finish_reason == "abort":
                     tl.error = "abort"
         if progress is not None:
-            progress.tick(lambda: _status(timelines.values(), now - t0))
+            progress.tick(lambda e=now - t0: _status(timelines.values(), e))
         if time_limit is not None and now - t0 >= time_limit and pending:
             for rid in pending:
                 engine.abort_request(rid)
@@ -188,6 +200,7 @@ def engine_config_record(engine: Any) -> dict[str, Any]:
     ec, kv = engine.config, engine.kv_sizing
     return {"model": engine.model_name, "dtype": jnp.dtype(engine.dtype).name,
             "quantization": ec.quantization, "attention_backend": ec.attention_backend,
+            "kv_cache_dtype": str(getattr(ec, "kv_cache_dtype", None) or "model dtype"),
             "scan_layers": bool(ec.scan_layers), "max_model_len": ec.max_model_len,
             "block_size": ec.block_size, "max_num_seqs": ec.max_num_seqs,
             "max_num_batched_tokens": ec.max_num_batched_tokens,

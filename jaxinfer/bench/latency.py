@@ -124,8 +124,9 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
         s.update({f"run_{k}": v for k, v in driver.CompileState.of(engine).since(before).items()})
         step_s = s["itl_ms_p50"] / 1000.0
         if step_s > 0:
-            cost = roofline.decode_step_cost(cfg, ctx, batch=c, dtype=engine.dtype,
-                                             quantization=engine.config.quantization)
+            cost = roofline.decode_step_cost(
+                cfg, ctx, batch=c, dtype=engine.dtype, quantization=engine.config.quantization,
+                kv_dtype=getattr(engine.kv_sizing, "kv_dtype", None))  # None: engine.dtype
             s.update(roofline.roofline(cost, step_s, *(
                 (ceilings["copy_bytes_per_s"], ceilings["matmul_flops_per_s"])
                 if ceilings else (None, None))))
@@ -156,9 +157,9 @@ def table_rows(ttft: dict[int, dict[str, float]], sweep: dict[int, dict[str, Any
     for L, t in ttft.items():
         rows.append((f"TTFT {L}-token prompt (ms, median)", t["ttft_ms_p50"]))
     if ceilings:
-        rows.append(("copy bandwidth / bf16 matmul (measured)",
-                     f"{ceilings['copy_bytes_per_s'] / 1e9:,.0f} GB/s, "
-                     f"{ceilings['matmul_flops_per_s'] / 1e12:,.1f} TFLOP/s"))
+        bw, mm = ceilings["copy_bytes_per_s"] / 1e9, ceilings["matmul_flops_per_s"] / 1e12
+        rows.append(("copy bandwidth / matmul rate (measured)",
+                     f"{bw:,.0f} GB/s, {mm:,.2f} TFLOP/s"))
     for c, s in sweep.items():
         line = (f"{s['output_throughput']:,.1f} tok/s, TPOT p50 {s['tpot_ms_p50']:.4g} ms, "
                 f"ITL p50/p99 {s['itl_ms_p50']:.4g}/{s['itl_ms_p99']:.4g} ms")

@@ -14,10 +14,12 @@ Percentiles are numpy's (linear interpolation). Throughputs are over the measure
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +127,7 @@ def summarize(timelines: list[RequestTimeline], duration_s: float) -> dict[str, 
         "output_throughput": out_tokens / duration_s,
         "total_token_throughput": (in_tokens + out_tokens) / duration_s,
     }
-    series = {"ttft": [t.ttft for t in done], "tpot": [t.tpot for t in done],
+    series: dict[str, list[float | None]] = {"ttft": [t.ttft for t in done], "tpot": [t.tpot for t in done],
               "itl": [g for t in done for g in t.itls], "e2e": [t.e2e for t in done]}
     for name, vals in series.items():
         for k, v in percentiles(1000.0 * x for x in vals if x is not None).items():
@@ -161,7 +163,7 @@ def format_table(rows: list[tuple[str, Any]], title: str = "") -> str:
         if isinstance(v, int):
             return f"{v:,}"
         if isinstance(v, float):
-            if v != v:
+            if math.isnan(v):
                 return "n/a"
             return f"{v:,.1f}" if abs(v) >= 1000 else f"{v:.4g}"
         return str(v)

@@ -111,8 +111,8 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         ("TPOT p50 / p99 (ms)", f"{s['tpot_ms_p50']:.4g} / {s['tpot_ms_p99']:.4g}"),
         ("ITL p50 / p99 (ms)", f"{s['itl_ms_p50']:.4g} / {s['itl_ms_p99']:.4g}"),
         ("engine start (s)", s["load_s"]),
-        ("compile cache load (s, programs)", f"{s['preload_s']:.3g}, "
-                                             f"{s['programs_preloaded']}"),
+        ("compile cache load (s, programs)",
+         f"{s['preload_s']:.3g}, {s['programs_preloaded']}"),
         ("warm-up (s, programs compiled, compile s)",
          f"{s.get('warmup_s', 0):.3g}, {s.get('warmup_programs_compiled', 0)}, "
          f"{s.get('warmup_compile_s', 0):.3g}" if "warmup_s" in s else "skipped"),

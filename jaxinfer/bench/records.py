@@ -55,7 +55,7 @@ def _jax_version() -> str | None:
 
 
 def _now() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc)
+    return _dt.datetime.now(_dt.UTC)
 
 
 def make_record(name: str, value: Any, unit: str, config: dict[str, Any],

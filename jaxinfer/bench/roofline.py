@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,9 @@ _MATMUL_PARAMS = FP8_PROJECTIONS + ("lm_head",)
 
 
 def _itemsize(dtype: Any) -> int:
+    """Bytes per element of a dtype, dtype name ("bfloat16", "float8_e4m3fn") or int."""
+    import ml_dtypes  # noqa: F401 - registers bfloat16 / float8 names with numpy
+
     return dtype if isinstance(dtype, int) else np.dtype(dtype).itemsize
 
 
@@ -129,7 +133,7 @@ def decode_step_cost(cfg: ModelConfig, context_lens: int | Sequence[int], *,
 
 
 def roofline(cost: StepCost, step_s: float, copy_bytes_per_s: float | None = None,
-             matmul_flops_per_s: float | None = None) -> dict[str, float | None]:
+             matmul_flops_per_s: float | None = None) -> dict[str, Any]:
     """Achieved rates of a step of ``cost`` that took ``step_s`` seconds, and their fractions
     of the measured ceilings (None where a ceiling is not given).
 
@@ -155,30 +159,42 @@ def roofline(cost: StepCost, step_s: float, copy_bytes_per_s: float | None = Non
     }
 
 
-def measure_ceilings(matmul_dtype: Any = "bfloat16", repeats: int = 10) -> dict[str, float]:
-    """Copy bandwidth (bytes/s: a fused ``x * 2`` over a 4 GiB float32 array, read + write)
-    and matmul rate (FLOP/s: 8192^3 in ``matmul_dtype``, the engine's compute dtype) of JAX's
-    first device, median of ``repeats`` runs; on the CPU 128 MiB and 512^3, so a smoke run
-    stays short. Call it before the engine takes the device's memory."""
+def measure_ceilings(matmul_dtype: Any = "bfloat16", repeats: int = 5, calls: int = 10
+                     ) -> dict[str, float]:
+    """Copy bandwidth and matmul rate of JAX's first device, as the roofline's ceilings.
+
+    Copy: ``-x`` over a 1 GiB float32 array (read + write = 2 GiB moved); matmul: ``y @ a``
+    at 8192^3 in ``matmul_dtype`` (the engine's compute dtype). Each is chained ``calls``
+    times inside one program (an optimization barrier between calls keeps XLA from fusing
+    them), so dispatch and launch gaps do not count, as in
+    ``benchmarks/kernels/bench_paged_attention.py``; the median of ``repeats`` runs. On the
+    CPU 8 MiB and 512^3, so a smoke run stays short. Returns ``{"copy_bytes_per_s",
+    "matmul_flops_per_s"}``. Call it before the engine takes the device's memory.
+    """
+    import functools
+
     import jax
     import jax.numpy as jnp
 
     cpu = jax.default_backend() == "cpu"
 
-    def median_s(fn: Any, *args: Any) -> float:
+    def per_call_s(op: Any, *args: Any) -> float:
+        fn = jax.jit(lambda x, *rest: functools.reduce(
+            lambda y, _: jax.lax.optimization_barrier(op(y, *rest)), range(calls), x))
         jax.block_until_ready(fn(*args))
         ts = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             jax.block_until_ready(fn(*args))
             ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
+        return float(np.median(ts)) / calls
 
-    x = jnp.ones((32 if cpu else 1024, 1024 * 1024), jnp.float32)
-    copy_s = median_s(jax.jit(lambda a: a * 2), x)
+    x = jax.random.normal(jax.random.key(0), ((1 << 21) if cpu else (1 << 28),), jnp.float32)
+    copy_s = per_call_s(lambda y: -y, x)
     nbytes = 2 * x.nbytes
     del x
     n = 512 if cpu else 8192
-    a = jnp.ones((n, n), matmul_dtype)
-    mm_s = median_s(jax.jit(lambda p, q: p @ q), a, a)
+    a = (jax.random.normal(jax.random.key(1), (n, n), jnp.float32) / n ** 0.5).astype(
+        matmul_dtype)
+    mm_s = per_call_s(lambda y, w: y @ w, a, a)
     return {"copy_bytes_per_s": nbytes / copy_s, "matmul_flops_per_s": 2 * n ** 3 / mm_s}

@@ -129,13 +129,16 @@ def engine_argv(ns: argparse.Namespace, actions: list[argparse.Action]) -> list[
     return argv
 
 
-def start_server(argv: list[str], start_timeout: float) -> ServerProcess:
-    """Start ``jaxinfer serve <argv> --host 127.0.0.1 --port 0 --metrics-port 0`` and wait
-    until it reports SERVING (after its warm-up). Raises RuntimeError with the server's last
-    log lines if it exits or does not start in time."""
+def start_server(argv: list[str], start_timeout: float, env: dict[str, str] | None = None
+                 ) -> ServerProcess:
+    """Start ``jaxinfer serve <argv> --host 127.0.0.1 --port 0 --metrics-port 0`` (with
+    environment ``env``, default this process's) and wait until it reports SERVING (after
+    its warm-up). Raises RuntimeError with the server's last log lines if it exits or does
+    not start in time."""
+    env = dict(os.environ) if env is None else env
     cmd = [sys.executable, "-m", "jaxinfer.cli", "serve", *argv, "--host", "127.0.0.1",
            "--port", "0", "--metrics-port", "0"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     ports: list[int] = []
 
@@ -246,6 +249,10 @@ def run_serve(ns: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--num-prompts must be >= 1 and --num-warmups >= 0")
     if ns.max_concurrency is not None and ns.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {ns.max_concurrency}")
+    # This process only sends requests; should anything here start JAX (the records'
+    # device name does), it must not reserve the accelerator's memory the server needs.
+    server_env = dict(os.environ)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     rng = np.random.default_rng(ns.seed)
     total = n + ns.num_warmups
     in_lens = sample_lengths(rng, total, ns.random_input_len, ns.random_range_ratio)
@@ -259,7 +266,8 @@ def run_serve(ns: argparse.Namespace) -> dict[str, Any]:
             ns.max_model_len = -(-int((in_lens + out_lens).max()) // ns.block_size) \
                 * ns.block_size
         t0 = time.perf_counter()
-        server = start_server(engine_argv(ns, ns.engine_actions), ns.start_timeout)
+        server = start_server(engine_argv(ns, ns.engine_actions), ns.start_timeout,
+                              server_env)
         print(f"server started in {time.perf_counter() - t0:.1f} s on port {server.port}",
               file=sys.stderr, flush=True)
         host, port, mport = "127.0.0.1", server.port, server.metrics_port
@@ -331,9 +339,8 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         rows.append((f"{name} mean / p50 / p90 / p99 (ms)",
                      " / ".join(f"{s[f'{m}_ms_{k}']:.4g}" for k in ("mean", "p50", "p90", "p99"))))
     if "compilations_during_run" in s:
-        rows.append(("programs compiled / loaded during run",
-                     f"{s['compilations_during_run']:g} / "
-                     f"{s['programs_loaded_during_run']:g}"))
+        c, lo = s["compilations_during_run"], s["programs_loaded_during_run"]
+        rows.append(("programs compiled / loaded during run", f"{c:g} / {lo:g}"))
     return rows
 
 

@@ -144,9 +144,9 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     s_all = {**phases, **driver.memory_report()}
     records += [make_record(f"bench_latency.{k}", v, unit_of(k), base) for k, v in s_all.items()]
     path = write_run(f"bench_latency-{engine.model_name}", records, ns.out)
+    print(f"records: {path}", file=sys.stderr, flush=True)
     print(format_table(table_rows(ttft, sweep, ceilings),
                        f"bench latency: {engine.model_name}, sweep ISL {isl} / OSL {osl}"))
-    print(f"records: {path}")
     return {"ttft": ttft, "sweep": sweep, "ceilings": ceilings, "path": path}
 
 

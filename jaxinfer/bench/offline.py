@@ -88,9 +88,9 @@ def run_offline(ns: argparse.Namespace) -> dict[str, Any]:
     records = [make_record(f"bench_offline.{k}", v, unit_of(k), config)
                for k, v in s.items()]
     path = write_run(f"bench_offline-{engine.model_name}-{isl}x{osl}", records, ns.out)
+    print(f"records: {path}", file=sys.stderr, flush=True)
     print(format_table(summary_rows(s), f"bench offline: {engine.model_name} "
                                         f"ISL {isl} / OSL {osl}, {n} requests"))
-    print(f"records: {path}")
     return {"summary": s, "config": config, "path": path}
 
 

@@ -316,8 +316,8 @@ def run_serve(ns: argparse.Namespace) -> dict[str, Any]:
     config["request_rate"] = "inf" if math.isinf(ns.request_rate) else ns.request_rate
     records = [make_record(f"bench_serve.{k}", v, unit_of(k), config) for k, v in s.items()]
     path = write_run(f"bench_serve-{info.model}", records, ns.out)
+    print(f"records: {path}", file=sys.stderr, flush=True)
     print(format_table(summary_rows(s), f"bench serve: {info.model}, {n} requests"))
-    print(f"records: {path}")
     return {"summary": s, "config": config, "path": path}
 
 

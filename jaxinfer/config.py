@@ -16,6 +16,9 @@ from typing import Any
 # Families the engine implements. "llama" covers Llama 3/3.1, Mistral, Qwen2, Qwen3 and
 # SmolLM2 through config flags (attention_bias, qk_norm, rope_scaling).
 FAMILIES = ("llama", "gemma3")
+# EngineConfig.kv_cache_dtype values (vLLM's names): "auto" = the model dtype; "fp8" and
+# "fp8_e4m3" both mean float8_e4m3fn with per-layer K/V scales.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 class ConfigError(ValueError):
@@ -155,6 +158,10 @@ class EngineConfig:
         42.8 vs 30.4 ms per SmolLM2 step on a 2-core CPU (benchmarks/cpu_layer_loop.py).
       quantization: None, or "fp8" to quantize the projection weights on load to
         float8_e4m3fn with per-output-channel scales (W8A16 GEMMs).
+      kv_cache_dtype: dtype of the paged KV cache (vLLM's ``--kv-cache-dtype``): "auto" (the
+        model dtype) or "fp8" / "fp8_e4m3" (float8_e4m3fn with one K and one V scale per
+        layer, half the bytes of bf16, so twice the tokens fit; see
+        ``jaxinfer/layers/attention.py`` for the scale scheme).
       enable_prefix_caching: reuse the KV pages of full prompt pages already computed
         (hash-chained, LRU-evicted; see block_manager.py).
       max_consecutive_prefills: prefill steps in a row before running decodes get a step
@@ -178,6 +185,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     scan_layers: bool | None = None
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     max_consecutive_prefills: int | None = 1
@@ -233,6 +241,11 @@ class EngineConfig:
             raise ConfigError("the largest prefill_seq_bucket must hold max_prefill_seqs")
         if self.quantization not in (None, "fp8"):
             raise ConfigError(f"quantization must be None or 'fp8', got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            hint = (" (e5m2 is not implemented: the attention kernels read e4m3)"
+                    if self.kv_cache_dtype == "fp8_e5m2" else "")
+            raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                              f"got {self.kv_cache_dtype!r}{hint}")
         if self.num_kv_pages is not None and self.num_kv_pages < 2:
             raise ConfigError(f"num_kv_pages must be at least 2, got {self.num_kv_pages}")
         u = self.gpu_memory_utilization

@@ -122,7 +122,7 @@ class LLMEngine:
         self.runner = ModelRunner(net, num_pages=self.kv_sizing.num_pages,
                                   page_size=ec.block_size,
                                   attention=get_backend(ec.attention_backend),
-                                  kv_dtype=self.dtype, num_slots=ec.max_num_seqs)
+                                  kv_dtype=self.kv_sizing.kv_dtype, num_slots=ec.max_num_seqs)
         if compile_cache_dir is not None:
             from jaxinfer.compile import attach_program_store
 

@@ -3,7 +3,12 @@
 On an accelerator, after the weights are on the device::
 
     kv_budget = gpu_memory_utilization * bytes_limit - bytes_in_use - activation_bytes
-    num_pages = kv_budget // page_bytes          (the null page 0 included)
+    num_pages = (kv_budget - scale_bytes) // page_bytes    (the null page 0 included)
+    page_bytes = 2 (K, V) * L * Hkv * page_size * D * itemsize(KV dtype)
+
+The KV dtype is ``EngineConfig.kv_cache_dtype``: the model dtype ("auto") or float8_e4m3fn
+("fp8" / "fp8_e4m3"; 1 byte, so twice the pages of bf16 in the same budget, plus
+``scale_bytes`` = 2 * L * 4 for the per-layer float32 k/v scales, see layers/attention.py).
 
 ``bytes_limit`` / ``bytes_in_use`` come from ``jax.Device.memory_stats()`` (XLA's allocator:
 ``bytes_limit`` is itself ``XLA_PYTHON_CLIENT_MEM_FRACTION``, default 0.75, of the device's
@@ -26,9 +31,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
+from jaxinfer.config import KV_CACHE_DTYPES, ConfigError, EngineConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +42,10 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class KVSizing:
     """The sized pool: ``num_pages`` pages (null page included) of ``page_size`` tokens,
-    ``page_bytes`` bytes each (K and V, all layers); ``source`` says how it was chosen;
-    the byte counts are those the decision used (None where not applicable)."""
+    ``page_bytes`` bytes each (K and V, all layers) in ``kv_dtype`` (a numpy dtype name:
+    float32, bfloat16, float8_e4m3fn), plus ``scale_bytes`` for the FP8 scales; ``source``
+    says how it was chosen; the byte counts are those the decision used (None where not
+    applicable)."""
 
     num_pages: int
     page_size: int
@@ -46,6 +54,8 @@ class KVSizing:
     budget_bytes: int | None = None
     weights_bytes: int | None = None
     activation_bytes: int | None = None
+    kv_dtype: str = "float32"
+    scale_bytes: int = 0
 
     @property
     def max_tokens(self) -> int:
@@ -54,10 +64,11 @@ class KVSizing:
 
     @property
     def pool_bytes(self) -> int:
-        return self.num_pages * self.page_bytes
+        """Device bytes of the pool: pages plus FP8 scales."""
+        return self.num_pages * self.page_bytes + self.scale_bytes
 
     def describe(self, max_model_len: int) -> str:
-        """One start-up log line: pages, page size, tokens that fit, concurrency."""
+        """One start-up log line: KV dtype, pages, page size, tokens that fit, concurrency."""
         gib = 2.0 ** 30
         extra = ""
         if self.budget_bytes is not None:
@@ -66,10 +77,28 @@ class KVSizing:
                 extra += f" after {self.weights_bytes / gib:.2f} GiB in use"
             if self.activation_bytes is not None:
                 extra += f" and {self.activation_bytes / gib:.2f} GiB activations"
-        return (f"KV cache ({self.source}): {self.num_pages} pages x {self.page_size} tokens "
+        return (f"KV cache ({self.source}, {self.kv_dtype}): {self.num_pages} pages x "
+                f"{self.page_size} tokens "
                 f"= {self.max_tokens} tokens, {self.pool_bytes / gib:.2f} GiB; max concurrency "
                 f"at max_model_len {max_model_len}: {self.max_tokens / max_model_len:.2f}x"
                 f"{extra}")
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: Any) -> np.dtype:
+    """The KV pool's dtype for ``EngineConfig.kv_cache_dtype``: ``model_dtype`` for "auto"
+    (vLLM's meaning), float8_e4m3fn for "fp8" / "fp8_e4m3". Raises ConfigError otherwise."""
+    if kv_cache_dtype == "auto":
+        return np.dtype(model_dtype)
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return np.dtype(ml_dtypes.float8_e4m3fn)
+    raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                      f"{kv_cache_dtype!r}")
+
+
+def kv_scale_bytes(model_config: ModelConfig, kv_dtype: Any) -> int:
+    """Bytes of the FP8 scales: float32 k_scale and v_scale per layer; 0 unquantized."""
+    fp8 = np.dtype(kv_dtype) == np.dtype(ml_dtypes.float8_e4m3fn)
+    return 2 * model_config.num_layers * 4 if fp8 else 0
 
 
 def kv_page_bytes(model_config: ModelConfig, page_size: int, dtype: Any) -> int:
@@ -101,6 +130,7 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
     """Choose the pool size (module docstring) from numbers measured by the caller.
 
     Args:
+      dtype: the model dtype; the KV dtype follows ``ec.kv_cache_dtype``.
       memory_stats: ``jax.Device.memory_stats()`` of the device that holds the pool (needs
         ``bytes_limit`` and ``bytes_in_use``), or None on the CPU.
       activation_bytes: temporaries of the largest programs (device path only).
@@ -109,16 +139,20 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
       ConfigError: the budget cannot hold one ``max_model_len`` sequence (+ the null page).
     """
     ps = ec.block_size
-    page = kv_page_bytes(model_config, ps, dtype)
+    kv_dtype = resolve_kv_dtype(ec.kv_cache_dtype, dtype)
+    page = kv_page_bytes(model_config, ps, kv_dtype)
+    pool = {"page_size": ps, "page_bytes": page, "kv_dtype": kv_dtype.name,
+            "scale_bytes": kv_scale_bytes(model_config, kv_dtype)}
     need = ec.max_pages_per_seq + 1
     if ec.num_kv_pages is not None:
-        return KVSizing(ec.num_kv_pages, ps, page, "num_kv_pages")
+        return KVSizing(ec.num_kv_pages, source="num_kv_pages", **pool)
     util = ec.gpu_memory_utilization
     if memory_stats is not None and "bytes_limit" in memory_stats:
         limit, in_use = int(memory_stats["bytes_limit"]), int(memory_stats["bytes_in_use"])
         budget = int(util * limit) - in_use - activation_bytes
-        sizing = KVSizing(max(0, budget) // page, ps, page, "device memory", budget, in_use,
-                          activation_bytes)
+        sizing = KVSizing(max(0, budget - pool["scale_bytes"]) // page, source="device memory",
+                          budget_bytes=budget, weights_bytes=in_use,
+                          activation_bytes=activation_bytes, **pool)
         if sizing.num_pages < need:
             gib = 2.0 ** 30
             raise ConfigError(
@@ -131,11 +165,12 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
         return sizing
     full = ec.total_kv_pages  # max_num_seqs sequences of max_model_len tokens
     if host_bytes is None:
-        return KVSizing(full, ps, page, "max_num_seqs")
+        return KVSizing(full, source="max_num_seqs", **pool)
     budget = int(util * host_bytes)
-    if budget // page >= full:
-        return KVSizing(full, ps, page, "max_num_seqs", budget)
-    sizing = KVSizing(budget // page, ps, page, "host memory", budget)
+    fit = max(0, budget - pool["scale_bytes"]) // page
+    if fit >= full:
+        return KVSizing(full, source="max_num_seqs", budget_bytes=budget, **pool)
+    sizing = KVSizing(fit, source="host memory", budget_bytes=budget, **pool)
     if sizing.num_pages < need:
         raise ConfigError(
             f"KV cache: {util} of {host_bytes / 2**30:.2f} GiB available RAM holds "
@@ -146,15 +181,16 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
 
 def profile_activation_bytes(net: Any, ec: EngineConfig, dtype: Any) -> int:
     """Temporary bytes XLA needs for the largest prefill and decode buckets of ``ec``
-    (max of the two), compiled against a 2-page pool. Costs two compilations; called only
-    when the pool is sized from device memory."""
+    (max of the two), compiled against a 2-page pool of ``ec``'s KV dtype (``dtype``: the
+    model's). Costs two compilations; called only when the pool is sized from device
+    memory."""
     from jaxinfer.batch import Bucket
     from jaxinfer.layers.attention import get_backend
     from jaxinfer.runner import ModelRunner
 
     probe = ModelRunner(net, num_pages=2, page_size=ec.block_size,
-                        attention=get_backend(ec.attention_backend), kv_dtype=dtype,
-                        abstract=True)
+                        attention=get_backend(ec.attention_backend),
+                        kv_dtype=resolve_kv_dtype(ec.kv_cache_dtype, dtype), abstract=True)
     P = ec.page_buckets[-1]
     buckets = [Bucket("prefill", ec.prefill_buckets[-1], ec.prefill_seq_buckets[-1], P),
                Bucket("decode", ec.decode_buckets[-1], ec.decode_buckets[-1], P)]
@@ -168,7 +204,8 @@ def profile_activation_bytes(net: Any, ec: EngineConfig, dtype: Any) -> int:
 
 def size_for_engine(net: Any, model_config: ModelConfig, ec: EngineConfig, dtype: Any
                     ) -> KVSizing:
-    """Measure (device memory, activations or host RAM) and size the engine's pool."""
+    """Measure (device memory, activations or host RAM) and size the engine's pool
+    (``dtype``: the model dtype; the pool's is ``KVSizing.kv_dtype``)."""
     import jax
 
     if ec.num_kv_pages is not None:

@@ -59,16 +59,20 @@ class ModelRunner:
       num_pages: pages in the pool including the null page 0.
       page_size: tokens per page.
       attention: the attention backend used inside the compiled programs.
-      kv_dtype: dtype of the KV pool.
+      kv_dtype: dtype of the KV pool (the model dtype, or float8_e4m3fn for an FP8 pool).
+      kv_scales: (k_scale, v_scale), each [L] float32, for an FP8 pool (default 1.0; see
+        layers/attention.py); None otherwise.
       abstract: the model holds ShapeDtypeStructs (built under ``nnx.eval_shape``) and the
         pool is not allocated: the runner lowers and compiles programs but cannot run them.
       num_slots: penalty-state slots (the engine's ``max_num_seqs``); the programs' shapes
         depend on it, so ahead-of-time compilation must pass the engine's value.
+    Raises:
+      ValueError: ``kv_scales`` for a pool that is not FP8, or not [L] positive numbers.
     """
 
     def __init__(self, model: CausalLM, *, num_pages: int, page_size: int,
                  attention: AttentionBackend, kv_dtype: Any, abstract: bool = False,
-                 num_slots: int = 0):
+                 num_slots: int = 0, kv_scales: tuple[Any, Any] | None = None):
         cfg = model.cfg
         self.model_config = cfg
         self.graphdef, self.state = nnx.split(model)
@@ -77,7 +81,7 @@ class ModelRunner:
         self.num_pages = num_pages
         def pool() -> Any:
             return allocate_kv_cache(cfg.num_layers, cfg.num_kv_heads, num_pages, page_size,
-                                     cfg.head_dim, kv_dtype)
+                                     cfg.head_dim, kv_dtype, kv_scales)
 
         self.cache = jax.eval_shape(pool) if abstract else pool()
         self.num_slots = num_slots
@@ -207,5 +211,6 @@ class ModelRunner:
                           np.int32(num_prompt))
 
     def kv_cache_bytes(self) -> int:
+        """Device bytes of the KV pool: pages, plus the scales of an FP8 pool."""
         return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(self.cache))
 

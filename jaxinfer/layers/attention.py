@@ -4,17 +4,50 @@ The model calls :meth:`AttentionBackend.__call__` once per layer with the new to
 the backend writes k/v into the paged KV cache (slot mapping) and attends through the block
 tables. Backends are plain Python objects chosen at trace time; the kernels they call live in
 ``pallas_kernels/`` beside their jnp references.
+
+FP8 KV cache (``EngineConfig.kv_cache_dtype="fp8"``): pages hold float8_e4m3fn (1 byte per
+element, half of bf16) with one ``k_scale`` and one ``v_scale`` per layer, float32 ``[L]``
+arrays carried in :class:`KVCache` beside the pages they describe. The write quantizes
+``stored = clip(value / scale, -448, 448)`` (448 is e4m3fn's largest finite value; a plain
+cast would turn larger values into NaN, since e4m3fn has no infinity) with round-to-nearest;
+every read, reference or Pallas, dequantizes ``stored * scale`` with the same layer's scales,
+which :meth:`AttentionBackend.__call__` takes from the cache once for both.
+
+Why per-tensor (per-layer) scales and not a dynamic scale per token and head (TensorRT-LLM's
+option):
+
+* the Pallas decode and prefill kernels take exactly one scalar ``k_scale`` / ``v_scale`` per
+  call: ``k_scale`` folds into the softmax scale and ``v_scale`` into the output, so
+  dequantization costs nothing per element. A per-token scale would add a scale load to the
+  kernels' inner loop and 8 bytes per token per KV head (6 % of an e4m3 page at D = 64, 3 % at
+  D = 128) to every page read;
+* it is vLLM's scheme (``k_scale`` / ``v_scale`` per attention layer, read = stored * scale),
+  1.0 unless the checkpoint is calibrated, so a checkpoint calibrated for vLLM carries exactly
+  these numbers. With scale 1.0 e4m3 keeps 3 mantissa bits (relative rounding error at most
+  2^-4) for |x| in [2^-6, 448], subnormals down to 2^-9; measured on SmolLM2 in
+  benchmarks/fp8_kv_accuracy.py.
+
+Calibrated scales from a checkpoint are not read yet: FP8 checkpoints for vLLM name them
+``model.layers.N.self_attn.k_scale`` / ``.v_scale`` (older ones one ``.kv_scale`` for both;
+compressed-tensors ``self_attn.k_proj.output_scale`` / ``v_proj.output_scale``), but such
+checkpoints also store FP8 weights (``weight_scale`` / ``input_scale``), which the HF loader
+rejects as a whole today. A loader that accepts them passes the scales to
+``ModelRunner(kv_scales=...)`` (same meaning: read = stored * scale).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels.paged_attention import reference as ref
+
+Scale = jax.Array | float | None
 
 
 @jax.tree_util.register_dataclass
@@ -45,22 +78,63 @@ class AttentionMetadata:
     is_prefill: bool = dataclasses.field(metadata=dict(static=True), default=True)
 
 
+FP8_KV_DTYPE = jnp.float8_e4m3fn
+
+
 @dataclass(frozen=True)
 class KVCache:
-    """Device page pool: ``k``/``v`` [L, Hkv, P, page_size, D] (layout in reference.py)."""
+    """Device page pool: ``k``/``v`` [L, Hkv, P, page_size, D] (layout in reference.py).
+
+    ``k_scale`` / ``v_scale``: float32 [L] dequantization scales of an FP8 pool (read =
+    stored * scale, module docstring); None for a pool in the model dtype.
+    """
 
     k: jax.Array
     v: jax.Array
+    k_scale: jax.Array | None = None
+    v_scale: jax.Array | None = None
+
+    def layer_scales(self, layer: jax.Array | int) -> tuple[jax.Array | None, jax.Array | None]:
+        """(k_scale, v_scale) float32 scalars of ``layer`` (int or traced int32), or
+        (None, None) for an unquantized pool."""
+        if self.k_scale is None or self.v_scale is None:
+            return None, None
+        return self.k_scale[layer], self.v_scale[layer]
 
 
-jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v"], meta_fields=[])
+jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v", "k_scale", "v_scale"],
+                                 meta_fields=[])
 
 
 def allocate_kv_cache(num_layers: int, num_kv_heads: int, num_pages: int, page_size: int,
-                      head_dim: int, dtype: jnp.dtype) -> KVCache:
-    """Zero-filled page pool of ``2 * L * Hkv * P * ps * D`` elements of ``dtype``."""
+                      head_dim: int, dtype: jnp.dtype,
+                      kv_scales: tuple[Any, Any] | None = None) -> KVCache:
+    """Zero-filled page pool of ``2 * L * Hkv * P * ps * D`` elements of ``dtype``.
+
+    An FP8 (float8_e4m3fn) pool also gets per-layer ``k_scale`` / ``v_scale`` float32 [L]:
+    ``kv_scales`` = (k_scale, v_scale) when given (e.g. calibrated in a checkpoint), else 1.0.
+
+    Raises:
+      ValueError: ``kv_scales`` for a pool that is not FP8, or scales that are not [L]
+        finite positive numbers.
+    """
     shape = (num_layers, num_kv_heads, num_pages, page_size, head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+    if jnp.dtype(dtype) != jnp.dtype(FP8_KV_DTYPE):
+        if kv_scales is not None:
+            raise ValueError(f"kv_scales apply to an FP8 KV cache only; this one is "
+                             f"{jnp.dtype(dtype).name}")
+        return KVCache(k, v)
+    if kv_scales is None:
+        kv_scales = (np.ones(num_layers), np.ones(num_layers))
+    scales = []
+    for name, sc in zip(("k_scale", "v_scale"), kv_scales):
+        sc = np.asarray(sc, np.float32)
+        if sc.shape != (num_layers,) or not np.all(np.isfinite(sc)) or not np.all(sc > 0):
+            raise ValueError(f"{name} must be {num_layers} finite positive numbers (one per "
+                             f"layer), got shape {sc.shape}: {sc.ravel()[:4]}")
+        scales.append(jnp.asarray(sc))
+    return KVCache(k, v, *scales)
 
 
 class AttentionBackend:
@@ -72,28 +146,44 @@ class AttentionBackend:
 
     name = "reference"
 
+    # k_scale / v_scale: the layer's FP8 scales (float32 scalars), None for unquantized pools.
     def write(self, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, k: jax.Array,
-              v: jax.Array, slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return ref.write_kv_ref(k_cache, v_cache, layer, k, v, slot_mapping)
+              v: jax.Array, slot_mapping: jax.Array, *, k_scale: Scale = None,
+              v_scale: Scale = None) -> tuple[jax.Array, jax.Array]:
+        """Scatter k/v [T, Hkv, D] into their slots (FP8: quantize with saturation)."""
+        return ref.write_kv_ref(k_cache, v_cache, layer, k, v, slot_mapping, k_scale=k_scale,
+                                v_scale=v_scale)
 
     def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
-               md: AttentionMetadata, scale: float, window: jax.Array) -> jax.Array:
+               md: AttentionMetadata, scale: float, window: jax.Array, *,
+               k_scale: Scale = None, v_scale: Scale = None) -> jax.Array:
+        """One query per sequence: q [S, Hq, D] -> [S, Hq, D]."""
         return ref.paged_decode_attention_ref(q, k_cache, v_cache, layer, md.block_tables,
-                                              md.seq_lens, scale=scale, window=window)
+                                              md.seq_lens, scale=scale, window=window,
+                                              k_scale=k_scale, v_scale=v_scale)
 
     def prefill(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
-                md: AttentionMetadata, scale: float, window: jax.Array) -> jax.Array:
+                md: AttentionMetadata, scale: float, window: jax.Array, *,
+                k_scale: Scale = None, v_scale: Scale = None) -> jax.Array:
+        """Packed ragged causal attention: q [T, Hq, D] -> [T, Hq, D]."""
         return ref.paged_prefill_attention_ref(q, k_cache, v_cache, layer, md.block_tables,
                                                md.seq_lens, md.positions, md.seq_ids,
-                                               scale=scale, window=window)
+                                               scale=scale, window=window, k_scale=k_scale,
+                                               v_scale=v_scale)
 
     def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, cache: KVCache,
                  layer: jax.Array, md: AttentionMetadata, *, scale: float,
                  window: jax.Array) -> tuple[jax.Array, KVCache]:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> (attention output [T, Hq, D], updated cache)."""
-        kc, vc = self.write(cache.k, cache.v, layer, k, v, md.slot_mapping)
+        """q [T, Hq, D], k/v [T, Hkv, D] -> (attention output [T, Hq, D], updated cache).
+
+        The write and the read use the same scales: the layer's entries of the cache's own.
+        """
+        ks, vs = cache.layer_scales(layer)
+        kc, vc = self.write(cache.k, cache.v, layer, k, v, md.slot_mapping, k_scale=ks,
+                            v_scale=vs)
         fn = self.prefill if md.is_prefill else self.decode
-        return fn(q, kc, vc, layer, md, scale, window), KVCache(kc, vc)
+        out = fn(q, kc, vc, layer, md, scale, window, k_scale=ks, v_scale=vs)
+        return out, dataclasses.replace(cache, k=kc, v=vc)
 
 
 def get_backend(name: str) -> AttentionBackend:

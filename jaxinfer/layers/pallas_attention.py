@@ -2,7 +2,8 @@
 
 Decode goes to :func:`paged_decode_attention` and prefill (packed ragged, chunked) to
 :func:`paged_prefill_attention` where their ``*_supported`` checks accept the shapes and KV
-dtype; unsupported shapes fall back to the jnp reference of the base class.
+dtype; unsupported shapes fall back to the jnp reference of the base class. FP8 (e4m3) caches
+go to the same kernels with the layer's ``k_scale`` / ``v_scale`` (see attention.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata
+from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, Scale
 from pallas_kernels.paged_attention import (
     paged_decode_attention,
     paged_decode_attention_supported,
@@ -31,24 +32,29 @@ class PallasAttentionBackend(AttentionBackend):
             self.name = "pallas_decode"
 
     def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
-               md: AttentionMetadata, scale: float, window: jax.Array) -> jax.Array:
+               md: AttentionMetadata, scale: float, window: jax.Array, *,
+               k_scale: Scale = None, v_scale: Scale = None) -> jax.Array:
+        scales = {"k_scale": k_scale, "v_scale": v_scale}
         ok = paged_decode_attention_supported(q.shape, k_cache.shape, k_cache.dtype)
         # float32 caches (parity runs) also take the kernel up to D = 128 (it spills at 256).
         ok |= k_cache.dtype == jnp.float32 and q.shape[-1] <= 128 and paged_decode_attention_supported(
             q.shape, k_cache.shape, jnp.bfloat16)
         if not (self.interpret or ok):
-            return super().decode(q, k_cache, v_cache, layer, md, scale, window)
+            return super().decode(q, k_cache, v_cache, layer, md, scale, window, **scales)
         return paged_decode_attention(q, k_cache, v_cache, layer, md.block_tables, md.seq_lens,
-                                      scale=scale, window=window, interpret=self.interpret)
+                                      scale=scale, window=window, interpret=self.interpret,
+                                      **scales)
 
     def prefill(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
-                md: AttentionMetadata, scale: float, window: jax.Array) -> jax.Array:
+                md: AttentionMetadata, scale: float, window: jax.Array, *,
+                k_scale: Scale = None, v_scale: Scale = None) -> jax.Array:
+        scales = {"k_scale": k_scale, "v_scale": v_scale}
         # float32 caches (parity runs) take the kernel only in interpret mode: on the GPU its
         # f32 tiles would not fit the tuned shared-memory budget.
         kv = jnp.bfloat16 if self.interpret and k_cache.dtype == jnp.float32 else k_cache.dtype
         if not (self.prefill_kernel and scale > 0
                 and paged_prefill_attention_supported(q.shape, k_cache.shape, kv)):
-            return super().prefill(q, k_cache, v_cache, layer, md, scale, window)
+            return super().prefill(q, k_cache, v_cache, layer, md, scale, window, **scales)
         return paged_prefill_attention(q, k_cache, v_cache, layer, md.block_tables,
                                        md.seq_lens, md.positions, md.seq_ids, scale=scale,
-                                       window=window, interpret=self.interpret)
+                                       window=window, interpret=self.interpret, **scales)

@@ -14,8 +14,9 @@ that inside the engine's ``lax.scan`` over layers no per-layer copy of the cache
 Sliding windows follow HF transformers: a query at position ``p`` sees key ``k`` iff
 ``k <= p`` and ``p - k < window`` (``window == 0`` means no window).
 
-FP8 KV (``float8_e4m3fn`` cache): stored = value / scale, read = stored * scale, one
-scale per K and per V (vLLM's per-tensor ``k_scale`` / ``v_scale``).
+FP8 KV (``float8_e4m3fn`` cache): stored = clip(value / scale, -448, 448) (saturating:
+e4m3fn has no infinity, so a plain cast turns larger values into NaN), read = stored *
+scale, one scale per K and per V (vLLM's per-tensor ``k_scale`` / ``v_scale``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
       layer: int32 scalar, which layer to write.
       k_new, v_new: [T, Hkv, D] new keys/values.
       slot_mapping: [T] int32 flat slots (padding tokens point into null page 0).
+      k_scale, v_scale: FP8 scales (stored = clip(value / scale, ±448)), or None.
     Returns:
       The updated caches (in place when the caller donates them).
     """
@@ -51,6 +53,9 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
     def quant(x, scale):
         if scale is not None:
             x = x.astype(jnp.float32) / scale
+        if k_cache.dtype == jnp.float8_e4m3fn:  # saturate (a plain cast gives NaN past 448)
+            fmax = float(jnp.finfo(k_cache.dtype).max)
+            x = jnp.clip(x.astype(jnp.float32), -fmax, fmax)
         return x.astype(k_cache.dtype)
 
     # Advanced indices split by a slice put the token axis first: the target is [T, Hkv, D].

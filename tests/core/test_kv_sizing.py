@@ -60,6 +60,34 @@ def test_explicit_pages_and_cpu_paths() -> None:
     assert avail is None or avail > 0
 
 
+def test_fp8_kv_doubles_the_pages_of_bf16() -> None:
+    import ml_dtypes
+
+    cfg = tiny_config(num_layers=32, num_kv_heads=8, head_dim=128, num_heads=32)  # 8B shape
+    stats = {"bytes_limit": 100 * GIB, "bytes_in_use": 16 * GIB}
+    sized = {}
+    for kv in ("auto", "fp8", "fp8_e4m3"):
+        ec = EngineConfig(max_model_len=4096, block_size=16, kv_cache_dtype=kv)
+        sized[kv] = size_kv_pool(cfg, ec, ml_dtypes.bfloat16, memory_stats=stats,
+                                 activation_bytes=4 * GIB)
+    bf16, fp8 = sized["auto"], sized["fp8"]
+    assert (bf16.kv_dtype, fp8.kv_dtype, sized["fp8_e4m3"].kv_dtype) == (
+        "bfloat16", "float8_e4m3fn", "float8_e4m3fn")
+    assert fp8.page_bytes == bf16.page_bytes // 2 == 2**20  # 1 byte per element
+    assert (bf16.scale_bytes, fp8.scale_bytes) == (0, 2 * 32 * 4)  # k and v scale per layer
+    budget = int(0.9 * 100 * GIB) - 16 * GIB - 4 * GIB
+    assert fp8.num_pages == (budget - fp8.scale_bytes) // 2**20 == 71679
+    assert bf16.num_pages == budget // 2**21 == 35840
+    assert fp8.max_tokens >= 2 * bf16.max_tokens - 16  # twice the tokens, to a page
+    assert fp8.pool_bytes <= budget
+    line = fp8.describe(4096)
+    assert "float8_e4m3fn" in line and f"= {fp8.max_tokens} tokens" in line
+    # Explicit page counts keep their number of pages, at half the bytes.
+    ec = EngineConfig(max_model_len=4096, num_kv_pages=100, kv_cache_dtype="fp8")
+    fixed = size_kv_pool(cfg, ec, ml_dtypes.bfloat16, memory_stats=None)
+    assert fixed.num_pages == 100 and fixed.pool_bytes == 100 * 2**20 + 256
+
+
 @pytest.mark.parametrize("u", [0, 1.5, -0.1, True])
 def test_bad_utilization(u) -> None:
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
@@ -85,6 +113,21 @@ def test_engine_logs_pool_at_start(caplog) -> None:
     assert eng.runner.kv_cache_bytes() == s.pool_bytes
     line = next(r.getMessage() for r in caplog.records if "KV cache" in r.getMessage())
     assert "33 pages x 4 tokens = 128 tokens" in line and "max concurrency" in line
+    assert "float32" in line  # the KV dtype ("auto": the model's)
     sc = eng.scheduler.cfg
     assert (sc.max_queue_len, sc.max_consecutive_prefills, sc.enable_prefix_caching) == (
         3, 2, False)
+
+
+def test_engine_fp8_pool_bytes_and_log(caplog) -> None:
+    from jaxinfer.engine import LLMEngine
+    from tests.conftest import tiny_loaded
+
+    with caplog.at_level(logging.INFO, logger="jaxinfer.engine"):
+        eng = LLMEngine(tiny_loaded(), max_model_len=64, block_size=4, max_num_seqs=2,
+                        kv_cache_dtype="fp8")
+    s = eng.kv_sizing
+    assert eng.runner.cache.k.dtype == np.dtype("float8_e4m3fn")
+    assert eng.runner.kv_cache_bytes() == s.pool_bytes == 33 * 2 * 3 * 2 * 4 * 8 + 2 * 3 * 4
+    line = next(r.getMessage() for r in caplog.records if "KV cache" in r.getMessage())
+    assert "float8_e4m3fn): 33 pages x 4 tokens = 128 tokens" in line

@@ -136,6 +136,11 @@ def test_kv_pool_bytes_is_the_runners_pool():
     cfg = DUMMY_CONFIGS["tiny-llama"]
     assert kv_pool_bytes(cfg, ec, jnp.float32) == pool == (
         2 * cfg.num_layers * cfg.num_kv_heads * ec.total_kv_pages * 16 * cfg.head_dim * 4)
+    fp8 = EngineConfig(**ENGINE, kv_cache_dtype="fp8")
+    runner = abstract_runner(cfg, fp8)
+    assert runner.cache.k.dtype == jnp.float8_e4m3fn
+    pool8 = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(runner.cache))
+    assert kv_pool_bytes(cfg, fp8, jnp.float32) == pool8 == pool // 4 + 2 * cfg.num_layers * 4
 
 
 def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
@@ -205,6 +210,7 @@ def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
     ({"block_size": 8}, "engine.block_size: 16 -> 8"),
     ({"max_num_seqs": 1}, "engine.max_num_seqs: 2 -> 1"),
     ({"dtype": "bfloat16"}, "engine.dtype"),
+    ({"kv_cache_dtype": "fp8"}, "engine.kv_cache_dtype"),  # f32-KV programs never run on fp8
 ])
 def test_changed_configuration_is_reported(cache_dir, change, expect):
     args = dict(ENGINE, **change)

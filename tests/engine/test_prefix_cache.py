@@ -3,7 +3,9 @@
 Greedy outputs must not change when K/V pages are reused from the prefix cache (shared
 system prompt + different suffixes, identical prompts, prompts of an exact multiple of the
 page size, a follow-up turn that reuses pages written by decode steps, preemption), and the
-hits must be real: the engine computes exactly the cached tokens fewer.
+hits must be real: the engine computes exactly the cached tokens fewer. With an FP8 KV cache
+too (the engine against itself: a reused page holds the same quantized values a recompute
+would write).
 """
 
 from __future__ import annotations
@@ -55,13 +57,15 @@ def _workload(seed: int = 0) -> tuple[list[int], list[list[int]]]:
     return system, prompts
 
 
-def test_prefix_reuse_keeps_greedy_outputs_and_skips_cached_tokens(tiny_family):
+@pytest.mark.parametrize("tiny_family, kv", [("llama", "auto"), ("gemma3", "auto"),
+                                             ("llama", "fp8")])
+def test_prefix_reuse_keeps_greedy_outputs_and_skips_cached_tokens(tiny_family, kv):
     system, prompts = _workload()
-    off = Counted(tiny_family, enable_prefix_caching=False)
+    off = Counted(tiny_family, enable_prefix_caching=False, kv_cache_dtype=kv)
     ref, cached = off.run([system + [5]] + prompts)
     assert cached == [0] * 7
 
-    on = Counted(tiny_family)
+    on = Counted(tiny_family, kv_cache_dtype=kv)
     first, cached = on.run([system + [5]])  # fills the cache with the system prompt's pages
     assert first == ref[:1] and cached == [0]
     out, cached = on.run(prompts)
@@ -88,12 +92,13 @@ def test_follow_up_turn_reuses_decoded_pages():
     assert out2 == ref
 
 
-def test_preemption_with_prefix_caching_keeps_outputs():
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_preemption_with_prefix_caching_keeps_outputs(kv):
     system, prompts = _workload(2)
     prompts = prompts + [system + [7, 8, 9, 10, 11]] * 2
     sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    ref, _ = Counted("llama", enable_prefix_caching=False).run(prompts, sp)
-    small = Counted("llama", num_kv_pages=13)  # 12 usable pages: must preempt
+    ref, _ = Counted("llama", enable_prefix_caching=False, kv_cache_dtype=kv).run(prompts, sp)
+    small = Counted("llama", num_kv_pages=13, kv_cache_dtype=kv)  # 12 usable pages: preempts
     out, _ = small.run(prompts, sp)
     assert small.preempted > 0 and out == ref
     bm = small.llm.engine.scheduler.block_manager

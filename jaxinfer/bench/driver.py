@@ -93,6 +93,7 @@ def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: i
     reports the programs it compiles. Returns seconds and counts.
     """
     from jaxinfer.batch import Bucket, pick
+    from jaxinfer.runner import SAMPLE
 
     ec = engine.config
     t0, c0 = time.perf_counter(), CompileState.of(engine)
@@ -113,7 +114,7 @@ def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: i
                 for P in ec.page_buckets:
                     bucket = Bucket("decode", B, B, P)
                     if B <= top and lo <= P <= hi and \
-                            ("sample", bucket) not in engine.runner.compiled_buckets:
+                            (SAMPLE, bucket) not in engine.runner.compiled_buckets:
                         t = time.perf_counter()
                         engine.runner.executable(bucket)
                         _say(f"warm-up: decode program B={B} pages={P} "

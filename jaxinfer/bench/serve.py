@@ -303,6 +303,7 @@ def run_serve(ns: argparse.Namespace) -> dict[str, Any]:
                 after.get(key, 0) - before.get(key, 0)
     if rc is not None:
         s["server_exit_code"] = rc
+    s["loadavg_1min"] = os.getloadavg()[0]  # the client shares the machine with the server
     config = {"model": info.model, "dtype": info.dtype, "max_num_seqs": info.max_num_seqs,
               "max_model_len": info.max_model_len, "kv_pages": info.num_kv_pages,
               "max_num_batched_tokens": info.max_num_batched_tokens,

@@ -189,7 +189,10 @@ def _compile_program(runner: Any, program: Program) -> tuple[bytes, float]:
     from jaxinfer.compile_cache import CompileCacheError, serialize_program, xla_compilations
 
     before, t0 = xla_compilations(), time.perf_counter()
-    compiled = runner.lower(program.bucket, program.mode).compile()
+    from jaxinfer.runner import COMPILER_OPTIONS
+
+    compiled = runner.lower(program.bucket, program.mode).compile(
+        compiler_options=COMPILER_OPTIONS)
     seconds = time.perf_counter() - t0
     if xla_compilations() == before:
         raise CompileCacheError(f"{program.mode} {program.bucket} came from JAX's persistent "

@@ -51,6 +51,15 @@ class SampleResult(NamedTuple):
     top_logprobs: np.ndarray | None = None
 
 
+
+# XLA:GPU's rematerialization pass budgets a program 80 % of device memory (times
+# xla_gpu_memory_limit_slop_factor, 95 %) and counts its parameters. The KV pool is sized to
+# fill memory, so weights + pool exceed that budget by design: the pass cannot free anything
+# (parameters are not rematerializable) yet clones kernels trying ("_remat" fusions in the
+# 8B decode profile, "Can't reduce memory use below ..." warnings) and spends compile time.
+# Temporaries are budgeted by kv_sizing's activation probe instead.
+COMPILER_OPTIONS = {"xla_gpu_memory_limit_slop_factor": 1000}
+
 class ModelRunner:
     """Runs padded steps of ``model`` against a paged KV pool of ``num_pages`` pages.
 
@@ -153,7 +162,7 @@ class ModelRunner:
             compiled = 0
             if exe is None:
                 before = xla_compilations()
-                exe = self.lower(bucket, mode).compile()
+                exe = self.lower(bucket, mode).compile(compiler_options=COMPILER_OPTIONS)
                 compiled = xla_compilations() - before
             self.num_compilations += compiled
             self.num_loaded += compiled == 0  # program store or JAX's persistent cache

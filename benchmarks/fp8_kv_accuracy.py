@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import record  # noqa: E402
-from benchmarks.fp8_accuracy import _log_softmax, _text  # noqa: E402
+from benchmarks.common import record
+from benchmarks.fp8_accuracy import _log_softmax, _text
 
 
 def _absmax_scales(llm, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -43,8 +43,8 @@ def evaluate(model: str, positions: int, window: int, scales: str = "one") -> di
     loaded = load_model(model, progress=False)
     text = loaded.tokenizer.encode(_text())
     ids = text[: positions + 1]
-    kw = dict(max_model_len=window, max_num_seqs=1, max_num_batched_tokens=256,
-              dtype="float32")
+    kw = {"max_model_len": window, "max_num_seqs": 1, "max_num_batched_tokens": 256,
+          "dtype": "float32"}
     base = LLM(loaded, **kw)
     fp8 = LLM(loaded, kv_cache_dtype="fp8", **kw)
     if scales == "calibrated":  # before fp8 writes anything: scales fix the stored values

@@ -26,6 +26,7 @@ everywhere. A pool that cannot hold one ``max_model_len`` sequence is a ConfigEr
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -141,18 +142,19 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
     ps = ec.block_size
     kv_dtype = resolve_kv_dtype(ec.kv_cache_dtype, dtype)
     page = kv_page_bytes(model_config, ps, kv_dtype)
-    pool = {"page_size": ps, "page_bytes": page, "kv_dtype": kv_dtype.name,
-            "scale_bytes": kv_scale_bytes(model_config, kv_dtype)}
+    scales = kv_scale_bytes(model_config, kv_dtype)
+    pool = functools.partial(KVSizing, page_size=ps, page_bytes=page, kv_dtype=kv_dtype.name,
+                             scale_bytes=scales)
     need = ec.max_pages_per_seq + 1
     if ec.num_kv_pages is not None:
-        return KVSizing(ec.num_kv_pages, source="num_kv_pages", **pool)
+        return pool(ec.num_kv_pages, source="num_kv_pages")
     util = ec.gpu_memory_utilization
     if memory_stats is not None and "bytes_limit" in memory_stats:
         limit, in_use = int(memory_stats["bytes_limit"]), int(memory_stats["bytes_in_use"])
         budget = int(util * limit) - in_use - activation_bytes
-        sizing = KVSizing(max(0, budget - pool["scale_bytes"]) // page, source="device memory",
-                          budget_bytes=budget, weights_bytes=in_use,
-                          activation_bytes=activation_bytes, **pool)
+        sizing = pool(max(0, budget - scales) // page, source="device memory",
+                      budget_bytes=budget, weights_bytes=in_use,
+                      activation_bytes=activation_bytes)
         if sizing.num_pages < need:
             gib = 2.0 ** 30
             raise ConfigError(
@@ -165,12 +167,12 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
         return sizing
     full = ec.total_kv_pages  # max_num_seqs sequences of max_model_len tokens
     if host_bytes is None:
-        return KVSizing(full, source="max_num_seqs", **pool)
+        return pool(full, source="max_num_seqs")
     budget = int(util * host_bytes)
-    fit = max(0, budget - pool["scale_bytes"]) // page
+    fit = max(0, budget - scales) // page
     if fit >= full:
-        return KVSizing(full, source="max_num_seqs", budget_bytes=budget, **pool)
-    sizing = KVSizing(fit, source="host memory", budget_bytes=budget, **pool)
+        return pool(full, source="max_num_seqs", budget_bytes=budget)
+    sizing = pool(fit, source="host memory", budget_bytes=budget)
     if sizing.num_pages < need:
         raise ConfigError(
             f"KV cache: {util} of {host_bytes / 2**30:.2f} GiB available RAM holds "

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import record  # noqa: E402
-from benchmarks.gpu_decode import median_time  # noqa: E402
+from benchmarks.common import record
+from benchmarks.gpu_decode import median_time
 
 PAGE = 16
 
@@ -58,10 +58,10 @@ def compare_backends(loaded, kv: str, prompts: list[list[int]], max_tokens: int)
 
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     # One bucket per mode (prefill, decode, logits): three programs per engine.
-    kw = dict(dtype="bfloat16", kv_cache_dtype=kv, max_model_len=256, block_size=PAGE,
-              max_num_seqs=8, num_kv_pages=8 * 256 // PAGE + 1, max_num_batched_tokens=256,
-              prefill_buckets=(256,), max_prefill_seqs=8, prefill_seq_buckets=(8,),
-              decode_buckets=(8,), page_buckets=(256 // PAGE,))
+    kw = {"dtype": "bfloat16", "kv_cache_dtype": kv, "max_model_len": 256, "block_size": PAGE,
+          "max_num_seqs": 8, "num_kv_pages": 8 * 256 // PAGE + 1,
+          "max_num_batched_tokens": 256, "prefill_buckets": (256,), "max_prefill_seqs": 8,
+          "prefill_seq_buckets": (8,), "decode_buckets": (8,), "page_buckets": (256 // PAGE,)}
     toks, logits, names = {}, {}, {}
     for backend in ("reference", "pallas"):
         llm = LLM(loaded, attention_backend=backend, **kw)

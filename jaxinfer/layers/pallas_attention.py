@@ -34,27 +34,28 @@ class PallasAttentionBackend(AttentionBackend):
     def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                md: AttentionMetadata, scale: float, window: jax.Array, *,
                k_scale: Scale = None, v_scale: Scale = None) -> jax.Array:
-        scales = {"k_scale": k_scale, "v_scale": v_scale}
         ok = paged_decode_attention_supported(q.shape, k_cache.shape, k_cache.dtype)
         # float32 caches (parity runs) also take the kernel up to D = 128 (it spills at 256).
         ok |= k_cache.dtype == jnp.float32 and q.shape[-1] <= 128 and paged_decode_attention_supported(
             q.shape, k_cache.shape, jnp.bfloat16)
         if not (self.interpret or ok):
-            return super().decode(q, k_cache, v_cache, layer, md, scale, window, **scales)
+            return super().decode(q, k_cache, v_cache, layer, md, scale, window,
+                                  k_scale=k_scale, v_scale=v_scale)
         return paged_decode_attention(q, k_cache, v_cache, layer, md.block_tables, md.seq_lens,
                                       scale=scale, window=window, interpret=self.interpret,
-                                      **scales)
+                                      k_scale=k_scale, v_scale=v_scale)
 
     def prefill(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                 md: AttentionMetadata, scale: float, window: jax.Array, *,
                 k_scale: Scale = None, v_scale: Scale = None) -> jax.Array:
-        scales = {"k_scale": k_scale, "v_scale": v_scale}
         # float32 caches (parity runs) take the kernel only in interpret mode: on the GPU its
         # f32 tiles would not fit the tuned shared-memory budget.
         kv = jnp.bfloat16 if self.interpret and k_cache.dtype == jnp.float32 else k_cache.dtype
         if not (self.prefill_kernel and scale > 0
                 and paged_prefill_attention_supported(q.shape, k_cache.shape, kv)):
-            return super().prefill(q, k_cache, v_cache, layer, md, scale, window, **scales)
+            return super().prefill(q, k_cache, v_cache, layer, md, scale, window,
+                                   k_scale=k_scale, v_scale=v_scale)
         return paged_prefill_attention(q, k_cache, v_cache, layer, md.block_tables,
                                        md.seq_lens, md.positions, md.seq_ids, scale=scale,
-                                       window=window, interpret=self.interpret, **scales)
+                                       window=window, interpret=self.interpret,
+                                       k_scale=k_scale, v_scale=v_scale)

@@ -32,7 +32,7 @@ from tests.conftest import tiny_loaded
 
 E4M3 = ml_dtypes.float8_e4m3fn
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-KW = dict(max_model_len=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=64)
+KW = {"max_model_len": 64, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64}
 PROMPTS = [np.random.default_rng(0).integers(2, 96, n).tolist() for n in (5, 17, 40)]
 
 

@@ -9,7 +9,7 @@ entries are 0, and their ``seq_lens`` are 0 so attention ignores them.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -17,7 +17,9 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 # Sampling seeds are split into two uint32 words; a request without a seed gets one drawn
-# from the engine's generator so that unseeded requests differ from each other.
+# from the engine's generator so that unseeded requests differ from each other. Sample i of
+# an n > 1 request draws with the request's seed + i (vLLM v1's parallel sampling does the
+# same), so its samples differ and each is reproducible.
 _U32 = np.uint32
 
 
@@ -54,7 +56,8 @@ class SamplingArrays(NamedTuple):
       temperature: float32, 0 = greedy.  top_k: int32, 0 = off.  top_p: float32 in (0, 1].
       min_p: float32 in [0, 1].  repetition_penalty: float32 > 0 (1 = off).
       presence_penalty / frequency_penalty: float32 in [-2, 2] (0 = off).
-      seeds: uint32 [S, 2], the request's 64-bit seed as (low, high) words.
+      seeds: uint32 [S, 2], the sample's 64-bit seed (request seed + sample index) as
+        (low, high) words.
       sample_index: int32 index of the output token being sampled (0 = first).
       slots: int32 persistent penalty-state row of the sequence; -1 = none (scratch row).
       want_logprobs: bool, the request asked for logprobs (the step then computes the
@@ -91,7 +94,8 @@ class SlotTable:
     """Persistent slots (rows of the device's penalty state) of running sequences.
 
     The engine assigns a slot when a sequence is admitted (or re-admitted after preemption)
-    and releases it when the sequence finishes, is aborted or preempted. Plain Python.
+    and releases it when the sequence finishes, is aborted or preempted. Sequences are named
+    by ``Sequence.key`` (request id, sample index). Plain Python.
 
     Args:
       num_slots: how many sequences can hold a slot at once (``max_num_seqs``).
@@ -100,29 +104,29 @@ class SlotTable:
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out 0 first
-        self._of: dict[int, int] = {}
+        self._of: dict[Hashable, int] = {}
 
-    def get(self, seq_id: int) -> int | None:
-        return self._of.get(seq_id)
+    def get(self, key: Hashable) -> int | None:
+        return self._of.get(key)
 
-    def assign(self, seq_id: int) -> int:
-        """A free slot for ``seq_id`` (raises SlotError when none is free)."""
-        if seq_id in self._of:
-            return self._of[seq_id]
+    def assign(self, key: Hashable) -> int:
+        """A free slot for sequence ``key`` (raises SlotError when none is free)."""
+        if key in self._of:
+            return self._of[key]
         if not self._free:
-            raise SlotError(f"no free sampling slot for request {seq_id}: all "
+            raise SlotError(f"no free sampling slot for sequence {key}: all "
                             f"{self.num_slots} are held")
-        self._of[seq_id] = slot = self._free.pop()
+        self._of[key] = slot = self._free.pop()
         return slot
 
-    def release(self, seq_id: int) -> None:
-        slot = self._of.pop(seq_id, None)
+    def release(self, key: Hashable) -> None:
+        slot = self._of.pop(key, None)
         if slot is not None:
             self._free.append(slot)
 
     @property
-    def mapping(self) -> Mapping[int, int]:
-        """seq_id -> slot of every sequence holding one (read-only view)."""
+    def mapping(self) -> Mapping[Hashable, int]:
+        """Sequence key -> slot of every sequence holding one (read-only view)."""
         return self._of
 
     def __len__(self) -> int:
@@ -155,16 +159,17 @@ class StepInputs:
 def build_step(chunks: Seq[_Chunk], *, is_prefill: bool, page_size: int,
                token_buckets: Seq[int], seq_buckets: Seq[int], page_buckets: Seq[int],
                request_seeds: Mapping[int, int],
-               slots: Mapping[int, int] | None = None) -> StepInputs:
+               slots: Mapping[Hashable, int] | None = None) -> StepInputs:
     """Pack ``chunks`` (each: tokens [start, start+num_tokens) of one sequence) into a bucket.
 
     Args:
       chunks: scheduled chunks; decode chunks have num_tokens == 1.
       token_buckets / seq_buckets / page_buckets: the compiled sizes to choose from (for decode
         the token bucket equals the sequence bucket).
-      request_seeds: seq_id -> seed used for sampling (the engine fills it per request).
-      slots: seq_id -> penalty-state slot (``SlotTable.mapping``); rows of chunks that do
-        not sample (a prompt chunk before the last) or without a slot get -1.
+      request_seeds: seq_id -> seed of the request (the engine fills it per request); a
+        row samples with that seed + the sequence's ``sample_index`` (0 when it has none).
+      slots: ``Sequence.key`` -> penalty-state slot (``SlotTable.mapping``); rows of chunks
+        that do not sample (a prompt chunk before the last) or without a slot get -1.
     Raises:
       BucketError: if the step exceeds every bucket.
     """
@@ -202,8 +207,9 @@ def build_step(chunks: Seq[_Chunk], *, is_prefill: bool, page_size: int,
         seq_ids[t:t + c.num_tokens] = row
         seq_lens[row] = end
         logits_indices[row] = t + c.num_tokens - 1
-        _fill_row(sa, row, seq, end, request_seeds.get(seq.seq_id, 0),
-                  slots.get(seq.seq_id, -1) if _samples(c) else -1)
+        index = getattr(seq, "sample_index", 0)
+        _fill_row(sa, row, seq, end, request_seeds.get(seq.seq_id, 0) + index,
+                  slots.get((seq.seq_id, index), -1) if _samples(c) else -1)
         t += c.num_tokens
     return StepInputs(bucket, token_ids, positions, slot_mapping, seq_ids, block_tables,
                       seq_lens, logits_indices, sa)

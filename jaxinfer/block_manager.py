@@ -23,8 +23,13 @@ own chain up page by page and takes the longest run of cached pages into its blo
   Pages of one sequence are released tail first, so a shared prefix outlives its suffixes.
 
 Every page carries a reference count (0 = free, n = in n block tables). The null page is
-pinned at 1. Copy-on-write is not needed: shared pages are full and never written (a partial
-last page would need it for n > 1 samples, which the engine does not support).
+pinned at 1. Shared pages are full and never written, with one exception that copy-on-write
+handles: ``fork`` gives a new sample of an ``n > 1`` request every full page of its parent's
+block table (reference count + 1) and, when the parent's last computed page is partial, a
+fresh page of its own and a ``PageCopy`` (parent's page -> fresh page) that the engine runs on
+the device before the step that writes into it. The fork comes right before that step (every
+sample writes its next token into that page at once), so copying at the fork is copying at
+the first write.
 """
 
 from __future__ import annotations
@@ -56,6 +61,14 @@ class PrefixMatch(NamedTuple):
 
 
 NO_MATCH = PrefixMatch([], 0)
+
+
+class PageCopy(NamedTuple):
+    """Copy-on-write: the K/V of page ``src`` must be copied into page ``dst`` (on the
+    device, every layer and head) before the next step runs."""
+
+    src: int
+    dst: int
 
 
 def hash_page(parent: bytes, tokens: list[int]) -> bytes:
@@ -195,6 +208,48 @@ class BlockManager:
                     self._free.append(page)
         seq.block_table.clear()
         seq.num_registered_pages = 0
+
+    def fork(self, parent: Sequence, child: Sequence) -> PageCopy | None:
+        """Give ``child`` (no pages yet, the same leading tokens: another sample of the same
+        prompt) ``parent``'s computed tokens: every full page of
+        ``parent``'s block table is shared (one more reference each) and a partial last page
+        is copied into a fresh page of the child's. Also copies ``num_computed_tokens`` and
+        the prefix-cache bookkeeping (the shared pages are registered once, by the parent).
+
+        Returns the ``PageCopy`` the device must run before the next step, or None when
+        the computed tokens end on a page boundary.
+        Raises:
+          OutOfPagesError: a partial page must be copied and no page is free (nothing
+            changes).
+          PageAccountingError: ``child`` holds pages, or ``parent``'s block table does not
+            hold exactly its computed tokens.
+        """
+        computed, ps = parent.num_computed_tokens, self.page_size
+        if child.block_table:
+            raise PageAccountingError(f"sequence {child.seq_id}: fork needs an empty block "
+                                      f"table, it holds {len(child.block_table)} pages")
+        if computed > child.num_tokens:
+            raise PageAccountingError(f"sequence {child.seq_id}: fork of {computed} computed "
+                                      f"tokens into a sample of {child.num_tokens} tokens")
+        if len(parent.block_table) != self.pages_for_tokens(computed):
+            raise PageAccountingError(
+                f"sequence {parent.seq_id}: fork needs a block table of exactly its "
+                f"{computed} computed tokens, it holds {len(parent.block_table)} pages")
+        n_full = computed // ps
+        partial = n_full < len(parent.block_table)
+        if partial and not self.num_free_pages:
+            raise OutOfPagesError(f"sequence {parent.seq_id}: no free page to copy its "
+                                  f"last page for sample {child.sample_index}")
+        for page in parent.block_table[:n_full]:
+            self.ref_count[page] += 1
+            child.block_table.append(page)
+        child.num_computed_tokens = computed
+        child.page_hashes = list(parent.page_hashes[:n_full])
+        child.num_registered_pages = min(parent.num_registered_pages, n_full)
+        if not partial:
+            return None
+        self.allocate(child, 0)  # a fresh page for the computed tokens of the partial one
+        return PageCopy(parent.block_table[n_full], child.block_table[n_full])
 
     # ------------------------------------------------------------------ prefix caching
     def page_hashes(self, seq: Sequence) -> list[bytes]:

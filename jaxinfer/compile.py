@@ -52,7 +52,9 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
 
     Prefill ("sample"): T in ``prefill_buckets`` x S in ``prefill_seq_buckets`` x pages in
     ``page_buckets``; prefill ("logits", used by ``prompt_logits``): the same with
-    S = 1; decode ("sample" only): S = T in ``decode_buckets`` x pages. Buckets no step can
+    S = 1; decode ("sample" only): S = T in ``decode_buckets`` x pages; with "sample" also
+    the page-copy program of ``n > 1`` requests (mode "copy", Bucket("kv", max_num_seqs, 1,
+    0), the runner's ``copy_bucket``). Buckets no step can
     reach are left out: more rows than tokens or than running sequences (the scheduler's
     prefill chunks belong to at most max_num_seqs running sequences), or too few pages for
     the tokens.
@@ -83,6 +85,7 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
     if "sample" in modes:
         out += [Program("sample", Bucket("decode", B, B, P))
                 for B in ec.decode_buckets for P in ec.page_buckets]
+        out.append(Program("copy", Bucket("kv", max(1, ec.max_num_seqs), 1, 0)))
     return out
 
 

@@ -26,7 +26,7 @@ from jaxinfer.models.transformer import CausalLM
 from jaxinfer.outputs import (
     Logprobs,
     RequestOutput,
-    RequestState,
+    RequestStates,
     logprobs_entry,
     prompt_logprobs_from_logits,
 )
@@ -136,7 +136,7 @@ class LLMEngine:
         self._seed_rng = np.random.default_rng(ec.seed)
         self._seeds: dict[int, int] = {}
         self._prompts: dict[int, str | None] = {}
-        self._states: dict[int, RequestState] = {}  # text, stop strings, logprobs
+        self._states: dict[int, RequestStates] = {}  # per sample: text, stop strings, logprobs
         self._slots = SlotTable(ec.max_num_seqs)  # penalty-state rows of running requests
         self._first_token_time: dict[int, float] = {}
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
@@ -191,7 +191,7 @@ class LLMEngine:
         self._seeds[rid] = (params.seed if params.seed is not None
                             else int(self._seed_rng.integers(0, 2**63)))
         self._prompts[rid] = prompt if isinstance(prompt, str) else None
-        self._states[rid] = RequestState(params, ids, self.tokenizer)
+        self._states[rid] = RequestStates(params, ids, self.tokenizer)
         return rid
 
     def abort_request(self, request_id: int) -> bool:
@@ -209,8 +209,16 @@ class LLMEngine:
         self._seeds.pop(rid, None)
         self._prompts.pop(rid, None)
         self._first_token_time.pop(rid, None)
-        self._states.pop(rid, None)
-        self._slots.release(rid)
+        st = self._states.pop(rid, None)
+        for i in range(len(st.samples) if st is not None else 1):
+            self._slots.release((rid, i))
+
+    def _finished(self, seq: Sequence) -> None:
+        """Drop a finished sample's slot, and the request's state once all its samples are
+        done."""
+        self._slots.release(seq.key)
+        if seq.group.is_finished:
+            self._forget(seq.seq_id)
 
     # ------------------------------------------------------------------ stepping
     def _inputs(self, chunks, is_prefill: bool):
@@ -222,16 +230,19 @@ class LLMEngine:
                           page_buckets=ec.page_buckets, request_seeds=self._seeds,
                           slots=self._slots.mapping)
 
-    def _assign_slots(self, out: SchedulerOutput) -> None:
-        """Give every sequence of the step a penalty-state slot (preempted ones lose theirs);
-        a newly (re)admitted sequence with penalties gets its row loaded from its tokens."""
+    def _prepare_device(self, out: SchedulerOutput) -> None:
+        """Device state the step needs: the copy-on-write page copies of samples forked for
+        it; a penalty-state slot for every sequence of the step (preempted ones lose theirs),
+        loaded from its tokens for a newly (re)admitted sequence with penalties."""
+        if out.page_copies:
+            self.runner.copy_pages(out.page_copies)
         for seq in out.preempted:
-            self._slots.release(seq.seq_id)
+            self._slots.release(seq.key)
         for c in out.chunks:
             seq = c.seq
-            if self._slots.get(seq.seq_id) is not None:
+            if self._slots.get(seq.key) is not None:
                 continue
-            slot = self._slots.assign(seq.seq_id)
+            slot = self._slots.assign(seq.key)
             if seq.sampling_params.has_penalties:
                 ids = seq.all_token_ids  # prompt + outputs kept across preemption
                 toks = np.full(self.config.max_model_len, -1, np.int32)
@@ -243,7 +254,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        self._assign_slots(out)
+        self._prepare_device(out)
         res = self.runner.execute(self._inputs(out.chunks, out.is_prefill))
         for c in out.chunks:  # before postprocess: a request may finish and free its pages
             st = self._states.get(c.seq.seq_id)
@@ -251,7 +262,7 @@ class LLMEngine:
                     and c.seq.sampling_params.prompt_logprobs is not None
                     and st.prompt_logprobs is None):
                 st.prompt_logprobs = self._prompt_logprobs(c.seq)
-        row = {c.seq.seq_id: i for i, c in enumerate(out.chunks)}
+        row = {c.seq.key: i for i, c in enumerate(out.chunks)}
         new_tokens, finished = self.scheduler.postprocess(
             out, res.tokens[:len(out.chunks)].tolist())
         now = time.monotonic()
@@ -259,36 +270,36 @@ class LLMEngine:
         for seq, tok in new_tokens:
             touched[seq.seq_id] = seq
             self._first_token_time.setdefault(seq.seq_id, now)
-            st = self._states[seq.seq_id]
+            st = self._states[seq.seq_id].samples[seq.sample_index]
             lp: Logprobs | None = None
             k = seq.sampling_params.logprobs
             if k is not None and res.logprobs is not None:
-                r = row[seq.seq_id]
+                r = row[seq.key]
                 lp = logprobs_entry(tok, res.logprobs[r], res.top_ids[r], res.top_logprobs[r], k)
             if st.add_token(tok, lp):  # a stop string: ends the request ("stop" over "length")
                 if seq.is_finished:
                     seq.finish_reason = "stop"
                 else:
-                    self.scheduler.finish(seq.seq_id, "stop")
+                    self.scheduler.finish_sample(seq, "stop")
                     finished.append(seq)
         for seq in finished:
             touched[seq.seq_id] = seq
         results = [self._output(seq) for seq in touched.values()]
         for seq in finished:
-            self._forget(seq.seq_id)
+            self._finished(seq)
         return results
 
     def _output(self, seq: Sequence) -> RequestOutput:
-        st = self._states[seq.seq_id]
-        metrics = {"arrival_time": seq.arrival_time,
-                   "num_cached_tokens": seq.num_cached_tokens}  # prefix-cache hit
+        """The RequestOutput of ``seq``'s request: every sample's CompletionOutput."""
+        st, group = self._states[seq.seq_id], seq.group
+        metrics = {"arrival_time": seq.arrival_time,  # prefix-cache hit of sample 0
+                   "num_cached_tokens": group.samples[0].num_cached_tokens}
         if seq.seq_id in self._first_token_time:
             metrics["first_token_time"] = self._first_token_time[seq.seq_id]
-        comp = st.completion(list(seq.output_token_ids), seq.finish_reason, seq.is_finished)
         return RequestOutput(
             request_id=seq.seq_id, prompt=self._prompts.get(seq.seq_id),
-            prompt_token_ids=list(seq.prompt_token_ids), outputs=[comp],
-            finished=seq.is_finished, metrics=metrics, prompt_logprobs=st.prompt_logprobs)
+            prompt_token_ids=list(seq.prompt_token_ids), outputs=st.completions(group.samples),
+            finished=group.is_finished, metrics=metrics, prompt_logprobs=st.prompt_logprobs)
 
     def _prompt_logprobs(self, seq: Sequence) -> list[Logprobs | None]:
         """vLLM's prompt_logprobs of a sequence whose prompt K/V are all in its pages.

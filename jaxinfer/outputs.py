@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,7 +24,7 @@ class CompletionOutput:
     """One generated sample.
 
     Attributes:
-      index: sample index within the request (0 while n == 1).
+      index: sample index within the request, 0 .. n-1 (``SamplingParams.n``).
       text: detokenized output (special tokens skipped unless ``skip_special_tokens=False``;
         cut before a matched stop string). While running, the last ``len(longest stop) - 1``
         characters are held back, so a stop string never shows and then vanishes.
@@ -51,6 +51,8 @@ class CompletionOutput:
 class RequestOutput:
     """State of one request after a step (or at the end of ``LLM.generate``).
 
+    ``outputs``: one CompletionOutput per sample, index 0 .. n-1 (a sample not forked yet,
+    see ``sequence.SequenceGroup``, is empty); ``finished``: every sample has finished.
     ``prompt_logprobs`` (with ``SamplingParams.prompt_logprobs = k``): one entry per prompt
     token, None for the first, then the token's log-probability given the tokens before it
     and the k most likely tokens' there.
@@ -128,7 +130,7 @@ def prompt_logprobs_from_logits(logits: np.ndarray | None, prompt: Seq[int], k: 
 
 
 class RequestState:
-    """Host-side output state of one request: text, stop strings, logprobs.
+    """Host-side output state of one sample of a request: text, stop strings, logprobs.
 
     The text is built by an :class:`~jaxinfer.tokenizer.IncrementalDetokenizer` (work per
     token independent of the output length). Stop strings are searched only in the region
@@ -155,7 +157,6 @@ class RequestState:
         self.stop_match: tuple[int, str] | None = None
         self.logprobs: list[Logprobs] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
-        self.prompt_logprobs: list[Logprobs | None] | None = None
         self._flushed = False
 
     def add_token(self, token: int, logprob: Logprobs | None = None) -> bool:
@@ -188,14 +189,37 @@ class RequestState:
         return full if finished else full[:len(full) - self.hold]
 
     def completion(self, token_ids: list[int], finish_reason: str | None,
-                   finished: bool) -> CompletionOutput:
-        """The CompletionOutput of this request after the latest step."""
+                   finished: bool, index: int = 0) -> CompletionOutput:
+        """The CompletionOutput of this sample (``index``) after the latest step."""
         stop_reason: int | str | None = None
         if self.stop_match is not None:
             stop_reason = self.stop_match[1]
         elif finish_reason == "stop" and token_ids and token_ids[-1] in self.params.stop_token_ids:
             stop_reason = token_ids[-1]
         return CompletionOutput(
-            0, self.text(finished), token_ids, finish_reason,
+            index, self.text(finished), token_ids, finish_reason,
             list(self.logprobs) if self.logprobs is not None else None,
             self.cumulative_logprob, stop_reason)
+
+
+class RequestStates:
+    """Host-side output state of a request: a :class:`RequestState` per sample (``params.n``
+    of them), and the request's prompt logprobs (computed once, shared by the samples).
+
+    Args: as :class:`RequestState`.
+    """
+
+    def __init__(self, params: SamplingParams, prompt_token_ids: Seq[int],
+                 tokenizer: Tokenizer | None) -> None:
+        self.samples = [RequestState(params, prompt_token_ids, tokenizer)
+                        for _ in range(params.n)]
+        self.prompt_logprobs: list[Logprobs | None] | None = None
+
+    def completions(self, seqs: Seq[Any]) -> list[CompletionOutput]:
+        """One CompletionOutput per sample, by index; ``seqs`` are the samples that exist
+        (``SequenceGroup.samples``: token ids, finish reason); the others are empty."""
+        out = [CompletionOutput(i, "", []) for i in range(len(self.samples))]
+        for s in seqs:
+            out[s.sample_index] = self.samples[s.sample_index].completion(
+                list(s.output_token_ids), s.finish_reason, s.is_finished, s.sample_index)
+        return out

@@ -7,8 +7,9 @@ programs loaded instead (from a ``jaxinfer compile`` cache set as ``program_stor
 JAX's persistent compilation cache).
 
 Besides the KV pool the runner holds the sampling penalty state, ``counts`` [num_slots + 1, V]
-int32 (see ``sampling.py``), donated to every sample step like the pool, and a small
-"history" program that loads one slot's row from a sequence's tokens.
+int32 (see ``sampling.py``), donated to every sample step like the pool, a small "history"
+program that loads one slot's row from a sequence's tokens, and a "copy" program that copies
+KV pages for the copy-on-write of forked ``n > 1`` samples (``layers/page_copy.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from flax import nnx
 from jaxinfer.batch import Bucket, SamplingArrays, StepInputs
 from jaxinfer.compile_cache import xla_compilations
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, allocate_kv_cache
+from jaxinfer.layers.page_copy import copy_pages
 from jaxinfer.models.transformer import CausalLM
 from jaxinfer.sampling import SampleOutput, load_token_history, sample_rows
 
@@ -32,8 +34,9 @@ log = logging.getLogger(__name__)
 
 # Modes of a compiled step: sample one token per row, or return every token's logits
 # (research / parity checks / prompt logprobs). HISTORY is not a step: it loads one slot of
-# the penalty state (``load_history``); its bucket is Bucket("history", L, 1, 0).
-SAMPLE, LOGITS, HISTORY = "sample", "logits", "history"
+# the penalty state (``load_history``); its bucket is Bucket("history", L, 1, 0). COPY is not
+# a step either: it copies KV pages (``copy_pages``); its bucket is ``copy_bucket``.
+SAMPLE, LOGITS, HISTORY, COPY = "sample", "logits", "history", "copy"
 
 
 class SampleResult(NamedTuple):
@@ -103,7 +106,8 @@ class ModelRunner:
         self.compile_seconds: dict[tuple[str, Bucket], float] = {}
         self._executables: dict[tuple[str, Bucket], Any] = {}
         self._jitted = {SAMPLE: self._make_step(SAMPLE), LOGITS: self._make_step(LOGITS),
-                        HISTORY: jax.jit(load_token_history, donate_argnums=(0,))}
+                        HISTORY: jax.jit(load_token_history, donate_argnums=(0,)),
+                        COPY: jax.jit(copy_pages, donate_argnums=(0,))}
 
     # ----------------------------------------------------------------- programs
     def _make_step(self, mode: str):
@@ -130,6 +134,9 @@ class ModelRunner:
         counts = sds(self.counts.shape, self.counts.dtype)
         if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt)
             return (counts, sds((), i32), sds((T,), i32), sds((), i32))
+        if bucket.kind == "kv":  # copy_pages(cache, src [C], dst [C], count)
+            cache = jax.tree.map(lambda a: sds(a.shape, a.dtype), self.cache)
+            return (cache, sds((T,), i32), sds((T,), i32), sds((), i32))
         md = AttentionMetadata(positions=sds((T,), i32), slot_mapping=sds((T,), i32),
                                seq_ids=sds((T,), i32), block_tables=sds((S, P), i32),
                                seq_lens=sds((S,), i32), logits_indices=sds((S,), i32),
@@ -155,9 +162,10 @@ class ModelRunner:
         exe = self._executables.get(key)
         if exe is None:
             t0 = time.perf_counter()
-            # jaxinfer compile does not build the history program: load it only if present.
+            # jaxinfer compile does not build the history program, nor the copy program
+            # without --modes sample: load them only if present.
             if self.program_store is not None and (
-                    mode != HISTORY or (mode, bucket) in self.program_store.entries):
+                    mode not in (HISTORY, COPY) or (mode, bucket) in self.program_store.entries):
                 exe = self.program_store.load(mode, bucket)
             compiled = 0
             if exe is None:
@@ -171,6 +179,12 @@ class ModelRunner:
                      self.compile_seconds[key])
             self._executables[key] = exe
         return exe
+
+    @property
+    def copy_bucket(self) -> Bucket:
+        """Bucket of the page-copy program: Bucket("kv", C, 1, 0), C = max(1, num_slots) page
+        copies per call (one step forks at most max_num_seqs samples)."""
+        return Bucket("kv", max(1, self.num_slots), 1, 0)
 
     @property
     def compiled_buckets(self) -> list[tuple[str, Bucket]]:
@@ -218,6 +232,27 @@ class ModelRunner:
         exe = self.executable(Bucket(HISTORY, int(token_ids.shape[0]), 1, 0), HISTORY)
         self.counts = exe(self.counts, np.int32(slot), np.asarray(token_ids, np.int32),
                           np.int32(num_prompt))
+
+    def copy_pages(self, copies: Any) -> None:
+        """Copy-on-write: copy KV page ``c.src`` into page ``c.dst`` for every
+        ``block_manager.PageCopy`` ``c`` (all layers and KV heads), before the next step.
+
+        Runs the compiled copy program in chunks of ``copy_bucket.num_tokens`` copies (fixed
+        shapes: never recompiles). Raises ValueError for a page id outside the pool.
+        """
+        C = self.copy_bucket.num_tokens
+        exe = self.executable(self.copy_bucket, COPY)
+        copies = list(copies)
+        for c in copies:
+            if not (0 < c.src < self.num_pages and 0 < c.dst < self.num_pages):
+                raise ValueError(f"page copy {c} is outside the pool's pages "
+                                 f"1..{self.num_pages - 1}")
+        for start in range(0, len(copies), C):
+            chunk = copies[start:start + C]
+            src, dst = np.zeros(C, np.int32), np.zeros(C, np.int32)
+            src[:len(chunk)] = [c.src for c in chunk]
+            dst[:len(chunk)] = [c.dst for c in chunk]
+            self.cache = exe(self.cache, src, dst, np.int32(len(chunk)))
 
     def kv_cache_bytes(self) -> int:
         """Device bytes of the KV pool: pages, plus the scales of an FP8 pool."""

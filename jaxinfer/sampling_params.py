@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 # Most top logprobs a request may ask for per token (vLLM's default ``max_logprobs``); the
 # compiled step always computes this many and returns the first ``logprobs`` of them.
 MAX_LOGPROBS = 20
+# Most samples per request (``n``). A request's samples also run at once, so the engine
+# further requires n <= its max_num_seqs.
+MAX_SAMPLES = 64
 
 
 class ParameterError(ValueError):
@@ -52,7 +55,9 @@ class SamplingParams:
       frequency_penalty: in [-2, 2]; subtracted from each token's logit once per time it
         occurs in the output so far (OpenAI semantics).
       seed: per-request seed in [0, 2**63); the same seed gives the same tokens whatever
-        else is batched. None: the engine draws one (unseeded requests differ).
+        else is batched. None: the engine draws one (unseeded requests differ). Sample i of
+        an ``n > 1`` request draws with ``seed + i`` (as vLLM v1's parallel sampling), so
+        its samples differ from each other and sample i of seed s equals sample 0 of s + i.
       max_tokens: most new tokens to generate, >= 1.
       min_tokens: EOS, ``stop_token_ids`` and ``stop`` strings are not honoured before this
         many new tokens, in [0, max_tokens].
@@ -67,7 +72,10 @@ class SamplingParams:
       prompt_logprobs: None = off; k in [0, 20]: the same for every prompt token after
         the first (each position scored given the tokens before it).
       skip_special_tokens: drop special tokens (EOS, turn markers) from the text.
-      n: samples per prompt (only 1 in this version).
+      n: samples per prompt, in [1, 64] (and at most the engine's ``max_num_seqs``). The
+        prompt is prefilled once; the samples share its KV pages and each has its own
+        decode pages (``RequestOutput.outputs`` holds n ``CompletionOutput``s, index 0..n-1).
+        Greedy samples are identical.
     Raises:
       ParameterError: on a value outside its range, naming the field and the range.
     """
@@ -92,8 +100,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        if _number("n", self.n, integer=True) != 1:
-            raise ParameterError(f"n must be 1 in this version, got {self.n}")
+        if not 1 <= _number("n", self.n, integer=True) <= MAX_SAMPLES:
+            raise ParameterError(f"n must be in [1, {MAX_SAMPLES}], got {self.n}")
         if _number("temperature", self.temperature) < 0.0:
             raise ParameterError(f"temperature must be >= 0, got {self.temperature}")
         if _number("top_k", self.top_k, integer=True) < -1:

@@ -39,6 +39,16 @@ buckets), so the policy chooses which of the two runs next:
    of them), the newest running sequence is preempted and 1-2 are retried. ``add()`` rejects
    requests that could not fit the pool alone, so this always ends with work to do.
 
+Requests with ``n > 1`` samples (:class:`~jaxinfer.sequence.SequenceGroup`): sample 0 is
+admitted like any request but prefills its prompt only up to the last token, with room (pages,
+``max_num_seqs`` places) held for all n samples. Its first decode step forks samples 1..n-1
+(``BlockManager.fork``: full prompt pages shared, a partial last page copied into a fresh page
+per new sample; the copies ride in ``SchedulerOutput.page_copies``) and all n feed the last
+prompt token in that step, each sampling its own first token. From then on each sample is an
+ordinary running sequence: it is preempted on its own (recomputing prompt + its own outputs,
+its prompt pages usually found in the prefix cache, held by its siblings) and finishes on its
+own; the request finishes when all samples have.
+
 A sequence whose last prompt chunk would be a single token finishes it in a decode step (it is
 then decode-shaped). New requests join at step boundaries (``add``); past ``max_queue_len``
 waiting requests ``add`` raises ``QueueFullError``. Finished and aborted sequences release
@@ -55,9 +65,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from jaxinfer.block_manager import NO_MATCH, BlockManager
+from jaxinfer.block_manager import NO_MATCH, BlockManager, PageCopy
 from jaxinfer.config import ConfigError
-from jaxinfer.sequence import Sequence, SequenceStatus
+from jaxinfer.sequence import Sequence, SequenceGroup, SequenceStatus
 
 if TYPE_CHECKING:
     from collections.abc import Sequence as Seq
@@ -71,6 +81,10 @@ class QueueFullError(ValueError):
 
 class RequestTooLongError(ValueError):
     """A request's prompt + max_tokens can never fit max_model_len or the KV pool."""
+
+
+class TooManySamplesError(ValueError):
+    """A request asks for more samples (``n``) than ``max_num_seqs`` sequences can run."""
 
 
 class DuplicateRequestError(ValueError):
@@ -200,11 +214,14 @@ class ScheduledChunk:
 @dataclass
 class SchedulerOutput:
     """One step's plan. Decode: one chunk per sequence with ``start = num_tokens - 1``.
-    ``preempted``: sequences that lost their pages while this plan was made."""
+    ``preempted``: sequences that lost their pages while this plan was made.
+    ``page_copies``: copy-on-write page copies of samples forked for this step; the device
+    must run them before the step."""
 
     is_prefill: bool
     chunks: list[ScheduledChunk]
     preempted: list[Sequence] = field(default_factory=list)
+    page_copies: list[PageCopy] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -236,9 +253,10 @@ class Scheduler:
         self.block_manager = BlockManager(cfg.num_pages, cfg.page_size,
                                           enable_prefix_caching=cfg.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in admission order
-        self._seqs: dict[int, Sequence] = {}  # unfinished sequences by id
+        self.running: list[Sequence] = []  # in admission order (forked samples after sample 0)
+        self._groups: dict[int, SequenceGroup] = {}  # unfinished requests by id
         self._rank: dict[int, int] = {}  # seq_id -> arrival rank (FCFS order of add())
+        self._forks: list[tuple[Sequence, PageCopy]] = []  # this plan's copy-on-write copies
         self._counter = itertools.count()
         self._eos = frozenset(cfg.eos_token_ids)
         self._prefills_in_a_row = 0  # consecutive prefill steps (alternation rule)
@@ -251,13 +269,15 @@ class Scheduler:
           DuplicateRequestError: seq_id already waiting or running.
           SequenceStateError: seq is not fresh (status, pages, outputs or computed tokens).
           RequestTooLongError: prompt + max_tokens > max_model_len, or its KV (prompt +
-            max_tokens - 1 tokens: the last sampled token is never fed) > the whole pool.
+            max_tokens - 1 tokens: the last sampled token is never fed; with n samples the
+            full prompt pages once and the rest n times) > the whole pool.
+          TooManySamplesError: ``n`` > max_num_seqs.
           QueueFullError: ``max_queue_len`` requests are already waiting.
         """
-        if seq.seq_id in self._seqs:
+        if seq.seq_id in self._groups:
             raise DuplicateRequestError(f"request {seq.seq_id} is already scheduled")
         if (seq.status is not SequenceStatus.WAITING or seq.block_table or seq.output_token_ids
-                or seq.num_computed_tokens):
+                or seq.num_computed_tokens or seq.sample_index or len(seq.group.samples) > 1):
             raise SequenceStateError(f"add(): request {seq.seq_id} is not a fresh sequence: "
                                      f"{seq!r}")
         cfg, p, m = self.cfg, seq.num_prompt_tokens, seq.sampling_params.max_tokens
@@ -265,38 +285,63 @@ class Scheduler:
             raise RequestTooLongError(
                 f"request {seq.seq_id}: prompt ({p} tokens) + max_tokens ({m}) = {p + m} "
                 f"exceeds max_model_len ({cfg.max_model_len})")
-        pages = self.block_manager.pages_for_tokens(p + m - 1)
+        k = seq.sampling_params.n
+        if k > cfg.max_num_seqs:
+            raise TooManySamplesError(f"request {seq.seq_id}: n = {k} samples, but at most "
+                                      f"max_num_seqs = {cfg.max_num_seqs} sequences run at once")
+        shared = (p - 1) // cfg.page_size if k > 1 else 0  # full pages before the fork
+        pages = shared + k * (self.block_manager.pages_for_tokens(p + m - 1) - shared)
         if pages > self.block_manager.num_usable_pages:
+            samples = f" x n = {k} samples" if k > 1 else ""
             raise RequestTooLongError(
-                f"request {seq.seq_id}: prompt ({p} tokens) + max_tokens ({m}) needs {pages} "
-                f"KV pages of {cfg.page_size} tokens, the pool has "
+                f"request {seq.seq_id}: prompt ({p} tokens) + max_tokens ({m}){samples} needs "
+                f"{pages} KV pages of {cfg.page_size} tokens, the pool has "
                 f"{self.block_manager.num_usable_pages}")
         if cfg.max_queue_len is not None and len(self.waiting) >= cfg.max_queue_len:
             raise QueueFullError(f"request {seq.seq_id}: {len(self.waiting)} requests waiting, "
                                  f"max_queue_len is {cfg.max_queue_len}")
-        self._seqs[seq.seq_id] = seq
+        self._groups[seq.seq_id] = seq.group
         self._rank[seq.seq_id] = next(self._counter)
         self.waiting.append(seq)
 
     def abort(self, seq_id: int) -> Sequence | None:
-        """Finish a waiting or running sequence with reason "abort", freeing its pages at
-        once. Returns it, or None if no unfinished sequence has that id."""
+        """Finish every unfinished sample of a request with reason "abort", freeing their
+        pages at once. Returns sample 0, or None if no unfinished request has that id."""
         return self.finish(seq_id, "abort")
 
     def finish(self, seq_id: int, reason: str) -> Sequence | None:
-        """Finish a waiting or running sequence with ``reason`` ("stop" when the engine finds
-        a stop string in its text, "abort"), freeing its pages at once. Returns it, or None
-        if no unfinished sequence has that id. Raises ValueError for another reason."""
-        if reason not in ("stop", "length", "abort"):
-            raise ValueError(f"finish reason must be 'stop', 'length' or 'abort', got {reason!r}")
-        seq = self._seqs.get(seq_id)
-        if seq is not None:
-            self._finish(seq, reason)
-        return seq
+        """Finish every unfinished sample of a request with ``reason`` ("stop", "length",
+        "abort"), freeing their pages at once. Returns sample 0, or None if no unfinished
+        request has that id. Raises ValueError for another reason."""
+        _check_reason(reason)
+        group = self._groups.get(seq_id)
+        if group is None:
+            return None
+        for seq in list(group.samples):
+            if not seq.is_finished:
+                self._finish(seq, reason)
+        return group.samples[0]
+
+    def finish_sample(self, seq: Sequence, reason: str) -> None:
+        """Finish one sample ("stop" when the engine finds a stop string in its text),
+        freeing its pages at once; nothing happens if it already finished. Raises ValueError
+        for an unknown reason, SequenceStateError for a sequence this scheduler does not
+        hold."""
+        _check_reason(reason)
+        if seq.is_finished:
+            return
+        if self._groups.get(seq.seq_id) is not seq.group:
+            raise SequenceStateError(f"finish_sample: {seq!r} is not scheduled here")
+        self._finish(seq, reason)
 
     def get(self, seq_id: int) -> Sequence | None:
-        """The unfinished (waiting or running) sequence with this id, or None."""
-        return self._seqs.get(seq_id)
+        """An unfinished (waiting or running) sample of this request, a running one if
+        there is one, or None when the request is not here or has finished."""
+        group = self._groups.get(seq_id)
+        if group is None:
+            return None
+        live = [s for s in group.samples if not s.is_finished]
+        return next((s for s in live if s.status is SequenceStatus.RUNNING), live[0])
 
     @property
     def has_unfinished(self) -> bool:
@@ -310,6 +355,18 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    def _places(self, seq: Sequence) -> int:
+        """Places among max_num_seqs that ``seq`` holds: all n samples before its fork."""
+        return seq.group.n if seq.fork_pending else 1
+
+    def _owed(self, seq: Sequence) -> int:
+        """Pages ``seq`` still needs until all its samples hold their prompt: the rest of
+        its prompt, and a page per sample still to fork (its copy of a partial last page,
+        or its page for the last prompt token)."""
+        bm = self.block_manager
+        return (bm.pages_needed(seq, seq.num_tokens - seq.num_computed_tokens)
+                + (seq.group.n - 1 if seq.fork_pending else 0))
+
     # ---------------------------------------------------------------- planning a step
     def schedule(self) -> SchedulerOutput:
         """Plan the next step and allocate its pages (see the module docstring).
@@ -317,10 +374,14 @@ class Scheduler:
         Returns an empty decode output only when nothing is waiting or running.
         """
         preempted: list[Sequence] = []
+        self._forks = []
         while True:
             out = self._schedule_once(preempted)
             if out is not None:
                 self._prefills_in_a_row = self._prefills_in_a_row + 1 if out.is_prefill else 0
+                # Copies into samples preempted again in this plan are dropped.
+                out.page_copies = [c for q, c in self._forks
+                                   if q.status is SequenceStatus.RUNNING]
                 return out
             if not self.running:  # guarded against by add(); never loop forever
                 raise RuntimeError(f"scheduler cannot admit {self.waiting[0]!r} into an empty "
@@ -347,10 +408,15 @@ class Scheduler:
         cfg, bm = self.cfg, self.block_manager
         budget = cfg.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        promised = 0  # pages partial prefills still need for the rest of their prompt
+        promised = 0  # pages partial prefills (and their forks) still need
+        places = 0  # of max_num_seqs, held by running sequences and their unforked samples
         for seq in self.running:  # (a) continue partial prefills, oldest first
-            remaining = seq.num_tokens - seq.num_computed_tokens
-            if remaining <= 1:
+            places += self._places(seq)
+            # An unforked sample 0 stops before its last prompt token (its decode forks).
+            remaining = seq.num_tokens - seq.num_computed_tokens - seq.fork_pending
+            if remaining < 1 or (remaining == 1 and not seq.fork_pending):
+                if seq.fork_pending:  # ready to fork: keep its samples' pages
+                    promised += self._owed(seq)
                 continue  # decoding
             n = 0
             if len(chunks) < cfg.max_prefill_seqs:
@@ -360,39 +426,52 @@ class Scheduler:
                 bm.allocate(seq, n)
                 chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
                 budget -= n
-            promised += bm.pages_needed(seq, remaining)
+            promised += self._owed(seq)
         while (self.waiting and budget > 0 and len(chunks) < cfg.max_prefill_seqs
-               and len(self.running) < cfg.max_num_seqs):  # (b) admit, FCFS
+               and places < cfg.max_num_seqs):  # (b) admit, FCFS
             seq = self.waiting[0]
             if self.running and any(seq is p for p in preempted):
                 break  # not back in the step that preempted it
+            if places + self._places(seq) > cfg.max_num_seqs:
+                break
             match = bm.match_prefix(seq) if cfg.enable_prefix_caching else NO_MATCH
-            n = seq.num_tokens - match.num_tokens  # the cached prefix costs no budget
+            # The cached prefix costs no budget; an unforked sample 0 stops before its
+            # last prompt token (it may then have nothing to prefill: its decode forks).
+            n = seq.num_tokens - match.num_tokens - seq.fork_pending
             if n > budget:
                 if not cfg.enable_chunked_prefill:
                     break
                 n = budget
-            if bm.pages_to_admit(seq, match, seq.num_tokens) + promised > bm.num_free_pages:
+            forks = seq.group.n - 1 if seq.fork_pending else 0  # one page per new sample
+            if (bm.pages_to_admit(seq, match, seq.num_tokens) + forks + promised
+                    > bm.num_free_pages):
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            places += self._places(seq)
             bm.take_prefix(seq, match)
             seq.num_computed_tokens = seq.num_cached_tokens = match.num_tokens
             bm.allocate(seq, n)
-            chunks.append(ScheduledChunk(seq, match.num_tokens, n))
+            if n:
+                chunks.append(ScheduledChunk(seq, match.num_tokens, n))
             budget -= n
-            promised += bm.pages_needed(seq, seq.num_tokens - seq.num_computed_tokens)
+            promised += self._owed(seq)
         return chunks
 
     def _schedule_decode(self, preempted: list[Sequence]) -> list[ScheduledChunk]:
         bm = self.block_manager
         chunks: list[ScheduledChunk] = []
-        for seq in list(self.running):
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+        i = 0
+        # By index: a fork inserts its new samples right after sample 0, and they decode
+        # in this step too; preemption only removes running[-1], never one before i.
+        while i < len(self.running):
+            seq = self.running[i]
+            i += 1
             if seq.num_tokens - seq.num_computed_tokens != 1:
                 continue  # mid-prefill
+            if seq.fork_pending and not self._fork(seq, preempted):
+                continue  # preempted while making room for the fork
             while not bm.can_allocate(seq, 1):
                 # running[-1] is never a sequence scheduled in this loop: those come before seq.
                 victim = self.running[-1]
@@ -403,6 +482,29 @@ class Scheduler:
                 bm.allocate(seq, 1)
                 chunks.append(ScheduledChunk(seq, seq.num_tokens - 1, 1))
         return chunks
+
+    def _fork(self, seq: Sequence, preempted: list[Sequence]) -> bool:
+        """Fork samples 1..n-1 of ``seq`` (sample 0, its prompt computed up to the last
+        token) into ``running`` right after it, sharing its pages; a partial last page is
+        copied into a fresh page per sample (preempting the newest running sequences when
+        too few are free). Returns False if ``seq`` itself was preempted (nothing forked)."""
+        bm, k = self.block_manager, seq.group.n
+        need = k - 1 if seq.num_computed_tokens % bm.page_size else 0
+        while bm.num_free_pages < need:
+            victim = self.running[-1]
+            self._preempt(victim, preempted)
+            if victim is seq:
+                return False
+        at = self.running.index(seq) + 1
+        for index in range(1, k):
+            child = seq.fork(index)
+            copy = bm.fork(seq, child)
+            if copy is not None:
+                self._forks.append((child, copy))
+            child.status = SequenceStatus.RUNNING
+            self.running.insert(at + index - 1, child)
+        seq.fork_pending = False
+        return True
 
     def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
         """Recompute preemption: free the pages, requeue at the front of waiting (among
@@ -476,5 +578,11 @@ class Scheduler:
             self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        del self._seqs[seq.seq_id]
-        del self._rank[seq.seq_id]
+        if seq.group.is_finished:
+            del self._groups[seq.seq_id]
+            del self._rank[seq.seq_id]
+
+
+def _check_reason(reason: str) -> None:
+    if reason not in ("stop", "length", "abort"):
+        raise ValueError(f"finish reason must be 'stop', 'length' or 'abort', got {reason!r}")

@@ -6,6 +6,12 @@ first ``num_computed_tokens`` of them are in the KV cache. While decoding, exact
 token lacks K/V (``num_computed_tokens == num_tokens - 1``): the next step feeds it and
 samples the token after it. Plain Python; no JAX.
 
+A request with ``n > 1`` samples is a :class:`SequenceGroup`: sample 0 is the sequence added
+to the scheduler; it prefills the prompt up to (not including) its last token, then the
+scheduler forks samples 1..n-1 from it (``fork``), which share its prompt pages. Every sample
+then feeds the last prompt token in a decode step and samples its own tokens. All samples of a
+request share its ``seq_id``; ``key`` = (seq_id, sample_index) tells them apart.
+
 Prefix caching (``block_manager``) adds three fields: the hash chain of the sequence's full
 pages (computed once, kept across preemption since tokens are append-only), how many leading
 pages of the block table were already offered to the prefix cache, and how many prompt tokens
@@ -32,11 +38,34 @@ class SequenceStatus(enum.Enum):
 
 
 @dataclass(eq=False)
+class SequenceGroup:
+    """The samples of one request (vLLM's ``SequenceGroup``).
+
+    Attributes:
+      request_id: the samples' ``seq_id``.
+      n: samples asked for (``SamplingParams.n``).
+      samples: the samples that exist so far, by index: sample 0 from the start, the
+        others once forked (then all n).
+    """
+
+    request_id: int
+    n: int
+    samples: list[Sequence]
+
+    @property
+    def is_finished(self) -> bool:
+        """Every sample finished (an unforked request: sample 0 finished, e.g. aborted)."""
+        return all(s.is_finished for s in self.samples)
+
+
+@dataclass(eq=False)
 class Sequence:
     """One request as the scheduler and block manager see it.
 
     Attributes:
-      seq_id: caller-chosen id, unique among the scheduler's unfinished sequences.
+      seq_id: caller-chosen request id, unique among the scheduler's unfinished requests;
+        all samples of a request share it.
+      sample_index: which of the request's ``n`` samples this is (0 .. n-1).
       prompt_token_ids: the prompt, token ids (>= 0), non-empty.
       sampling_params: how to sample and when to stop.
       arrival_time: ``time.monotonic()`` seconds when created.
@@ -51,6 +80,9 @@ class Sequence:
       page_hashes: hash-chain keys of the full pages of ``all_token_ids`` (filled and used by
         the block manager only; valid for one page size).
       num_registered_pages: leading block-table pages already offered to the prefix cache.
+      fork_pending: sample 0 of an ``n > 1`` request that has not forked yet: it prefills
+        up to its last prompt token only (set at creation, cleared by the fork).
+      group: the request's :class:`SequenceGroup` (shared by its samples).
     Raises:
       InvalidPromptError: on an empty prompt or a token id that is not an int >= 0.
     """
@@ -68,6 +100,9 @@ class Sequence:
     num_cached_tokens: int = 0
     page_hashes: list[bytes] = field(default_factory=list, repr=False)
     num_registered_pages: int = field(default=0, repr=False)
+    sample_index: int = 0
+    fork_pending: bool = field(init=False, repr=False)
+    group: SequenceGroup = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -77,6 +112,23 @@ class Sequence:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidPromptError(
                     f"sequence {self.seq_id}: prompt token ids must be ints >= 0, got {t!r}")
+        self.fork_pending = self.sampling_params.n > 1 and self.sample_index == 0
+        self.group = SequenceGroup(self.seq_id, self.sampling_params.n, [self])
+
+    def fork(self, index: int) -> Sequence:
+        """A new sample ``index`` of this request: same prompt, parameters and arrival, no
+        outputs, no pages (the block manager shares them: ``BlockManager.fork``), in this
+        sequence's group. The caller (the scheduler) sets its status and computed tokens."""
+        child = Sequence(self.seq_id, self.prompt_token_ids, self.sampling_params,
+                         arrival_time=self.arrival_time, sample_index=index)
+        child.group = self.group
+        self.group.samples.append(child)
+        return child
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(seq_id, sample_index): unique among the scheduler's sequences."""
+        return (self.seq_id, self.sample_index)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -109,7 +161,8 @@ class Sequence:
         return -(-self.num_tokens // page_size)
 
     def __repr__(self) -> str:
-        return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, "
+        sample = f", sample={self.sample_index}" if self.sampling_params.n > 1 else ""
+        return (f"Sequence(seq_id={self.seq_id}{sample}, status={self.status.name}, "
                 f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens}, "
                 f"computed={self.num_computed_tokens}, cached={self.num_cached_tokens}, "
                 f"pages={len(self.block_table)}, "

@@ -74,7 +74,8 @@ class InferenceClient:
     def generate_stream(self, prompt: str | None = None, *, timeout: float | None = None,
                         **kw: Any) -> Iterator[pb.GenerateResponse]:
         """Stream of responses (new token ids + text delta; the last has finish_reason and
-        usage). Keywords: see :func:`build_request`. ``.cancel()`` on the returned iterator
+        usage; with ``n`` > 1 each message is one sample's, ``index``, and each sample's last
+        has its finish_reason and usage). Keywords: see :func:`build_request`. ``.cancel()`` on the returned iterator
         aborts the request on the server."""
         return self.stub.Generate(build_request(prompt, **kw), timeout=self._t(timeout))
 

@@ -49,15 +49,17 @@ class EngineStopped(RuntimeError):
 
 @dataclass
 class StreamItem:
-    """New output of one request, as produced by one step (from the engine's RequestOutput).
+    """New output of one sample of a request, as produced by one step (from the engine's
+    RequestOutput).
 
-    ``token_ids``: ids generated since the previous item; ``text``: what the engine's output
-    text (``CompletionOutput.text``: stop strings cut, a possible partial one held back)
-    gained since then; ``logprobs``: ``CompletionOutput.logprobs`` entries of ``token_ids``
-    (None unless requested); ``prompt_logprobs``: ``RequestOutput.prompt_logprobs`` on the
-    first item that has them; ``finish_reason``: None while running, then "stop" / "length" /
-    "abort", with ``stop_reason`` and ``cumulative_logprob``; ``error``: set (and nothing
-    else) when the request failed.
+    ``index``: the sample (``CompletionOutput.index``); ``token_ids``: its ids generated since
+    its previous item; ``text``: what its output text (``CompletionOutput.text``: stop
+    strings cut, a possible partial one held back) gained since then; ``logprobs``:
+    ``CompletionOutput.logprobs`` entries of ``token_ids`` (None unless requested);
+    ``prompt_logprobs``: ``RequestOutput.prompt_logprobs`` on the first item that has them;
+    ``finish_reason``: None while the sample runs, then "stop" / "length" / "abort", with
+    ``stop_reason`` and ``cumulative_logprob``; ``last``: the request's final item (every
+    sample finished); ``error``: set (and nothing else) when the request failed.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -68,6 +70,8 @@ class StreamItem:
     prompt_logprobs: list[Logprobs | None] | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
+    index: int = 0
+    last: bool = False
 
 
 class RequestHandle:
@@ -85,8 +89,11 @@ class RequestHandle:
         self.queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         self.request_id: int = -1  # set by EngineThread.submit
         self.arrival = time.monotonic()
-        self.num_sent = 0  # tokens handed out (engine thread only)
-        self.num_chars_sent = 0  # characters of the output text handed out (engine thread)
+        # Per sample (engine thread only): tokens and characters of the output text handed
+        # out, and whether its final item was.
+        self.num_sent = [0] * params.n
+        self.num_chars_sent = [0] * params.n
+        self.sample_done = [False] * params.n
         self.prompt_logprobs_sent = False  # (engine thread)
         self.last_token_time: float | None = None
         self.finished = False  # set on the event loop when the final item was read
@@ -245,41 +252,60 @@ class EngineThread:
             if h is None:
                 continue
             try:
-                item = self._item(h, out, now)
+                items = self._items(h, out, now)
             except Exception as e:
                 log.exception("output of request %d failed", h.request_id)
                 self._active.pop(h.request_id, None)
                 self.engine.abort_request(h.request_id)
-                item = StreamItem(error=RequestFailed(f"{type(e).__name__}: {e}"))
-            batch.append((h, item))
+                items = [StreamItem(error=RequestFailed(f"{type(e).__name__}: {e}"))]
+            batch += [(h, item) for item in items]
         if batch:
             self._deliver(batch)
         if self.metrics is not None:
             self.metrics.on_step(self.engine)
 
-    def _item(self, h: RequestHandle, out: RequestOutput, now: float) -> StreamItem:
-        comp = out.outputs[0]
-        new = comp.token_ids[h.num_sent:]
-        lps = comp.logprobs[h.num_sent:len(comp.token_ids)] if comp.logprobs is not None else None
-        h.num_sent = len(comp.token_ids)
-        # The engine's text only grows: it holds back what a stop string could still cut.
-        text = comp.text[h.num_chars_sent:]
-        h.num_chars_sent = max(h.num_chars_sent, len(comp.text))
+    def _items(self, h: RequestHandle, out: RequestOutput, now: float) -> list[StreamItem]:
+        """The items of the samples that gained tokens, text or their finish in this step
+        (the first one also carries the prompt logprobs); the request's last item has
+        ``last`` set."""
+        items: list[StreamItem] = []
         plp = None
         if out.prompt_logprobs is not None and not h.prompt_logprobs_sent:
             plp, h.prompt_logprobs_sent = out.prompt_logprobs, True
-        if self.metrics is not None and new:
-            self.metrics.on_tokens(h, len(new), now)
-        h.last_token_time = now if new else h.last_token_time
+        for comp in out.outputs:
+            i = comp.index
+            if h.sample_done[i]:
+                continue
+            new = comp.token_ids[h.num_sent[i]:]
+            lps = (comp.logprobs[h.num_sent[i]:len(comp.token_ids)]
+                   if comp.logprobs is not None else None)
+            h.num_sent[i] = len(comp.token_ids)
+            # The engine's text only grows: it holds back what a stop string could still cut.
+            text = comp.text[h.num_chars_sent[i]:]
+            h.num_chars_sent[i] = max(h.num_chars_sent[i], len(comp.text))
+            done = comp.finish_reason is not None
+            if not (new or text or done or plp is not None):
+                continue
+            item = StreamItem(new, comp.finish_reason, text=text, logprobs=lps,
+                              prompt_logprobs=plp, index=i)
+            if done:
+                h.sample_done[i] = True
+                item.stop_reason, item.cumulative_logprob = (comp.stop_reason,
+                                                             comp.cumulative_logprob)
+            items.append(item)
+            plp = None
+        num_new = sum(len(it.token_ids) for it in items)
+        if self.metrics is not None and num_new:
+            self.metrics.on_tokens(h, num_new, now)
+        h.last_token_time = now if num_new else h.last_token_time
         if out.finished:
             self._active.pop(h.request_id, None)
+            if not items:  # every sample's final item went out in earlier steps
+                items.append(StreamItem(index=out.outputs[0].index))
+            items[-1].last = True
             if self.metrics is not None:
-                self.metrics.on_finished(h, comp.finish_reason or "stop", now)
-        if not out.finished:
-            return StreamItem(new, None, text=text, logprobs=lps, prompt_logprobs=plp)
-        return StreamItem(new, comp.finish_reason, text=text, logprobs=lps, prompt_logprobs=plp,
-                          stop_reason=comp.stop_reason,
-                          cumulative_logprob=comp.cumulative_logprob)
+                self.metrics.on_finished(h, out.outputs[0].finish_reason or "stop", now)
+        return items
 
     def _fail_all(self, err: BaseException) -> None:
         batch = []

@@ -66,10 +66,12 @@ class InferenceServicer:
 
     def Generate(self, request, context):
         """Streams the generated tokens as they are produced: each message carries the new token
-        ids, the text delta (the engine's output text: a partial stop string is held back until
-        it can no longer match, a matched one is cut) and, when asked for, their logprobs; the
-        first message carries prompt_logprobs when asked for; the last one carries
-        finish_reason, stop_reason, cumulative_logprob and usage.
+        ids of one sample (`index`; with sampling.n > 1 the samples' messages interleave), the
+        text delta (the engine's output text: a partial stop string is held back until it can
+        no longer match, a matched one is cut) and, when asked for, their logprobs; the first
+        message carries prompt_logprobs when asked for; each sample's last message carries its
+        finish_reason, stop_reason, cumulative_logprob and usage. The stream ends when every
+        sample has finished.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -77,7 +79,8 @@ class InferenceServicer:
 
     def GenerateUnary(self, request, context):
         """The whole completion in one message (all token ids, full text, logprobs,
-        prompt_logprobs, finish_reason, stop_reason, cumulative_logprob, usage).
+        prompt_logprobs, finish_reason, stop_reason, cumulative_logprob, usage). With
+        sampling.n > 1 these fields are sample 0's and `samples` holds every sample's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -58,12 +58,14 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
 
     Runs one 8-token greedy request to its second token (the smallest prefill bucket and the
     B=1 decode program), then, with ``decode_buckets``, compiles the decode program of every
-    batch bucket at the narrowest block table. With a compile cache every precompiled program
-    is loaded first; otherwise prefill programs of other token counts compile on first use
-    (``runner.num_compilations`` counts them).
+    batch bucket at the narrowest block table and the page-copy program of ``n > 1``
+    requests. With a compile cache every precompiled program is loaded first; otherwise
+    prefill programs of other token counts compile on first use (``runner.num_compilations``
+    counts them).
     """
     from jaxinfer.batch import Bucket
     from jaxinfer.compile import preload
+    from jaxinfer.runner import COPY
 
     t0 = time.perf_counter()
     # With a compile cache (`serve --cache-dir`), load the whole precompiled set now so no
@@ -78,6 +80,7 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
     if decode_buckets:
         for b in ec.decode_buckets:
             engine.runner.executable(Bucket("decode", b, b, ec.page_buckets[0]))
+        engine.runner.executable(engine.runner.copy_bucket, COPY)
     return time.perf_counter() - t0
 
 

@@ -4,7 +4,8 @@ Each RPC validates its request on the event loop (errors -> ``INVALID_ARGUMENT``
 field), hands it to the :class:`EngineThread` and relays what the engine produces: new token
 ids, the delta of the engine's own output text (``CompletionOutput.text``: incrementally
 detokenized, ``skip_special_tokens`` honoured, stop strings cut, a partial one held back),
-logprobs, prompt logprobs, finish and stop reason. When a stream ends early -- the client cancelled,
+logprobs, prompt logprobs, finish and stop reason -- per sample (``index``) when the request
+asks for ``n > 1`` samples. When a stream ends early -- the client cancelled,
 its deadline passed, the server is stopping -- the handler's ``finally`` aborts the request,
 which frees its KV pages at the engine's next step boundary.
 
@@ -104,18 +105,19 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                             code, outcome = c, o
                     await self._abort(context, code, str(it.error), outcome)
             yield items
-            if items[-1].finish_reason is not None:
+            if items[-1].last:
                 handle.finished = True
                 return
 
     def _response(self, request: pb.GenerateRequest, handle: RequestHandle,
                   items: list[StreamItem], num_tokens: int) -> pb.GenerateResponse:
-        """One GenerateResponse from consecutive items (a stream message, or all of a unary
-        request's); ``num_tokens``: completion tokens so far (usage, on the final one)."""
+        """One GenerateResponse from consecutive items of one sample (a stream message, or
+        all of a unary request's); ``num_tokens``: the sample's completion tokens so far
+        (usage, on its final one)."""
         params = handle.params
         ids = [t for it in items for t in it.token_ids]
         resp = pb.GenerateResponse(request_id=request.request_id, token_ids=ids,
-                                   text="".join(it.text for it in items))
+                                   text="".join(it.text for it in items), index=items[0].index)
         if params.logprobs is not None:
             entries = [e for it in items for e in (it.logprobs or [])]
             resp.logprobs.extend(token_logprobs(ids, entries, params.logprobs))
@@ -136,14 +138,15 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         handle = await self._start(request, context)
-        n = 0
+        sent = [0] * handle.params.n  # tokens per sample
         try:
             async for items in self._items(handle, context):
-                n += sum(len(it.token_ids) for it in items)
-                resp = self._response(request, handle, items, n)
-                if (resp.token_ids or resp.text or resp.prompt_logprobs
-                        or items[-1].finish_reason is not None):
-                    yield resp
+                for index, part in _by_sample(items):  # one message per sample
+                    sent[index] += sum(len(it.token_ids) for it in part)
+                    resp = self._response(request, handle, part, sent[index])
+                    if (resp.token_ids or resp.text or resp.prompt_logprobs
+                            or part[-1].finish_reason is not None):
+                        yield resp
         finally:
             if not handle.finished:  # cancelled, deadline passed, or the server is stopping
                 self.et.abort(handle)
@@ -158,7 +161,15 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         finally:
             if not handle.finished:
                 self.et.abort(handle)
-        return self._response(request, handle, got, sum(len(it.token_ids) for it in got))
+        samples = [self._response(request, handle, part, sum(len(it.token_ids) for it in part))
+                   for _, part in sorted(_by_sample(got), key=lambda ip: ip[0])]
+        top = pb.GenerateResponse()
+        top.CopyFrom(samples[0])
+        if len(samples) > 1:
+            for r in samples:
+                r.ClearField("prompt_logprobs")  # the top level carries them
+            top.samples.extend(samples)
+        return top
 
     # ------------------------------------------------------------------ tokenizer
     async def _tokenizer(self, context: grpc.aio.ServicerContext) -> Any:
@@ -201,3 +212,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                         context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
         return self._info
 
+
+
+def _by_sample(items: list[StreamItem]) -> list[tuple[int, list[StreamItem]]]:
+    """Items grouped by sample index, in the order each sample first appears."""
+    groups: dict[int, list[StreamItem]] = {}
+    for it in items:
+        groups.setdefault(it.index, []).append(it)
+    return list(groups.items())

@@ -389,3 +389,139 @@ def test_random_prefix_workload_hits_and_evicts() -> None:
         hits += bm.prefix_hit_tokens
         evictions += bm.num_evictions
     assert hits > 100 and evictions > 20, (hits, evictions)
+
+
+# ---------------------------------------------------------------- fork (n > 1 samples)
+
+
+def test_fork_shares_full_pages_and_copies_the_partial_one() -> None:
+    bm = BlockManager(num_pages=12, page_size=4)
+    prompt = list(range(10, 20))  # 10 tokens
+    a = Sequence(1, prompt)
+    compute(bm, a, 9)  # up to the last prompt token: 2 full pages + 1 token
+    assert bm.num_cached_pages == 2
+    b = Sequence(1, prompt, sample_index=1)
+    copy = bm.fork(a, b)
+    assert copy is not None and copy.src == a.block_table[2] and copy.dst == b.block_table[2]
+    assert b.block_table[:2] == a.block_table[:2] and copy.dst != copy.src
+    assert [bm.ref_count[p] for p in a.block_table] == [2, 2, 1]
+    assert b.num_computed_tokens == 9 and b.num_registered_pages == 2
+    assert bm.num_cached_pages == 2  # the shared pages stay registered once
+    check_pages(bm, [a, b])
+    # Aligned: 8 computed tokens end on a page boundary, nothing to copy.
+    c, d = Sequence(2, prompt[:9]), Sequence(2, prompt[:9], sample_index=1)
+    compute(bm, c, 8)
+    assert bm.fork(c, d) is None and d.block_table == c.block_table
+    assert bm.num_cached_pages == 2  # c's pages hold the same prefix: they stay private
+    check_pages(bm, [a, b, c, d])
+    for s in (a, b, c, d):
+        bm.free(s)
+    assert bm.num_free_pages == 11
+    check_pages(bm, [a, b, c, d])
+
+
+def test_fork_errors_change_nothing() -> None:
+    bm = BlockManager(num_pages=4, page_size=4)  # 3 usable pages
+    a = Sequence(1, [5] * 10)
+    compute(bm, a, 9)  # all 3 pages, the last one partial
+    b = Sequence(1, [5] * 10, sample_index=1)
+    with pytest.raises(OutOfPagesError, match="no free page"):
+        bm.fork(a, b)
+    assert b.block_table == [] and [bm.ref_count[p] for p in a.block_table] == [1, 1, 1]
+    bm.free(a)
+    a.num_computed_tokens = 0
+    bm.allocate(a, 5)  # 2 pages for 0 computed tokens
+    with pytest.raises(PageAccountingError, match="exactly its 0 computed"):
+        bm.fork(a, b)
+    bm.free(a)
+    compute(bm, a, 4)
+    b.block_table.append(1)
+    with pytest.raises(PageAccountingError, match="empty block table"):
+        bm.fork(a, b)
+    with pytest.raises(PageAccountingError, match="into a sample of 2 tokens"):
+        bm.fork(a, Sequence(1, [5, 5], sample_index=1))
+
+
+# A fork workload over 6 slots of one prompt: (op, slot, other slot, n). op 0 = compute n more
+# tokens of a slot, 1 = free it (preempt or finish), 2 = fork the slot into the other (empty) one.
+fork_ops = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 5), st.integers(0, 5),
+                              st.integers(1, 9)), max_size=120)
+
+
+def run_fork_workload(num_pages: int, page_size: int, ops: list, caching: bool) -> int:
+    """Random computation, forks (with their page copies run on a fake KV) and frees; after
+    every operation: pages partition the pool, reference counts are exact, no page is written
+    while shared, and every sequence reads its own tokens back through its block table.
+    Returns how many copies ran."""
+    bm = BlockManager(num_pages, page_size, enable_prefix_caching=caching)
+    prompt = [1 + i % 7 for i in range(60)]
+    slots = [Sequence(0, prompt, sample_index=i) for i in range(6)]
+    kv = [-1] * (num_pages * page_size)
+    copies = 0
+
+    def read_back(s: Sequence) -> None:
+        for pos in range(s.num_computed_tokens):
+            page = s.block_table[pos // page_size]
+            assert kv[page * page_size + pos % page_size] == prompt[pos], (s, pos)
+
+    for op, i, j, n in ops:
+        s = slots[i]
+        if op == 0:
+            n = min(n, s.num_tokens - s.num_computed_tokens)
+            if not bm.can_allocate(s, n):
+                continue
+            bm.allocate(s, n)
+            for pos in range(s.num_computed_tokens, s.num_computed_tokens + n):
+                assert bm.ref_count[s.block_table[pos // page_size]] == 1, "write to a shared page"
+            compute_kv = s.num_computed_tokens
+            for pos in range(compute_kv, compute_kv + n):
+                kv[s.block_table[pos // page_size] * page_size + pos % page_size] = prompt[pos]
+            s.num_computed_tokens += n
+            bm.register_computed_pages(s)
+        elif op == 1:
+            held = Counter(s.block_table)
+            free_before = bm.num_free_pages
+            bm.free(s)
+            s.num_computed_tokens = 0
+            assert bm.num_free_pages == free_before + sum(bm.ref_count[p] == 0 for p in held)
+        elif i != j and not slots[j].block_table:
+            t = slots[j]
+            t.num_computed_tokens = 0
+            free_before, partial = bm.num_free_pages, s.num_computed_tokens % page_size != 0
+            if partial and not free_before:
+                with pytest.raises(OutOfPagesError):
+                    bm.fork(s, t)
+                assert not t.block_table
+            else:
+                copy = bm.fork(s, t)
+                assert (copy is not None) == partial
+                assert bm.num_free_pages == free_before - partial
+                if copy is not None:  # the engine copies on the device before the next step
+                    kv[copy.dst * page_size:(copy.dst + 1) * page_size] = \
+                        kv[copy.src * page_size:(copy.src + 1) * page_size]
+                    copies += 1
+        check_pages(bm, slots)
+        for t in slots:
+            read_back(t)
+    for s in slots:
+        bm.free(s)
+    assert bm.num_free_pages == num_pages - 1
+    check_pages(bm, slots)
+    return copies
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(num_pages=st.integers(2, 30), page_size=st.sampled_from([1, 2, 3, 4, 8]), ops=fork_ops,
+       caching=st.booleans())
+def test_random_fork_workload(num_pages: int, page_size: int, ops: list, caching: bool) -> None:
+    run_fork_workload(num_pages, page_size, ops, caching)
+
+
+def test_random_fork_workload_copies() -> None:
+    """The fork workload does fork partial pages (not a vacuous property test)."""
+    rng = random.Random(0)
+    copies = sum(run_fork_workload(20, 4, [(rng.choice([0, 0, 1, 2, 2]), rng.randrange(6),
+                                            rng.randrange(6), rng.randint(1, 9))
+                                           for _ in range(120)], k % 2 == 0)
+                 for k in range(30))
+    assert copies > 50, copies

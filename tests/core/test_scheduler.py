@@ -29,6 +29,7 @@ from jaxinfer.scheduler import (
     SchedulerConfig,
     SchedulerOutput,
     SequenceStateError,
+    TooManySamplesError,
 )
 from jaxinfer.sequence import Sequence, SequenceStatus
 
@@ -36,9 +37,10 @@ EOS = 0
 VOCAB = 50  # EOS is sampled ~2 % of the time
 
 
-def fake_token(seq_id: int, pos: int) -> int:
-    """The token the fake model samples after seeing tokens [0, pos) of request seq_id."""
-    x = (seq_id * 0x9E3779B1 + pos * 0x85EBCA77 + 12345) & 0xFFFFFFFF
+def fake_token(seq_id: int, pos: int, index: int = 0) -> int:
+    """The token the fake model samples after seeing tokens [0, pos) of sample ``index`` of
+    request seq_id."""
+    x = (seq_id * 0x9E3779B1 + pos * 0x85EBCA77 + index * 0x27D4EB2F + 12345) & 0xFFFFFFFF
     x ^= x >> 15
     x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
     x ^= x >> 12
@@ -46,11 +48,11 @@ def fake_token(seq_id: int, pos: int) -> int:
 
 
 def expected_output(seq_id: int, prompt_len: int, sp: SamplingParams, eos: tuple[int, ...],
-                    max_model_len: int) -> tuple[list[int], str]:
-    """The request's output under vLLM's stop rules, computed without the scheduler."""
+                    max_model_len: int, index: int = 0) -> tuple[list[int], str]:
+    """Sample ``index``'s output under vLLM's stop rules, computed without the scheduler."""
     out: list[int] = []
     while True:
-        tok = fake_token(seq_id, prompt_len + len(out))
+        tok = fake_token(seq_id, prompt_len + len(out), index)
         out.append(tok)
         if len(out) >= sp.min_tokens and (
                 (tok in eos and not sp.ignore_eos) or tok in sp.stop_token_ids):
@@ -104,35 +106,41 @@ class Sim:
         self.sched = Scheduler(cfg)
         self.kv = np.full(cfg.num_pages * cfg.page_size, -1, np.int64)
         self.stats = SimStats()
-        self.expected: dict[int, tuple[list[int], str]] = {}
+        self.expected: dict[tuple[int, int], tuple[list[int], str]] = {}  # by Sequence.key
         self.add_order: list[int] = []
         self.admitted: list[int] = []  # first admission order
         self.aborted: set[int] = set()
+        self.forks = 0  # samples forked
+        self.copies = 0  # copy-on-write page copies run
 
     def add(self, seq: Sequence) -> None:
         self.sched.add(seq)
-        self.expected[seq.seq_id] = expected_output(
-            seq.seq_id, seq.num_prompt_tokens, seq.sampling_params, self.cfg.eos_token_ids,
-            self.cfg.max_model_len)
+        for i in range(seq.sampling_params.n):
+            self.expected[(seq.seq_id, i)] = expected_output(
+                seq.seq_id, seq.num_prompt_tokens, seq.sampling_params, self.cfg.eos_token_ids,
+                self.cfg.max_model_len, i)
         self.add_order.append(seq.seq_id)
 
     def abort(self, seq_id: int) -> None:
         bm = self.sched.block_manager
         free_before, seq = bm.num_free_pages, self.sched.get(seq_id)
-        # Pages only this sequence holds (shared prefix pages stay with the others).
-        held = sum(bm.ref_count[p] == 1 for p in seq.block_table) if seq is not None else 0
+        live = [s for s in seq.group.samples if not s.is_finished] if seq is not None else []
+        # Pages only this request's samples hold (shared prefix pages stay with the others).
+        mine = Counter(p for s in live for p in s.block_table)
+        held = sum(bm.ref_count[p] == n for p, n in mine.items())
         got = self.sched.abort(seq_id)
-        assert got is seq
+        assert got is (seq.group.samples[0] if seq is not None else None)
         if seq is not None:
-            assert seq.finish_reason == "abort" and seq.is_finished and not seq.block_table
+            for s in live:
+                assert s.finish_reason == "abort" and s.is_finished and not s.block_table
+                self._finish(s)
             assert bm.num_free_pages == free_before + held  # freed at once
             assert self.sched.get(seq_id) is None
             self.aborted.add(seq_id)
-            self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:
-        assert seq.seq_id not in self.stats.finished, f"{seq!r} finished twice"
-        self.stats.finished[seq.seq_id] = seq
+        assert seq.key not in self.stats.finished, f"{seq!r} finished twice"
+        self.stats.finished[seq.key] = seq
 
     def check_plan(self, out: SchedulerOutput, had_work: bool,
                    was_waiting: set[int]) -> None:
@@ -157,7 +165,10 @@ class Sim:
                 assert s.num_cached_tokens <= s.num_tokens - 1
                 assert cfg.enable_prefix_caching or s.num_cached_tokens == 0
             if out.is_prefill and not cfg.enable_chunked_prefill:
-                assert c.samples and (c.start == 0 or c.start == s.num_cached_tokens)
+                assert c.samples or (s.fork_pending and c.start + c.num_tokens == s.num_tokens - 1)
+                assert c.start == 0 or c.start == s.num_cached_tokens
+            if out.is_prefill and s.fork_pending:  # sample 0 stops before its last token
+                assert c.start + c.num_tokens <= s.num_tokens - 1 and not c.samples
             if not out.is_prefill:
                 assert c.num_tokens == 1 and c.start == s.num_tokens - 1
         if out.is_prefill:
@@ -173,10 +184,14 @@ class Sim:
         self.stats.used_slots += len(pages) * ps - unused
 
     def last_sample(self, s: Sequence) -> bool:
-        return s.num_output_tokens + 1 == len(self.expected[s.seq_id][0])
+        return s.num_output_tokens + 1 == len(self.expected[s.key][0])
 
     def fake_model(self, out: SchedulerOutput) -> list[int]:
         ps, sampled = self.cfg.page_size, []
+        for src, dst in out.page_copies:  # copy-on-write before the step, as the engine does
+            assert src != dst and 0 not in (src, dst)
+            self.kv[dst * ps:(dst + 1) * ps] = self.kv[src * ps:(src + 1) * ps]
+            self.copies += 1
         for c in out.chunks:
             s, end = c.seq, c.start + c.num_tokens
             table = np.asarray(s.block_table)
@@ -190,7 +205,7 @@ class Sim:
                 cached = self.kv[table[pos // ps] * ps + pos % ps]
                 assert cached.tolist() == s.all_token_ids, f"KV cache corrupted for {s!r}"
             if c.samples:
-                sampled.append(fake_token(s.seq_id, end))
+                sampled.append(fake_token(s.seq_id, end, s.sample_index))
             else:
                 sampled.append(-7)  # must be ignored
         return sampled
@@ -198,15 +213,28 @@ class Sim:
     def step(self, rng: random.Random | None = None) -> SchedulerOutput:
         had_work = self.sched.has_unfinished
         was_waiting = {id(s) for s in self.sched.waiting}
+        known = {id(s) for s in self.sched.running} | was_waiting
         out = self.sched.schedule()
+        for s in [*self.sched.running, *self.sched.waiting]:
+            if id(s) in known:
+                continue
+            # Forked in this plan (perhaps preempted again at once): a new sample, which
+            # shares sample 0's computed prompt pages.
+            self.forks += 1
+            assert s.sample_index > 0 and not s.output_token_ids
+            lead = s.group.samples[0]
+            if s.status is SequenceStatus.RUNNING:
+                n_full = s.num_computed_tokens // self.cfg.page_size
+                assert s.num_computed_tokens == s.num_prompt_tokens - 1
+                assert s.block_table[:n_full] == lead.block_table[:n_full]
         self.stats.steps += 1
         self.stats.prefill_steps += out.is_prefill
         self.stats.preemptions += len(out.preempted)
         self.stats.chunked += sum(not c.samples for c in out.chunks)
         self.check_plan(out, had_work, was_waiting)
-        for c in out.chunks:
-            if c.seq.num_preemptions == 0 and c.seq.seq_id not in self.admitted:
-                self.admitted.append(c.seq.seq_id)
+        for s in self.sched.running:  # admitted now (in order), with or without a chunk
+            if id(s) in was_waiting and s.num_preemptions == 0 and s.seq_id not in self.admitted:
+                self.admitted.append(s.seq_id)
         if self.full_checks:
             check_pages(self.sched)
         sampled = self.fake_model(out)
@@ -217,7 +245,8 @@ class Sim:
         for seq, tok in new_tokens:
             assert seq.output_token_ids[-1] == tok and before[id(seq)] + 1 == seq.num_output_tokens
         for seq in finished:
-            assert seq.is_finished and not seq.block_table and self.sched.get(seq.seq_id) is None
+            assert seq.is_finished and not seq.block_table
+            assert (self.sched.get(seq.seq_id) is None) == seq.group.is_finished
             assert seq.finish_reason in ("stop", "length")
             self._finish(seq)
         if self.full_checks:
@@ -227,12 +256,15 @@ class Sim:
     def check_final(self) -> None:
         assert not self.sched.has_unfinished
         assert self.sched.block_manager.num_free_pages == self.cfg.num_pages - 1
-        assert sorted(self.stats.finished) == sorted(self.add_order)
-        for sid, seq in self.stats.finished.items():
-            if sid in self.aborted:
+        # Every sample finished once; an aborted request may have been aborted before its fork.
+        assert set(self.stats.finished) <= set(self.expected)
+        assert {k for k in self.expected if k[0] not in self.aborted} <= set(self.stats.finished)
+        assert {sid for sid, _ in self.stats.finished} == set(self.add_order)
+        for key, seq in self.stats.finished.items():
+            if key[0] in self.aborted:
                 continue
-            tokens, reason = self.expected[sid]
-            assert seq.output_token_ids == tokens, f"request {sid} output differs"
+            tokens, reason = self.expected[key]
+            assert seq.output_token_ids == tokens, f"request {key} output differs"
             assert seq.finish_reason == reason
         order = {sid: i for i, sid in enumerate(self.add_order)}
         ranks = [order[s] for s in self.admitted]
@@ -240,9 +272,10 @@ class Sim:
 
 
 def random_request(rng: random.Random, seq_id: int, max_prompt: int, max_out: int,
-                   systems: list[list[int]] | None = None) -> Sequence:
+                   systems: list[list[int]] | None = None, max_n: int = 1) -> Sequence:
     """A random request; with ``systems``, most prompts start with one of those shared
-    "system prompts" (some are exactly one), so prefix caching gets hits."""
+    "system prompts" (some are exactly one), so prefix caching gets hits. With ``max_n`` > 1
+    a third of the requests ask for 2..max_n samples."""
     prompt: list[int] = []
     if systems and rng.random() < 0.7:
         prompt = rng.choice(systems)[:max_prompt]
@@ -253,14 +286,17 @@ def random_request(rng: random.Random, seq_id: int, max_prompt: int, max_out: in
         prompt = (prompt + [1 + int(rng.random() * (VOCAB - 1))
                             for _ in range(rng.randint(1, room))])[:max_prompt]
     max_tokens = rng.randint(1, max_out)
+    n = rng.randint(2, max_n) if max_n > 1 and rng.random() < 1 / 3 else 1
     sp = SamplingParams(max_tokens=max_tokens, min_tokens=rng.choice([0, 0, min(3, max_tokens)]),
                         ignore_eos=rng.random() < 0.2,
-                        stop_token_ids=[rng.randrange(1, VOCAB)] if rng.random() < 0.1 else [])
+                        stop_token_ids=[rng.randrange(1, VOCAB)] if rng.random() < 0.1 else [],
+                        n=n)
     return Sequence(seq_id, prompt, sp)
 
 
 def run_random(cfg: SchedulerConfig, n_requests: int, seed: int, max_prompt: int,
-               max_out: int, abort_rate: float = 0.0, shared_prefixes: bool = True) -> Sim:
+               max_out: int, abort_rate: float = 0.0, shared_prefixes: bool = True,
+               max_n: int = 1) -> Sim:
     rng = random.Random(seed)
     sim = Sim(cfg)
     ps = cfg.page_size  # system prompts of 4 pages exactly and of random lengths
@@ -272,7 +308,7 @@ def run_random(cfg: SchedulerConfig, n_requests: int, seed: int, max_prompt: int
             if next_id == n_requests:
                 break
             pending = pending or random_request(rng, next_id, max_prompt, max_out,
-                                                systems if shared_prefixes else None)
+                                                systems if shared_prefixes else None, max_n)
             try:
                 sim.add(pending)
             except QueueFullError:
@@ -286,24 +322,37 @@ def run_random(cfg: SchedulerConfig, n_requests: int, seed: int, max_prompt: int
     return sim
 
 
-@pytest.mark.parametrize("n, caching, alternate", [
-    (1000, True, 1), (1000, False, None), (1000, True, 3),
-    pytest.param(10_000, True, 1, marks=pytest.mark.slow)])
-def test_simulation_random_requests(n: int, caching: bool, alternate: int | None) -> None:
+@pytest.mark.parametrize("n, caching, alternate, max_n", [
+    (1000, True, 1, 1), (1000, False, None, 1), (1000, True, 3, 1), (1000, True, 1, 4),
+    (1000, False, 1, 3), pytest.param(10_000, True, 1, 1, marks=pytest.mark.slow),
+    pytest.param(10_000, True, 1, 4, marks=pytest.mark.slow)])
+def test_simulation_random_requests(n: int, caching: bool, alternate: int | None,
+                                    max_n: int) -> None:
     """Pages are checked after every step (no leak, none held twice by one sequence, reference
-    counts exact, shared pages never written) and every output against its known tokens."""
+    counts exact, shared pages never written) and every output against its known tokens.
+    With ``max_n`` > 1 a third of the requests fork 2..max_n samples: forked samples share
+    sample 0's pages, copy a partial last page before they write it, and are preempted and
+    recomputed on their own."""
     cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=160,
                           page_size=8, num_pages=60, max_prefill_seqs=4, max_queue_len=40,
                           enable_prefix_caching=caching, max_consecutive_prefills=alternate,
                           eos_token_ids=(EOS,))
-    sim = run_random(cfg, n, seed=n, max_prompt=80, max_out=60, abort_rate=0.005)
+    sim = run_random(cfg, n, seed=n * max_n, max_prompt=80, max_out=60, abort_rate=0.005,
+                     max_n=max_n)
     st_, bm = sim.stats, sim.sched.block_manager
-    print(f"\n{n} requests (prefix caching {caching}, alternation {alternate}): {st_.steps} "
+    print(f"\n{n} requests (prefix caching {caching}, alternation {alternate}, n <= {max_n}): "
+          f"{sim.forks} forked samples, {sim.copies} page copies, {st_.steps} "
           f"steps ({st_.prefill_steps} prefill), {st_.preemptions} preemptions, {st_.chunked} "
           f"partial chunks, {len(sim.aborted)} aborted, KV waste {st_.kv_waste:.3f}, prefix "
           f"hits {bm.prefix_hit_tokens} tokens ({100 * bm.prefix_hit_rate:.1f} %), "
           f"{bm.num_evictions} evictions")
     assert st_.preemptions > 0 and st_.chunked > 0 and sim.aborted  # the workload did stress
+    if max_n > 1:
+        forked = [s for s in st_.finished.values() if s.sample_index > 0]
+        assert sim.forks >= len(forked) > n // 10 and sim.copies > n // 20
+        assert any(s.num_preemptions for s in forked)  # samples preempted on their own
+    else:
+        assert sim.forks == sim.copies == 0
     if caching:
         assert bm.prefix_hit_rate > 0.1 and bm.num_evictions > 0
     else:
@@ -314,10 +363,10 @@ def test_simulation_random_requests(n: int, caching: bool, alternate: int | None
 @given(page_size=st.sampled_from([1, 2, 4, 16]), max_num_seqs=st.integers(1, 6),
        extra_budget=st.integers(0, 40), max_prefill_seqs=st.integers(1, 4),
        num_pages=st.integers(2, 40), chunked=st.booleans(), max_model_len=st.integers(2, 64),
-       seed=st.integers(0, 2**16))
+       seed=st.integers(0, 2**16), max_n=st.sampled_from([1, 1, 3, 8]))
 def test_simulation_random_configs(page_size: int, max_num_seqs: int, extra_budget: int,
                                    max_prefill_seqs: int, num_pages: int, chunked: bool,
-                                   max_model_len: int, seed: int) -> None:
+                                   max_model_len: int, seed: int, max_n: int) -> None:
     budget = max_num_seqs + extra_budget
     if not chunked:
         budget = max(budget, max_model_len)
@@ -327,12 +376,16 @@ def test_simulation_random_configs(page_size: int, max_num_seqs: int, extra_budg
                           enable_chunked_prefill=chunked, eos_token_ids=(EOS,))
     rng = random.Random(seed)
     sim = Sim(cfg)
-    capacity = (num_pages - 1) * page_size
     for i in range(30):
-        seq = random_request(rng, i, max_prompt=max_model_len, max_out=max_model_len)
-        p, m = seq.num_prompt_tokens, seq.sampling_params.max_tokens
-        fits = p + m <= max_model_len and p + m - 1 <= capacity
-        if fits:
+        seq = random_request(rng, i, max_prompt=max_model_len, max_out=max_model_len,
+                             max_n=max_n)
+        p, m, k = seq.num_prompt_tokens, seq.sampling_params.max_tokens, seq.sampling_params.n
+        shared = (p - 1) // page_size if k > 1 else 0  # full prompt pages, held once
+        pages = shared + k * (math.ceil((p + m - 1) / page_size) - shared)
+        if p + m <= max_model_len and k > max_num_seqs:
+            with pytest.raises(TooManySamplesError, match="max_num_seqs"):
+                sim.sched.add(seq)
+        elif p + m <= max_model_len and pages <= num_pages - 1:
             sim.add(seq)
         else:
             with pytest.raises(RequestTooLongError):
@@ -650,3 +703,138 @@ def test_kv_waste_mixed_lengths() -> None:
     waste = {ps: w for ps, w, _, _ in rows}
     assert 0.0 < waste[8] < waste[16] < waste[32] < 1.0
     assert waste[16] <= 0.04
+
+
+# ---------------------------------------------------------------- n > 1 samples
+
+
+def group(seq_id: int, length: int, n: int, max_tokens: int = 8) -> Sequence:
+    """Sample 0 of a request for ``n`` samples (prompt as ``seq()``'s, EOS ignored)."""
+    return Sequence(seq_id, seq(seq_id, length).prompt_token_ids,
+                    SamplingParams(max_tokens=max_tokens, ignore_eos=True, n=n))
+
+
+
+def test_fork_shares_prompt_pages_and_copies_the_partial_one() -> None:
+    s = make(page_size=4, max_num_seqs=4)
+    a = group(0, 10, 3, max_tokens=3)
+    s.add(a)
+    out, new, _ = step(s)  # the prompt up to its last token; nothing sampled
+    assert plan(out) == ("P", [(0, 0, 9)]) and new == [] and not out.page_copies
+    out = s.schedule()  # sample 0 forks: all three feed the last prompt token
+    samples = a.group.samples
+    assert [q.sample_index for q in samples] == [0, 1, 2] and s.running == samples
+    assert plan(out) == ("D", [(0, 9, 1)] * 3) and [c.seq for c in out.chunks] == samples
+    shared, last = a.block_table[:2], a.block_table[2]
+    assert all(q.block_table[:2] == shared for q in samples)
+    assert [(c.src, c.dst) for c in out.page_copies] == [
+        (last, samples[1].block_table[2]), (last, samples[2].block_table[2])]
+    bm = s.block_manager
+    assert [bm.ref_count[p] for p in shared] == [3, 3] and bm.num_used_pages == 5
+    check_pages(s)
+    new, fin = s.postprocess(out, [5, 6, 7])
+    assert [(q.sample_index, t) for q, t in new] == [(0, 5), (1, 6), (2, 7)] and not fin
+    assert bm.num_cached_pages == 2  # the shared prompt pages, registered once
+    while s.has_unfinished:
+        out, _, fin = step(s, tok=8)
+        check_pages(s)
+        assert not out.page_copies
+    assert [q.output_token_ids for q in samples] == [[5, 8, 8], [6, 8, 8], [7, 8, 8]]
+    assert a.group.is_finished and s.get(0) is None and bm.num_free_pages == 63
+
+
+@pytest.mark.parametrize("prompt_len, copies", [(9, 0), (1, 0), (6, 3)])
+def test_fork_page_boundaries(prompt_len: int, copies: int) -> None:
+    """9 tokens: 8 computed end a page, each sample takes a new page for the 9th; a 1-token
+    prompt has nothing to prefill (admitted and forked in one decode step)."""
+    s = make(page_size=4, max_num_seqs=4)
+    a = group(0, prompt_len, 4, max_tokens=2)
+    s.add(a)
+    if prompt_len > 1:
+        out, _, _ = step(s)
+        assert plan(out) == ("P", [(0, 0, prompt_len - 1)])
+    out = s.schedule()
+    assert plan(out) == ("D", [(0, prompt_len - 1, 1)] * 4) and len(out.page_copies) == copies
+    pages = [q.block_table[-1] for q in a.group.samples]
+    assert len(set(pages)) == 4  # every sample writes its own page
+    check_pages(s)
+    s.postprocess(out, [5] * 4)
+    while s.has_unfinished:
+        step(s)
+        check_pages(s)
+    assert all(q.output_token_ids == [5, 5] for q in a.group.samples)
+
+
+def test_samples_hold_places_and_pages_from_admission() -> None:
+    # max_num_seqs 4: a 3-sample request holds 3 places before it forks, so a 2-sample one
+    # waits for them; a 1-sample one fits beside it.
+    s = make(page_size=4, max_num_seqs=4, max_consecutive_prefills=None)
+    a, b, c = group(0, 6, 3, max_tokens=2), group(1, 6, 2, max_tokens=2), seq(2, 6, max_tokens=2)
+    for q in (a, b, c):
+        s.add(q)
+    out, _, _ = step(s)
+    assert plan(out) == ("P", [(0, 0, 5)]) and s.num_waiting == 2  # b does not fit: FCFS stop
+    out, _, _ = step(s)
+    assert plan(out) == ("D", [(0, 5, 1)] * 3)
+    while not b.output_token_ids:
+        step(s)
+    assert a.group.is_finished
+    # Pages: 2 full + partial prompt pages for 5 computed tokens of a 9-token prompt, plus a
+    # copy per extra sample, must be free at admission.
+    s2 = make(page_size=4, num_pages=6, max_num_seqs=4)  # 5 usable pages
+    s2.add(seq(0, 9, max_tokens=1))  # holds 3 pages once admitted
+    s2.add(d := group(1, 7, 2, max_tokens=1))  # needs 2 + 1 pages: waits
+    out, _, _ = step(s2)
+    assert plan(out) == ("P", [(0, 0, 9)]) and d.status is SequenceStatus.WAITING
+    while s2.has_unfinished:
+        step(s2)
+        check_pages(s2)
+    assert [len(q.output_token_ids) for q in d.group.samples] == [1, 1]
+
+
+def test_abort_and_finish_of_samples() -> None:
+    s = make(page_size=4)
+    a = group(0, 10, 3, max_tokens=5)
+    s.add(a)
+    step(s)
+    step(s)  # forked, each sample has one token
+    bm = s.block_manager
+    one, two = a.group.samples[1:]
+    s.finish_sample(one, "stop")
+    assert one.finish_reason == "stop" and not one.block_table and s.get(0) is a
+    assert [bm.ref_count[p] for p in a.block_table[:2]] == [2, 2]
+    s.finish_sample(one, "stop")  # already finished: nothing happens
+    with pytest.raises(SequenceStateError, match="not scheduled here"):
+        s.finish_sample(seq(9, 3), "stop")
+    assert s.abort(0) is a and a.group.is_finished and bm.num_free_pages == 63
+    assert (a.finish_reason, two.finish_reason) == ("abort", "abort") and s.get(0) is None
+    b = group(1, 10, 3, max_tokens=5)  # aborted before it forks: only sample 0 ever existed
+    s.add(b)
+    step(s)
+    assert s.abort(1) is b and b.group.samples == [b] and bm.num_free_pages == 63
+    with pytest.raises(TooManySamplesError, match="n = 5 samples.*max_num_seqs = 4"):
+        s.add(group(2, 3, 5))
+
+
+def test_forked_samples_are_preempted_and_recomputed_alone() -> None:
+    """A pool too small for everything at full length: the newest sample is preempted, comes
+    back through the prefix cache (its siblings hold the prompt pages) and ends with the
+    outputs it would have had without preemption."""
+    s = make(page_size=4, num_pages=13, max_model_len=24)  # 12 usable pages
+    b = seq(1, 9, max_tokens=12)  # 5 pages at full length
+    a = group(0, 9, 3, max_tokens=12)  # 2 shared pages + 3 x 3 = 11
+    s.add(b)
+    s.add(a)
+    preempted = []
+    while s.has_unfinished:
+        out = s.schedule()
+        preempted += out.preempted
+        s.postprocess(out, [10 + c.seq.seq_id * 50 + c.seq.sample_index * 20
+                            + c.seq.num_output_tokens for c in out.chunks])
+        check_pages(s)
+    assert preempted and preempted[0] is a.group.samples[2]  # the newest: last sample
+    for q in [b, *a.group.samples]:
+        assert q.output_token_ids == [10 + q.seq_id * 50 + q.sample_index * 20 + i
+                                      for i in range(12)]
+    assert any(q.num_cached_tokens >= 8 for q in preempted)  # prompt pages from the cache
+    assert s.block_manager.num_free_pages == 12

@@ -35,7 +35,8 @@ from jaxinfer.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "dummy:tiny-llama"
-# Small bucket set: prefill T 16 x S {1, 2} x 4 pages (+ logits T 16), decode B {1, 2}.
+# Small bucket set: prefill T 16 x S {1, 2} x 4 pages (+ logits T 16), decode B {1, 2}, and
+# the page-copy program of n > 1 requests.
 ENGINE = {"max_model_len": 64, "block_size": 16, "max_num_seqs": 2,
           "max_num_batched_tokens": 16, "max_prefill_seqs": 2}
 CLI_ENGINE = ["--max-model-len", "64", "--block-size", "16", "--max-num-seqs", "2",
@@ -153,11 +154,14 @@ def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
     ec = EngineConfig(**ENGINE)
     kv = kv_pool_bytes(DUMMY_CONFIGS["tiny-llama"], ec, jnp.float32)
     assert f"= {kv:,} bytes" in out
-    assert "programs: 5 (prefill sample 2, prefill logits 1, decode sample 2)" in out
-    rows = [ln.split() for ln in out.splitlines() if ln.startswith(("sample ", "logits "))]
+    assert ("programs: 6 (prefill sample 2, prefill logits 1, decode sample 2, kv copy 1)"
+            in out)
+    rows = [ln.split() for ln in out.splitlines()
+            if ln.startswith(("sample ", "logits ", "copy "))]
     assert sorted((r[0], r[1], int(r[2]), int(r[3])) for r in rows) == sorted(
         [("sample", "prefill", 16, 1), ("sample", "prefill", 16, 2),
-         ("logits", "prefill", 16, 1), ("sample", "decode", 1, 1), ("sample", "decode", 2, 2)])
+         ("logits", "prefill", 16, 1), ("sample", "decode", 1, 1), ("sample", "decode", 2, 2),
+         ("copy", "kv", 2, 1)])
 
 
 def test_xla_counter_excludes_persistent_cache_hits():
@@ -189,7 +193,7 @@ def test_programs_from_jax_persistent_cache_are_never_stored():
 
 def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
     manifest = json.loads((cache_dir / "manifest.json").read_text())
-    assert len(manifest["programs"]) == 5
+    assert len(manifest["programs"]) == 6
     assert all(p["compile_seconds"] > 0 and (cache_dir / p["file"]).is_file()
                for p in manifest["programs"])
     fp = manifest["fingerprint"]
@@ -198,7 +202,7 @@ def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
 
     warm = _fresh_process(cache_dir)
     assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
-    assert warm["loaded"] == 5  # prefill S=1 and S=2, decode B=1 and B=2, logits
+    assert warm["loaded"] == 5  # prefill S=1 and S=2, decode B=1 and B=2, logits (n = 1: no copy)
 
     ref = LLM(MODEL, **ENGINE)
     outs = ref.generate(PROMPTS, GREEDY)

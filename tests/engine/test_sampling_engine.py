@@ -247,7 +247,7 @@ def test_stop_strings_end_the_request(smollm_tokenizer):
 def test_bad_parameters_and_stop_strings_without_tokenizer():
     with pytest.raises(RequestError, match="stop strings need a tokenizer"):
         _llm().generate([[3, 4]], SamplingParams(stop=["x"]))
-    for kw, field in [(dict(n=2), "n"), (dict(min_p=1.5), "min_p"),
+    for kw, field in [(dict(n=65), "n"), (dict(min_p=1.5), "min_p"),
                       (dict(repetition_penalty=0.0), "repetition_penalty"),
                       (dict(presence_penalty=2.5), "presence_penalty"),
                       (dict(frequency_penalty=-3), "frequency_penalty"),

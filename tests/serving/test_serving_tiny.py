@@ -178,6 +178,8 @@ def _bad_requests() -> list[tuple[str, pb.GenerateRequest, str]]:
         ("max_tokens", build_request(token_ids=[5], max_tokens=0), "max_tokens"),
         ("min_tokens", build_request(token_ids=[5], max_tokens=2, min_tokens=3), "min_tokens"),
         ("seed", build_request(token_ids=[5], seed=2**63), "seed"),
+        ("n", build_request(token_ids=[5], n=0), "n must be in [1, 64]"),
+        ("n > max_num_seqs", build_request(token_ids=[5], n=33), "max_num_seqs = 32"),
         ("logprobs", build_request(token_ids=[5], logprobs=21), "logprobs"),
         ("prompt_logprobs", build_request(token_ids=[5], prompt_logprobs=-1), "prompt_logprobs"),
         ("stop without tokenizer", build_request(token_ids=[5], stop=["x"]), "stop"),
@@ -251,14 +253,14 @@ def test_full_queue_gives_resource_exhausted(tiny_server):
 
 def test_fault_in_one_request_fails_only_that_request(tiny_server, monkeypatch):
     st, prompts, params, ref = tiny_server
-    item = EngineThread._item
+    items = EngineThread._items
 
     def faulty(self, h, out, now):
-        if h.prompt_ids[0] == 95 and h.num_sent >= 2:
+        if h.prompt_ids[0] == 95 and h.num_sent[0] >= 2:
             raise RuntimeError("injected fault")
-        return item(self, h, out, now)
+        return items(self, h, out, now)
 
-    monkeypatch.setattr(EngineThread, "_item", faulty)
+    monkeypatch.setattr(EngineThread, "_items", faulty)
     bad = [95] + prompts[1]
     sub = list(range(8))
     reqs = [prompts[i] for i in sub] + [bad]
@@ -287,7 +289,7 @@ def test_fault_in_one_request_fails_only_that_request(tiny_server, monkeypatch):
 
     # A fault in a whole step (here the device program) fails the requests running in it;
     # the next request is served.
-    monkeypatch.setattr(EngineThread, "_item", item)
+    monkeypatch.setattr(EngineThread, "_items", items)
     calls = {"n": 0}
     runner = st.engine.runner
     execute = type(runner).execute
@@ -373,3 +375,67 @@ def test_health_is_not_serving_during_warmup(monkeypatch):
     finally:
         gate.set()
         st.stop()
+
+
+# ---------------------------------------------------------------- n > 1 samples
+
+
+def _stream_samples(target: str, req: pb.GenerateRequest) -> tuple[list[pb.GenerateResponse],
+                                                                    dict[int, list[int]]]:
+    with InferenceClient(target, timeout=60) as c:
+        msgs = list(c.stub.Generate(req, timeout=60))
+    ids: dict[int, list[int]] = {}
+    finished: set[int] = set()
+    for m in msgs:
+        assert m.index not in finished, "a message after the sample's final one"
+        ids.setdefault(m.index, []).extend(m.token_ids)
+        if m.finish_reason:
+            finished.add(m.index)
+            assert (m.usage.prompt_tokens, m.usage.completion_tokens) == (
+                len(req.prompt_token_ids.ids), len(ids[m.index]))
+    assert finished == set(ids), "every sample ends with its finish_reason"
+    return msgs, ids
+
+
+def test_samples_stream_by_index_and_match_unary(tiny_server):
+    st, prompts, params, ref = tiny_server
+    runner = st.engine.runner
+    programs = (runner.num_compilations, runner.num_loaded)  # the copy program: at warm-up
+    # Greedy: three copies of the offline n = 1 output.
+    greedy = build_request(token_ids=prompts[5], n=3, **_sampling(params[5]))
+    _, ids = _stream_samples(st.target, greedy)
+    assert ids == {i: ref[5].outputs[0].token_ids for i in range(3)}
+    # Seeded sampling: the stream and the unary response carry the same samples.
+    req = build_request(token_ids=prompts[7], n=4, seed=123, temperature=1.0, max_tokens=12,
+                        ignore_eos=True)
+    msgs, ids = _stream_samples(st.target, req)
+    assert sorted(ids) == [0, 1, 2, 3] and len({tuple(t) for t in ids.values()}) == 4
+    assert len({m.index for m in msgs[:8]}) > 1, "the samples' messages interleave"
+    with InferenceClient(st.target, timeout=60) as c:
+        unary = c.stub.GenerateUnary(req, timeout=60)
+    assert [s.index for s in unary.samples] == [0, 1, 2, 3]
+    assert [list(s.token_ids) for s in unary.samples] == [ids[i] for i in range(4)]
+    top = pb.GenerateResponse()
+    top.CopyFrom(unary)
+    top.ClearField("samples")
+    assert top == unary.samples[0]  # the top level repeats sample 0
+    assert all(s.usage.completion_tokens == 12 and s.finish_reason == pb.FINISH_REASON_LENGTH
+               for s in unary.samples)
+    wait_until(lambda: _all_free(st))
+    assert (runner.num_compilations, runner.num_loaded) == programs
+
+
+def test_cancel_mid_stream_frees_every_sample(tiny_server):
+    st = tiny_server[0]
+    wait_until(lambda: _all_free(st))
+    restore = _slow_steps(st, 0.02)
+    try:
+        with InferenceClient(st.target, timeout=60) as c:
+            stream = c.generate_stream(token_ids=list(range(2, 40)), max_tokens=80, n=4,
+                                       ignore_eos=True, temperature=1.0)
+            got = [next(stream) for _ in range(6)]
+            assert len({r.index for r in got}) > 1 and not any(r.finish_reason for r in got)
+            stream.cancel()
+            wait_until(lambda: _all_free(st), timeout=5)
+    finally:
+        restore()

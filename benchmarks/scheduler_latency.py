@@ -12,7 +12,8 @@ ttft  Requests that share a --system-token system prompt, each sent after the pr
       finished; time to first token with and without prefix caching.
 waste KV waste on a mixed-length workload (plain-Python scheduler, tests/core).
 sim   10,000 random requests with shared prefixes through the scheduler and a fake model,
-      pages checked after every step (tests/core): leaked / double-owned pages.
+      pages checked after every step (tests/core): leaked / double-owned pages. With
+      --sim-max-n N > 1 a third of the requests ask for 2..N samples (forks, page copies).
 
 Every program is compiled in an untimed warm-up of the same scenario first, and the run
 asserts no compilation happened while timed. Times are host wall-clock around
@@ -169,6 +170,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=128, help="prefill chunk budget (itl)")
     ap.add_argument("--system-tokens", type=int, default=512)
     ap.add_argument("--requests", type=int, default=6)
+    ap.add_argument("--sim-max-n", type=int, default=1, help="most samples per request (sim)")
     ns = ap.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
@@ -214,18 +216,22 @@ def main() -> None:
                               page_size=8, num_pages=60, max_prefill_seqs=4, max_queue_len=40,
                               eos_token_ids=(EOS,))
         t0 = time.perf_counter()
-        sim = run_random(cfg, 10_000, seed=10_000, max_prompt=80, max_out=60,
-                         abort_rate=0.005)  # raises on any leaked / double-owned page
+        n = ns.sim_max_n
+        sim = run_random(cfg, 10_000, seed=10_000 * n, max_prompt=80, max_out=60,
+                         abort_rate=0.005, max_n=n)  # raises on any leaked / double-owned page
         bm = sim.sched.block_manager
         leaked = bm.num_usable_pages - bm.num_free_pages  # all finished: every page free
         print(f"10,000 requests: {sim.stats.steps} steps, every step checked; leaked pages "
               f"{leaked}, prefix hit rate {100 * bm.prefix_hit_rate:.1f} %, "
-              f"{sim.stats.preemptions} preemptions, {bm.num_evictions} evictions "
+              f"{sim.stats.preemptions} preemptions, {bm.num_evictions} evictions, "
+              f"{sim.forks} forked samples, {sim.copies} page copies "
               f"({time.perf_counter() - t0:.0f} s)")
         record("sched_sim_10k_leaked_pages", leaked, "pages",
                {"requests": 10_000, "steps": sim.stats.steps, "prefix_caching": True,
                 "prefix_hit_rate": bm.prefix_hit_rate, "preemptions": sim.stats.preemptions,
                 "evictions": bm.num_evictions, "aborted": len(sim.aborted),
+                "max_samples_per_request": n, "forked_samples": sim.forks,
+                "page_copies": sim.copies,
                 "checks": "tests/core/test_scheduler.py check_pages + KV read-back, every step"})
 
 

@@ -14,6 +14,12 @@ vLLM v1's ``Sampler``:
    ``top_p`` nucleus of what is left (ties at a cut-off are kept, as in vLLM's threshold
    masking) and draw with the Gumbel-max trick.
 
+No vocabulary sort (:mod:`jaxinfer.sampling_filters`): a row with ``top_k <= TOPK_FAST`` is
+cut from ``lax.top_k(x, TOPK_FAST)``, which XLA:GPU runs on its TopK kernel; every other
+filtering row finds its k-th value and its nucleus by an exact threshold search (fused
+multi-pivot reductions); the 20 best logprobs come from two small top-k passes. Which method
+a row uses depends on its own ``top_k`` only, so its floats do not depend on its neighbours.
+
 Each row draws from its own key, ``fold_in(key(seed), sample_index)``, so a request's tokens
 depend only on its seed and the index of the token being sampled -- not on the batch it lands
 in, its row or its bucket (vLLM's per-request generators, made functional).
@@ -24,24 +30,46 @@ that do not sample). Bits 0-29 count the token in the output so far; bit 30 flag
 present in the prompt. The step adds each sampled token to its row; the engine (re)loads a
 row from the host with :func:`load_token_history` when a sequence with penalties is admitted
 (its prompt may come from the prefix cache and was never fed through a step).
-Batch-wide conds skip what no row needs: all-greedy rows skip temperature, min-p, top-k/top-p
-and the random draw; no top-k/top-p skips the vocabulary sort; no penalties skip the gather of
-count rows; no logprobs skip the log-softmax; a top-k of at most ``TOPK_FAST`` in every
-filtering row replaces the sort by ``lax.top_k``.
+
+Work no row of the batch needs is skipped, decided in one of two ways (same results):
+
+* ``needs=None``: on the device, by batch-wide ``lax.cond``s (all greedy: no temperature,
+  filters or draw; no penalties: no gather of count rows; no logprobs: no log-softmax; no
+  top-k above ``TOPK_FAST``: no k-th value search; no top-p outside the fast rows: no nucleus
+  search). On XLA:GPU every ``lax.cond`` copies its predicate to the host and blocks until the
+  stream reaches it (xla ``backends/gpu/runtime/conditional_thunk.cc``: ``Memcpy`` then
+  ``BlockHostUntilDone``; command buffers, which could keep it on the device, leave
+  ``CONDITIONAL`` out of ``--xla_gpu_enable_command_buffer``'s default set), so the call does
+  not return before the device has run everything queued ahead of the cond.
+* ``needs=SamplerNeeds.of(host arrays, V)``: on the host, from the numpy parameters, as
+  static flags: the program has no conditional at all (vLLM decides ``all_greedy``,
+  ``no_penalties`` and ``max_num_logprobs`` on the host the same way). One program per flag
+  combination; ``SamplerNeeds()`` (all True) is one program for every batch.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxinfer.batch import SamplingArrays
+from jaxinfer.sampling_filters import (
+    TOPK_FAST,
+    cutoff_from_best,
+    kth_largest,
+    nucleus_cut,
+    top_values,
+)
 from jaxinfer.sampling_params import MAX_LOGPROBS
 
+__all__ = ["COUNT_MASK", "PROMPT_FLAG", "TOPK_FAST", "SampleOutput", "SamplerNeeds",
+           "apply_penalties", "load_token_history", "sample", "sample_rows"]
+
 NEG_INF = -jnp.inf
-TOPK_FAST = 64  # top-k up to this many tokens skips the vocabulary sort (lax.top_k instead)
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
 COUNT_MASK = PROMPT_FLAG - 1  # bits holding the number of occurrences in the output
 
@@ -63,6 +91,60 @@ class SampleOutput(NamedTuple):
     top_logprobs: jax.Array
 
 
+def _needs(xp: Any, sp: SamplingArrays, V: int) -> dict[str, Any]:
+    """Which parts of the sampler some row of the batch needs (numpy or jax ``xp``)."""
+    rows = _row_filters(sp, V)
+    rp = sp.repetition_penalty
+    return {
+        "penalties": xp.any(((rp != 1.0) & (rp > 0.0)) | (sp.presence_penalty != 0.0)
+                            | (sp.frequency_penalty != 0.0)),
+        "sampling": xp.any(sp.temperature > 0.0),
+        "top_k_fast": xp.any(rows["cuts"] & rows["fast"]),
+        "top_k_search": xp.any(rows["wide"] & rows["k_on"]),
+        "top_p_search": xp.any(rows["wide"] & rows["p_on"]),
+        "logprobs": xp.any(sp.want_logprobs),
+    }
+
+
+def _row_filters(sp: SamplingArrays, V: int) -> dict[str, Any]:
+    """Per-row [S] bool: top-k on, top-p on, cut by the fast path, cut at all, cut by search."""
+    k_on = (sp.top_k > 0) & (sp.top_k < V)
+    p_on = sp.top_p < 1.0
+    fast = k_on & (sp.top_k <= TOPK_FAST)
+    cuts = (sp.temperature > 0.0) & (k_on | p_on)
+    return {"k_on": k_on, "p_on": p_on, "fast": fast, "cuts": cuts, "wide": cuts & ~fast}
+
+
+class SamplerNeeds(NamedTuple):
+    """Static flags: the parts of :func:`sample_rows` some row of the batch needs.
+
+    Each False flag drops a part from the compiled program; it must be True whenever a row
+    of the batch needs the part (``of`` computes exactly that). All True (the default) is one
+    program that serves any batch.
+
+    Attributes:
+      penalties: some row has a repetition, presence or frequency penalty.
+      sampling: some row has temperature > 0.
+      top_k_fast: some sampling row filters with 0 < top_k <= TOPK_FAST.
+      top_k_search: some sampling row has TOPK_FAST < top_k < V.
+      top_p_search: some sampling row without a fast top-k has top_p < 1.
+      logprobs: some row asked for logprobs.
+    """
+
+    penalties: bool = True
+    sampling: bool = True
+    top_k_fast: bool = True
+    top_k_search: bool = True
+    top_p_search: bool = True
+    logprobs: bool = True
+
+    @classmethod
+    def of(cls, sp: SamplingArrays, vocab_size: int) -> SamplerNeeds:
+        """The flags of a batch from its host (numpy) parameter arrays."""
+        sp = SamplingArrays(*map(np.asarray, sp))
+        return cls(**{k: bool(v) for k, v in _needs(np, sp, vocab_size).items()})
+
+
 def _row_key(seed: jax.Array, index: jax.Array) -> jax.Array:
     """seed [2] uint32, index int32 -> a typed PRNG key."""
     key = jax.random.key(seed[0])
@@ -76,8 +158,8 @@ def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.A
 
     Args:
       logits: [S, V] float32.  counts_rows: [S, V] int32 packed counts (module docstring).
-      repetition / presence / frequency: [S] float32 (1, 0, 0 leave a row unchanged; a
-        repetition penalty <= 0, which SamplingParams never gives, counts as 1).
+      repetition / presence / frequency: [S] float32 (1, 0, 0 leave a row unchanged, bit for
+        bit; a repetition penalty <= 0, which SamplingParams never gives, counts as 1).
     Returns:
       [S, V] float32 penalized logits.
     """
@@ -89,56 +171,35 @@ def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.A
             - presence[:, None] * (out_counts > 0).astype(jnp.float32))
 
 
-def _cutoff(srt: jax.Array, V: int, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    """[S] value of the smallest logit that top-k and then top-p keep.
-
-    ``srt`` [S, W] holds each row's W largest scaled logits in descending order (W = V after
-    a full sort; W < V when every row's k is at most W).
-    """
-    W = srt.shape[-1]
-    k = jnp.minimum(jnp.where((top_k > 0) & (top_k < V), top_k, V), W)
-    in_k = jnp.arange(W)[None, :] < k[:, None]
-    probs = jax.nn.softmax(jnp.where(in_k, srt, NEG_INF), axis=-1)
-    cum_before = jnp.cumsum(probs, axis=-1) - probs
-    # A token survives top-p while the mass before it is below p (the best one always);
-    # p = 1 keeps all of top-k whatever the rounding of the cumulative sum.
-    keep = in_k & ((cum_before < top_p[:, None]) | (top_p[:, None] >= 1.0))
-    n_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)
-    return jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)[:, 0]
+_When = Callable[[str, Callable[[], Any], Callable[[], Any]], Any]
 
 
-def _draw(logits: jax.Array, sp: SamplingArrays) -> jax.Array:
+def _cutoff(scaled: jax.Array, top: jax.Array, sp: SamplingArrays, when: _When) -> jax.Array:
+    """[S] value of the smallest scaled logit that top-k and then top-p keep (-inf: no cut)."""
+    S, V = scaled.shape
+    rows = _row_filters(sp, V)
+    none = jnp.full((S,), NEG_INF, jnp.float32)
+    k = jnp.where(rows["k_on"], sp.top_k, V)
+    W = min(TOPK_FAST, V)
+    fast = when("top_k_fast", lambda: cutoff_from_best(
+        jax.lax.top_k(scaled, W)[0], V, sp.top_k, sp.top_p), lambda: none)
+    # Rows without top-k take -inf as their k-th value on both branches (same floats after).
+    kth = when("top_k_search", lambda: jnp.where(rows["k_on"], kth_largest(scaled, top, k),
+                                                 NEG_INF), lambda: none)
+    wide = when("top_p_search", lambda: nucleus_cut(scaled, top, kth, k, sp.top_p),
+                lambda: kth)
+    return jnp.where(rows["cuts"], jnp.where(rows["fast"], fast, wide), NEG_INF)
+
+
+def _draw(logits: jax.Array, sp: SamplingArrays, when: _When) -> jax.Array:
     """[S, V] processed logits -> [S] int32 tokens (greedy rows: argmax)."""
     V = logits.shape[-1]
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     scaled = logits / jnp.maximum(sp.temperature, 1e-6)[:, None]
     # min-p: p_i >= min_p * p_max  <=>  scaled_i - max >= log(min_p)  (log 0 = -inf keeps all)
-    top = jnp.max(scaled, axis=-1, keepdims=True)
-    scaled = jnp.where(scaled - top >= jnp.log(sp.min_p)[:, None], scaled, NEG_INF)
-    # Rows that sample and filter by rank or mass need a cut-off. When each such row keeps
-    # at most TOPK_FAST tokens by top-k, lax.top_k's TOPK_FAST best replace the full sort
-    # (top-p acts on the top-k set, so those values are all it needs).
-    cuts = (sp.temperature > 0.0) & (((sp.top_k > 0) & (sp.top_k < V)) | (sp.top_p < 1.0))
-    narrow = (sp.top_k > 0) & (sp.top_k <= TOPK_FAST)
-    none = jnp.full(scaled.shape[:1], NEG_INF, scaled.dtype)
-
-    W = min(TOPK_FAST, V)
-
-    def by_sort() -> jax.Array:
-        srt = -jnp.sort(-scaled, axis=-1)
-        # Narrow rows take the width-W computation of by_top_k: the same floats either way,
-        # so a row's draw does not depend on which path its neighbours force.
-        return jnp.where(narrow, _cutoff(srt[:, :W], V, sp.top_k, sp.top_p),
-                         _cutoff(srt, V, sp.top_k, sp.top_p))
-
-    def by_top_k() -> jax.Array:
-        best = jax.lax.top_k(scaled, W)[0]
-        return jnp.where(cuts, _cutoff(best, V, sp.top_k, sp.top_p), NEG_INF)
-
-    cut = jax.lax.cond(
-        jnp.any(cuts),
-        lambda: jax.lax.cond(jnp.all(narrow | ~cuts), by_top_k, by_sort),
-        lambda: none)
+    top = jnp.max(scaled, axis=-1)
+    scaled = jnp.where(scaled - top[:, None] >= jnp.log(sp.min_p)[:, None], scaled, NEG_INF)
+    cut = _cutoff(scaled, top, sp, when)
     masked = jnp.where(scaled >= cut[:, None], scaled, NEG_INF)
     keys = jax.vmap(_row_key)(sp.seeds, sp.sample_index)
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(keys)
@@ -147,21 +208,25 @@ def _draw(logits: jax.Array, sp: SamplingArrays) -> jax.Array:
 
 
 def _logprobs(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    K = min(MAX_LOGPROBS, logits.shape[-1])
-    lse = jax.nn.logsumexp(logits, axis=-1)
+    top_v, top_i = top_values(logits, min(MAX_LOGPROBS, logits.shape[-1]))
+    m = top_v[:, 0]  # the row maximum; log-sum-exp as jax.nn.logsumexp computes it
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    lse = jnp.log(jnp.sum(jnp.exp(logits - m[:, None]), axis=-1)) + m
     chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
-    top_v, top_i = jax.lax.top_k(logits, K)
-    return chosen, top_i.astype(jnp.int32), top_v - lse[:, None]
+    return chosen, top_i, top_v - lse[:, None]
 
 
-def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array
-                ) -> tuple[SampleOutput, jax.Array]:
+def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
+                needs: SamplerNeeds | None = None) -> tuple[SampleOutput, jax.Array]:
     """Sample one token per row and record it in the row's slot of ``counts``.
 
     Args:
       logits: [S, V] raw logits (any float dtype; computed in float32).
       sp: per-row parameters, each [S] ([S, 2] uint32 seeds); see ``batch.SamplingArrays``.
       counts: [N + 1, V] int32 packed token counts (module docstring); row N is scratch.
+      needs: static flags of the parts the batch needs (``SamplerNeeds.of``), or None to
+        decide on the device with ``lax.cond`` (module docstring: each one is a host sync on
+        XLA:GPU). Either way every row gets the same result.
     Returns:
       (SampleOutput, updated counts). Rows whose slot is < 0 or >= N use the scratch row.
     """
@@ -169,20 +234,23 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array
     S, V = logits.shape
     N = counts.shape[0] - 1
     slots = jnp.where((sp.slots >= 0) & (sp.slots < N), sp.slots, N)
-    rp = sp.repetition_penalty
-    penalized = jnp.any(((rp != 1.0) & (rp > 0.0)) | (sp.presence_penalty != 0.0)
-                        | (sp.frequency_penalty != 0.0))
-    proc = jax.lax.cond(
-        penalized,
-        lambda: apply_penalties(logits, counts[slots], sp.repetition_penalty,
-                                sp.presence_penalty, sp.frequency_penalty),
-        lambda: logits)
-    tokens = jax.lax.cond(jnp.all(sp.temperature == 0.0),
-                          lambda: jnp.argmax(proc, axis=-1).astype(jnp.int32),
-                          lambda: _draw(proc, sp))
+    if needs is None:
+        preds = _needs(jnp, sp, V)
+
+        def when(name: str, f: Callable[[], Any], g: Callable[[], Any]) -> Any:
+            return jax.lax.cond(preds[name], f, g)
+    else:
+        def when(name: str, f: Callable[[], Any], g: Callable[[], Any]) -> Any:
+            return f() if getattr(needs, name) else g()
+
+    proc = when("penalties", lambda: apply_penalties(
+        logits, counts[slots], sp.repetition_penalty, sp.presence_penalty,
+        sp.frequency_penalty), lambda: logits)
+    tokens = when("sampling", lambda: _draw(proc, sp, when),
+                  lambda: jnp.argmax(proc, axis=-1).astype(jnp.int32))
     K = min(MAX_LOGPROBS, V)
-    chosen, top_i, top_v = jax.lax.cond(
-        jnp.any(sp.want_logprobs), lambda: _logprobs(logits, tokens),
+    chosen, top_i, top_v = when(
+        "logprobs", lambda: _logprobs(logits, tokens),
         lambda: (jnp.zeros((S,), jnp.float32), jnp.zeros((S, K), jnp.int32),
                  jnp.zeros((S, K), jnp.float32)))
     counts = counts.at[slots, tokens].add((slots < N).astype(jnp.int32))

@@ -192,7 +192,7 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
     res["compile_s"] = {str(k[1]): round(v, 2) for k, v in eng.runner.compile_seconds.items()}
     res["weight_bytes"] = int(sum(x.size * x.dtype.itemsize
                                   for x in jax.tree.leaves(eng.runner.state)))
-    del eng, replay
+    del eng
     import gc
 
     gc.collect()

@@ -6,8 +6,9 @@ milliseconds. XLA:GPU keeps only ``lax.top_k`` with k <= 16 on a dedicated kerne
 (``TOPK_FAST``; xla ``topk_specializer.cc``: "CustomCall TopK requires k <= 16 and n >= 1024",
 larger k is decomposed into sort + slice). So:
 
-* a row whose top-k is at most ``TOPK_FAST`` is cut from ``lax.top_k(x, TOPK_FAST)`` (top-p
-  then acts on those few values, as before);
+* a row whose top-k is at most ``TOPK_FAST`` is cut from ``lax.top_k(x, TOPK_FAST)``, one
+  with a top-k up to ``TOPK_STAGED`` from the ``TOPK_STAGED`` best found ``TOPK_FAST`` at a time
+  (:func:`top_values`); top-p then acts on those few sorted values, as before;
 * any other row finds its cut-offs by a threshold search over values instead of a sort
   (the idea of FlashInfer's sorting-free ``top_k_mask_logits`` / ``top_p_renorm_probs`` pivot
   search and of vLLM's Qrita top-k/top-p kernels): the k-th largest value is the largest
@@ -17,7 +18,7 @@ larger k is decomposed into sort + slice). So:
   bracket in the order-preserving integer image of float32 by a factor ``PIVOTS + 1``; after
   ``SEARCH_PASSES`` passes the bracket is one value. The threshold found is exactly the one
   the rule defines (no tolerance, no iteration cap), for any input: ties, -inf, +-0;
-* the K = 20 best logprobs come from ``lax.top_k(x, 16)`` and ``lax.top_k`` of the rest.
+* the K = 20 best logprobs come from :func:`top_values` too (two ``lax.top_k`` of at most 16).
 
 Semantics are those of the sort-based cut they replace (vLLM v1's order: top-k, then top-p
 over the renormalised top-k; ties at a cut-off are kept, as in vLLM's threshold masking; the
@@ -39,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 TOPK_FAST = 16  # XLA:GPU's TopK kernel takes k <= 16 (n >= 1024); larger k is a sort there
+TOPK_STAGED = 4 * TOPK_FAST  # top_values finds up to this many best in TOPK_FAST-sized stages
 PIVOTS = 15  # thresholds compared per pass; the bracket shrinks by PIVOTS + 1 per pass
 SEARCH_PASSES = 8  # ceil(32 / log2(PIVOTS + 1)): a 2^32-wide bracket down to one value
 NEG_INF = -jnp.inf
@@ -162,32 +164,36 @@ def cutoff_from_best(best: jax.Array, V: int, top_k: jax.Array, top_p: jax.Array
 
 
 def top_values(x: jax.Array, K: int) -> tuple[jax.Array, jax.Array]:
-    """``lax.top_k(x, K)`` without a sort on XLA:GPU for K <= 2 * TOPK_FAST.
+    """``lax.top_k(x, K)`` without a sort on XLA:GPU for K <= TOPK_STAGED.
 
-    The TOPK_FAST best, then the best of the rest: values in descending order, among equal
-    values the lower index first, -inf included. Unlike ``lax.top_k``, whose total order ranks
-    +0.0 above -0.0 (and -FLT_MAX above -inf), -0.0 ties with +0.0 (and -inf with -FLT_MAX).
+    The TOPK_FAST best, then the TOPK_FAST best of the rest, and so on: values in descending
+    order, among equal values the lower index first, -inf included. Unlike ``lax.top_k``, whose
+    total order ranks +0.0 above -0.0 (and -FLT_MAX above -inf), -0.0 ties with +0.0 (and -inf
+    with -FLT_MAX). Each stage after the first costs a pass that writes the row with the
+    values taken so far removed. Larger K is ``lax.top_k`` itself.
 
     Args:
       x: [S, V] float32 without NaN.  K: int <= V.
     Returns:
       values [S, K] float32 (taken from ``x``), indices [S, K] int32.
     """
-    K1 = min(K, TOPK_FAST)
-    if K == K1 or K > 2 * TOPK_FAST:
+    if K <= TOPK_FAST or K > TOPK_STAGED:
         return jax.lax.top_k(x, K)
-    # Ranked as: -0.0 as +0.0, -inf as the lowest finite float, so that the K1 taken can be
-    # set to -inf below everything left.
+    # Ranked as: -0.0 as +0.0, -inf as the lowest finite float, so that the values taken can
+    # be set to -inf below everything left.
     y = jnp.where(x == 0, jnp.zeros_like(x), x)
     y = jnp.where(y == NEG_INF, jnp.finfo(jnp.float32).min, y)
-    v1, i1 = jax.lax.top_k(y, K1)
-    # The K1 taken: every value above the last one, and its ties up to the last index taken.
-    # (Reductions, not slices, of the top_k outputs: XLA rewrites top_k into sort + slice and
-    # back into its TopK kernel only while the sort's sole users are the [0, k) slices.)
-    last_v = jnp.min(v1, axis=-1, keepdims=True)
-    last_i = jnp.max(jnp.where(v1 == last_v, i1, -1), axis=-1, keepdims=True)
     col = jnp.arange(x.shape[-1])[None, :]
-    taken = (y > last_v) | ((y == last_v) & (col <= last_i))
-    _, i2 = jax.lax.top_k(jnp.where(taken, NEG_INF, y), K - K1)
-    idx = jnp.concatenate([i1, i2], axis=-1)
-    return jnp.take_along_axis(x, idx, axis=-1), idx
+    v, i = jax.lax.top_k(y, TOPK_FAST)
+    idx = [i]
+    for start in range(TOPK_FAST, K, TOPK_FAST):
+        # Remove the stage before: above its last value, and its ties up to its last index.
+        # (Reductions, not slices, of the top_k outputs: XLA rewrites top_k into sort + slice
+        # and back into its TopK kernel only while the sort's sole users are [0, k) slices.)
+        last_v = jnp.min(v, axis=-1, keepdims=True)
+        last_i = jnp.max(jnp.where(v == last_v, i, -1), axis=-1, keepdims=True)
+        y = jnp.where((y > last_v) | ((y == last_v) & (col <= last_i)), NEG_INF, y)
+        v, i = jax.lax.top_k(y, min(TOPK_FAST, K - start))
+        idx.append(i)
+    top_i = jnp.concatenate(idx, axis=-1)
+    return jnp.take_along_axis(x, top_i, axis=-1), top_i

@@ -2,19 +2,47 @@
 
     .venv/bin/python benchmarks/sampling_cost.py                 # vocab 128256, batch 1 and 256
     .venv/bin/python benchmarks/sampling_cost.py --smoke         # tiny shapes: checks it runs
+    python benchmarks/sampling_cost.py --step-ms-b1 5.6 --step-ms-b256 12.0 --modes host cond
+    git show REV:jaxinfer/sampling.py > /tmp/old.py
+    python benchmarks/sampling_cost.py --sampler-file /tmp/old.py   # A/B: an older sampler
 
 Times ``jaxinfer.sampling.sample_rows`` (what the compiled decode step runs after the LM head)
 for parameter mixes that take different paths: all greedy (argmax only), temperature, top-k /
-top-p (a vocabulary sort), min-p, penalties (gather of [B, V] count rows), logprobs (log-softmax
-and top-20), everything at once, and half greedy / half everything. The penalty state is
-donated as in the engine. Median of ``--iters`` runs after warm-up, in microseconds; one record
-per (mix, batch) in benchmarks/results/ (benchmarks/common.py).
+top-p, min-p, penalties (gather of [B, V] count rows), logprobs (log-softmax and top-20),
+everything at once, and half greedy / half everything. The penalty state is donated as in the
+engine. Columns, per (mode, mix, batch):
+
+* device us: kernel time per call, from a JAX profiler trace of ``--trace-iters`` calls (the
+  union of kernel intervals on the device's streams: ``benchmarks/profile_decode.py``'s
+  ``summarise_trace``). This is what the sampler adds inside the engine's compiled step. XLA:CPU
+  traces have no device: there the column repeats the wall time, marked ``*``.
+* kernels: kernel launches per call (from the same trace).
+* wall us: median of ``--iters`` standalone calls, each waited for: dispatch, the kernels, the
+  host syncs of any ``lax.cond`` and the read-back; what a standalone call costs, not what the
+  sampler adds to a step.
+* host us: how long the call takes to return while a matmul of ``busy`` ms still runs ahead of
+  it on the device. A program without host syncs returns at once; one with a ``lax.cond``
+  returns only when the device reaches the cond (XLA:GPU copies the predicate to the host).
+* sort/cond: sort and conditional instructions left in the compiled (optimised) program.
+* % step: device us over ``--step-ms-b1`` (batch 1) or ``--step-ms-b256`` (batch 256).
+
+Modes: ``host`` (``SamplerNeeds.of``: the batch's needs decided on the host, no conditional),
+``cond`` (``needs=None``: batch-wide ``lax.cond`` on the device, what the runner calls today),
+``all`` (``SamplerNeeds()``: one program for every batch, no conditional). ``--sampler-file``
+times ``sample_rows`` of that file instead, called as the runner calls it (mode ``file``).
+One record per row in benchmarks/results/ (value: device us; config: the other columns).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
+import os
+import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import record  # noqa: E402
+from benchmarks.profile_decode import load_trace, summarise_trace  # noqa: E402
 
 ALL = dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
            presence_penalty=0.2, frequency_penalty=0.1, want_logprobs=True)
@@ -36,6 +65,7 @@ MIXES: dict[str, dict] = {
     "all": ALL,
     "half_greedy_half_all": {k: ("half", v) for k, v in ALL.items()},
 }
+MODES = ("host", "cond", "all")
 
 
 def params(B: int, mix: dict):
@@ -53,31 +83,104 @@ def params(B: int, mix: dict):
     return sa
 
 
-def time_mix(B: int, V: int, mix: dict, iters: int, dtype: str) -> float:
-    """Median seconds of one sample_rows call on [B, V] logits."""
+def load_sampler(path: Path | None):
+    """``sample_rows`` of jaxinfer.sampling, or of the Python file at ``path``."""
+    if path is None:
+        from jaxinfer.sampling import sample_rows
+
+        return sample_rows
+    spec = importlib.util.spec_from_file_location("sampler_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.sample_rows
+
+
+class Case:
+    """One compiled sampler with its inputs: ``calls`` distinct sample indices, prepared.
+
+    Compiled programs are shared between cases with the same (mode, needs, batch) through
+    ``cache`` (mode cond is one program per batch whatever the mix).
+    """
+
+    def __init__(self, sampler, mode: str, B: int, V: int, mix: dict, dtype: str, calls: int,
+                 cache: dict):
+        import jax
+        import jax.numpy as jnp
+
+        from jaxinfer.batch import SamplingArrays
+        from jaxinfer.sampling import SamplerNeeds
+
+        rng = np.random.default_rng(0)
+        self.logits = jnp.asarray(rng.standard_normal((B, V)) * 3, dtype)
+        host = params(B, mix)
+        needs = {"host": SamplerNeeds.of(host, V), "all": SamplerNeeds()}.get(mode)
+        self.sas = [SamplingArrays(*map(jnp.asarray, host._replace(
+            sample_index=host.sample_index + i))) for i in range(calls)]
+        self.counts = jnp.zeros((B + 1, V), jnp.int32).at[:B, : V // 8].set(1)  # history
+        key = (mode, needs, B)
+        if key not in cache:
+            fn = functools.partial(sampler, needs=needs) if needs is not None else sampler
+            exe = jax.jit(fn, donate_argnums=(2,)).lower(
+                self.logits, self.sas[0], self.counts).compile()
+            hlo = exe.as_text()
+            cache[key] = (exe, len(re.findall(r"\bsort\(", hlo)),
+                          len(re.findall(r"\bconditional\(", hlo)))
+        self.exe, self.sorts, self.conds = cache[key]
+
+    def call(self, i: int):
+        out, self.counts = self.exe(self.logits, self.sas[i % len(self.sas)], self.counts)
+        return out
+
+
+def busy_op():
+    """(jitted matmul chain, its input, its seconds): work queued ahead of the sampler."""
     import jax
     import jax.numpy as jnp
 
-    from jaxinfer.batch import SamplingArrays
-    from jaxinfer.sampling import sample_rows
+    n, dt = (8192, jnp.bfloat16) if jax.default_backend() == "gpu" else (640, jnp.float32)
+    a = jnp.full((n, n), 1e-3, dt)
+    f = jax.jit(lambda a: (a @ a) @ a)
+    jax.block_until_ready(f(a))
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(a))
+    return f, a, time.perf_counter() - t0
 
-    rng = np.random.default_rng(0)
-    logits = jnp.asarray(rng.standard_normal((B, V)) * 3, dtype)
-    sa = SamplingArrays(*map(jnp.asarray, params(B, mix)))
-    counts = jnp.zeros((B + 1, V), jnp.int32)
-    counts = counts.at[:B, : V // 8].set(1)  # some history (prompt and output tokens)
-    fn = jax.jit(sample_rows, donate_argnums=(2,))
-    for _ in range(3):
-        out, counts = fn(logits, sa, counts)
-        jax.block_until_ready(out)
-    ts = []
+
+def measure(case: Case, iters: int, trace_iters: int, busy) -> dict:
+    """Wall, host-return, device and kernel figures of one case (microseconds)."""
+    import jax
+
+    for i in range(3):
+        jax.block_until_ready(case.call(i))
+    wall = []
     for i in range(iters):
-        sa = sa._replace(sample_index=sa.sample_index + 1)  # a fresh draw each step
         t0 = time.perf_counter()
-        out, counts = fn(logits, sa, counts)
+        jax.block_until_ready(case.call(i))
+        wall.append(time.perf_counter() - t0)
+    f, a, _ = busy
+    ret = []
+    for i in range(3):
+        r = f(a)  # queued on the device ahead of the sampler
+        t0 = time.perf_counter()
+        out = case.call(i)
+        ret.append(time.perf_counter() - t0)
+        jax.block_until_ready((r, out))
+    d = tempfile.mkdtemp(prefix="sampling_trace_")
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+        for i in range(trace_iters):
+            out = case.call(i)
         jax.block_until_ready(out)
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    res = {"wall_us": 1e6 * float(np.median(wall)), "host_us": 1e6 * float(np.median(ret)),
+           "sorts": case.sorts, "conds": case.conds}
+    try:
+        s = summarise_trace(load_trace(d), trace_iters)
+        res.update(device_us=s["busy_us_per_step"], device_measured=True,
+                   kernels=sum(k[3] for k in s["kernels"]))
+    except (ValueError, FileNotFoundError):  # XLA:CPU: no device in the trace
+        res.update(device_us=res["wall_us"], device_measured=False, kernels=None)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return res
 
 
 def main() -> int:
@@ -85,7 +188,15 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--modes", nargs="+", default=["host", "cond"], choices=MODES)
+    ap.add_argument("--sampler-file", type=Path, default=None,
+                    help="time sample_rows from this file (mode 'file') instead of modes")
+    ap.add_argument("--iters", type=int, default=20, help="wall-time calls per case")
+    ap.add_argument("--trace-iters", type=int, default=10, help="profiled calls per case")
+    ap.add_argument("--step-ms-b1", type=float, default=5.6,
+                    help="8B decode step at batch 1 (ms), for the %% column")
+    ap.add_argument("--step-ms-b256", type=float, default=12.0,
+                    help="8B decode step at batch 256 (ms), for the %% column")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="logits dtype (the sampler computes in float32)")
     ap.add_argument("--smoke", action="store_true",
@@ -93,23 +204,46 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="results directory")
     a = ap.parse_args()
     if a.smoke:
-        a.vocab, a.batches, a.iters = 2048, [1, 8], 3
+        a.vocab, a.batches, a.iters, a.trace_iters = 2048, [1, 8], 3, 2
     import jax
 
+    sampler = load_sampler(a.sampler_file)
+    modes = ["file"] if a.sampler_file else a.modes
+    step_ms = {1: a.step_ms_b1, 256: a.step_ms_b256}
+    busy = busy_op()
     print(f"device {jax.devices()[0].device_kind} ({jax.default_backend()}), vocab {a.vocab}, "
-          f"logits {a.dtype}")
-    print(f"{'mix':22}" + "".join(f"{'B=' + str(b):>12}" for b in a.batches) + "   (us/step)")
-    for name in a.mixes:
-        cells = []
-        for B in a.batches:
-            s = time_mix(B, a.vocab, MIXES[name], a.iters, a.dtype)
-            cells.append(f"{s * 1e6:12.1f}")
-            if not a.smoke:
-                record(f"sampling_cost_us_{name}_b{B}", s * 1e6, "us",
-                       {"vocab": a.vocab, "batch": B, "mix": MIXES[name] and
-                        {k: str(v) for k, v in MIXES[name].items()}, "iters": a.iters,
-                        "logits_dtype": a.dtype}, out_dir=a.out)
-        print(f"{name:22}" + "".join(cells), flush=True)
+          f"logits {a.dtype}, busy {busy[2] * 1e3:.1f} ms"
+          + (f", sampler {a.sampler_file}" if a.sampler_file else ""))
+    print(f"{'mode':5} {'mix':21} {'B':>4} {'device us':>10} {'kernels':>7} {'wall us':>9} "
+          f"{'host us':>9} {'sort/cond':>9} {'% step':>7}")
+    cpu_note, cache = False, {}
+    t_start = time.perf_counter()
+    for mode in modes:
+        for name in a.mixes:
+            for B in a.batches:
+                case = Case(sampler, "cond" if mode == "file" else mode, B, a.vocab,
+                            MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache)
+                r = measure(case, a.iters, a.trace_iters, busy)
+                pct = (100 * r["device_us"] / (1e3 * step_ms[B])) if B in step_ms else None
+                cpu_note |= not r["device_measured"]
+                print(f"{mode:5} {name:21} {B:>4} {r['device_us']:>9.1f}"
+                      f"{' ' if r['device_measured'] else '*'} "
+                      f"{'-' if r['kernels'] is None else str(round(r['kernels'])):>7} "
+                      f"{r['wall_us']:>9.1f} {r['host_us']:>9.1f} "
+                      f"{str(r['sorts']) + '/' + str(r['conds']):>9} "
+                      f"{'-' if pct is None else f'{pct:.1f}':>7}", flush=True)
+                if not a.smoke:
+                    record(f"sampling_cost_{mode}_{name}_b{B}", r["device_us"], "us",
+                           {"vocab": a.vocab, "batch": B, "mode": mode, "mix": MIXES[name] and
+                            {k: str(v) for k, v in MIXES[name].items()}, "iters": a.iters,
+                            "trace_iters": a.trace_iters, "logits_dtype": a.dtype,
+                            "sampler_file": a.sampler_file and str(a.sampler_file),
+                            "busy_ms": busy[2] * 1e3, "pct_of_step": pct,
+                            "load_avg_1min": os.getloadavg()[0],
+                            "step_ms": step_ms.get(B), **r}, out_dir=a.out)
+    if cpu_note:
+        print("* no device in the trace (XLA:CPU): device us repeats the wall time")
+    print(f"{len(cache)} programs compiled, {time.perf_counter() - t_start:.0f} s")
     return 0
 
 

@@ -31,13 +31,25 @@ layers.w_down          [L, F, H]        mlp.down_proj.weight.T
 
 Norm weights are multiplicative as stored: Gemma's ``(1 + w)`` is folded in at load time
 (GGUF files already store ``1 + w``; the HF loader adds the 1).
+
+FP8 (``quantization="fp8"``, or a checkpoint that carries FP8 weights): any of the
+:data:`FP8_PROJECTIONS` may instead be float8_e4m3fn of the same shape, with a float32
+``<name>_scale`` of ``[L, N]`` (one scale per output channel) or ``[L, K / g, N]`` (one per
+group of ``g`` input rows); see jaxinfer/quantization.py.
 """
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from jaxinfer.config import ModelConfig
+
+# Projections that may be stored as FP8 (e4m3) with scales (embedding and LM head stay in
+# the model dtype, as vLLM's Fp8LinearMethod keeps lm_head).
+FP8_PROJECTIONS = ("layers.wq", "layers.wk", "layers.wv", "layers.wo", "layers.w_gate",
+                   "layers.w_up", "layers.w_down")
+_FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
 class WeightError(ValueError):
@@ -73,10 +85,48 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
+def fp8_names(params: dict[str, np.ndarray]) -> list[str]:
+    """The projections of ``params`` stored as float8_e4m3fn (each has a ``*_scale``)."""
+    return [k for k in FP8_PROJECTIONS if k in params and np.dtype(params[k].dtype) == _FP8]
+
+
+def fp8_scale_layout(weight_shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> int | None:
+    """Rows per scale group of an FP8 weight ``[..., K, N]`` whose scale is ``scale_shape``:
+    None for one scale per output channel (``[..., N]``), ``g = K / G`` for ``[..., G, N]``.
+
+    Raises WeightError naming both shapes for a scale that fits neither layout.
+    """
+    lead, (K, N) = tuple(weight_shape[:-2]), tuple(weight_shape[-2:])
+    scale_shape = tuple(scale_shape)
+    if scale_shape == lead + (N,):
+        return None
+    if (len(scale_shape) == len(lead) + 2 and scale_shape[:-2] == lead and scale_shape[-1] == N
+            and scale_shape[-2] > 0 and K % scale_shape[-2] == 0):
+        return K // scale_shape[-2]
+    raise WeightError(f"scale of shape {scale_shape} does not fit an FP8 weight of shape "
+                      f"{tuple(weight_shape)}: expected {lead + (N,)} (per channel) or "
+                      f"{lead + ('G', N)} with G dividing {K} (per group)")
+
+
 def check_params(cfg: ModelConfig, params: dict[str, np.ndarray], source: str = "") -> None:
-    """Raise :class:`WeightError` naming the first missing, extra or mis-shaped tensor."""
+    """Raise :class:`WeightError` naming the first missing, extra or mis-shaped tensor.
+
+    FP8 projections (see the module docstring) need a ``*_scale`` of a valid shape; a scale
+    without an FP8 weight is an unexpected tensor.
+    """
     where = f" in {source}" if source else ""
     want = param_shapes(cfg)
+    for name in fp8_names(params):
+        scale = params.get(name + "_scale")
+        if scale is None:
+            raise WeightError(f"FP8 tensor {name!r}{where} has no {name}_scale")
+        w_shape, s_shape = tuple(params[name].shape), tuple(scale.shape)
+        if w_shape == want.get(name):  # else the weight's own shape error comes first
+            try:
+                fp8_scale_layout(w_shape, s_shape)
+            except WeightError as e:
+                raise WeightError(f"tensor {name}_scale{where}: {e}") from None
+        want[name + "_scale"] = s_shape
     missing = sorted(set(want) - set(params))
     if missing:
         raise WeightError(f"checkpoint{where} lacks tensors {missing[:5]}"

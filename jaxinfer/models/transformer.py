@@ -34,13 +34,10 @@ from jaxinfer.config import ConfigError, ModelConfig
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, KVCache
 from jaxinfer.layers.norm import rms_norm
 from jaxinfer.layers.rope import apply_rope, inv_frequencies, rope_cos_sin
-from jaxinfer.models.params import check_params
+from jaxinfer.models.params import FP8_PROJECTIONS, check_params, fp8_names
+from jaxinfer.quantization import fp8_weight_linear, quantize_params_fp8
 
 _NO_WINDOW = 0
-# Projections stored as FP8 (e4m3) with per-output-channel scales under quantization="fp8"
-# (embedding and LM head stay in the model dtype, as vLLM's Fp8LinearMethod does).
-FP8_PROJECTIONS = ("layers.wq", "layers.wk", "layers.wv", "layers.wo", "layers.w_gate",
-                   "layers.w_up", "layers.w_down")
 
 
 # Projections that read the same input run as one GEMM on a weight concatenated along its
@@ -76,24 +73,14 @@ def _as(name: str, value, dtype) -> jax.Array:
     return value.astype(dtype)
 
 
-def _quantize_stacked_fp8(w: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """[L, K, N] -> (float8_e4m3fn [L, K, N], float32 scales [L, N]), one layer at a time
-    on the device (per-output-channel absmax / 448, jaxinfer.quantization's scheme)."""
-    from jaxinfer.quantization import quantize_fp8_per_channel
-
-    qs, ss = zip(*(quantize_fp8_per_channel(jnp.asarray(w[i], jnp.float32))
-                   for i in range(w.shape[0])))
-    return jnp.stack(qs), jnp.stack(ss)
-
-
 def _proj(h: jax.Array, w: dict[str, jax.Array], name: str) -> jax.Array:
     """``h @ w[name]``; FP8 weights are widened to h's dtype in the GEMM (W8A16, the fastest
-    FP8 decode path measured on an H200 through XLA) and scaled per channel after it."""
+    FP8 decode path measured on an H200 through XLA) and scaled per channel after it, or per
+    group of input rows (block-FP8 checkpoints; jaxinfer.quantization.fp8_weight_linear)."""
     scale = w.get(name + "_scale")
     if scale is None:
         return h @ w[name]
-    acc = jnp.dot(h, w[name].astype(h.dtype), preferred_element_type=jnp.float32)
-    return (acc * scale).astype(h.dtype)
+    return fp8_weight_linear(h, w[name], scale)
 
 
 class CausalLM(nnx.Module):
@@ -103,6 +90,10 @@ class CausalLM(nnx.Module):
       cfg: the architecture.
       params: ``{name: array}`` as produced by the loaders (checked against ``cfg``).
       dtype: weight and activation dtype (``jnp.float32`` or ``jnp.bfloat16``).
+      quantization: "fp8" quantizes every projection on load
+        (jaxinfer.quantization.quantize_params_fp8). Params that already carry FP8
+        projections with scales (an FP8 checkpoint) run as they are with either value: the
+        projections it left in float (its ignore list) stay float, as in vLLM.
     Raises:
       WeightError: if a tensor is missing, extra or mis-shaped.
     """
@@ -118,11 +109,12 @@ class CausalLM(nnx.Module):
         if scan_layers is None:  # XLA copies each scanned weight slice: unroll (see above)
             scan_layers = False
         self.scan_layers = scan_layers
-        self.quantization = quantization
         params = dict(params)
-        if quantization == "fp8":
-            for name in FP8_PROJECTIONS:
-                params[name], params[name + "_scale"] = _quantize_stacked_fp8(params[name])
+        if fp8_names(params):  # a checkpoint that carries FP8 weights runs them as they are
+            quantization = "fp8"
+        elif quantization == "fp8":  # quantize on load
+            params = quantize_params_fp8(params, FP8_PROJECTIONS)
+        self.quantization = quantization
         params = fuse_projections(params)
         for name, value in params.items():
             if name.startswith("layers.") and not scan_layers:

@@ -20,6 +20,11 @@ Backends (``backend=``):
   (benchmarks/kernels/NOTES_matmul.md): today the Triton kernel for W8A8 decode (M <= 64),
   XLA everywhere else (XLA's bf16 and W8A16 decode GEMMs were faster than ours; the Mosaic
   GPU kernels pass CPU interpret and CUDA-lowering tests but have not run on a GPU yet).
+
+Per-group FP8 weight scales (``scale [N, K / g]``, block-FP8 checkpoints) run only on the XLA
+path (:func:`.reference.grouped_linear_ref`), W8A16 only; the kernels take one scale per
+output channel (a kernel would load the ``[N, G]`` scale tile beside each K step and scale
+each K-group's partial sum before accumulating).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.matmul import mgpu_gemm, triton_gemm
-from pallas_kernels.matmul.reference import FP8, quantize_rows_fp8, silu_mul_ref
+from pallas_kernels.matmul.reference import FP8, grouped_linear_ref, quantize_rows_fp8, silu_mul_ref
 
 F32 = jnp.float32
 BACKENDS = ("auto", "xla", "triton", "mgpu", "mgpu_decode")
@@ -52,7 +57,8 @@ class PreparedWeight:
     Attributes:
       w: [N, K] (or stacked [L, N, K]) bf16 or float8_e4m3fn. For ``gate_up`` N = 2F with
         the gate rows first.
-      scale: [N] (or [L, N]) float32 per-output-channel scale for FP8, else None.
+      scale: [N] (or [L, N]) float32 per-output-channel scale for FP8, or [N, G] (or
+        [L, N, G]) per group of ``K / G`` input columns (XLA path only), else None.
       gate_up: static; :func:`linear` then returns ``silu(x @ Wg) * (x @ Wu)`` ([M, F]).
     """
 
@@ -64,14 +70,20 @@ class PreparedWeight:
     def stacked(self) -> bool:
         return self.w.ndim == 3
 
+    @property
+    def grouped(self) -> bool:
+        """Per-group (not per-channel) scales."""
+        return self.scale is not None and self.scale.ndim == self.w.ndim
+
 
 def prepare_weight(w: jax.Array, w_scale: jax.Array | None = None, *,
                    gate_up: bool = False) -> PreparedWeight:
     """Re-lay an engine weight ``[K, N]`` (or ``[L, K, N]``) as ``[N, K]`` once, at load time.
 
     Args:
-      w: bf16 weight, or float8_e4m3fn from ``jaxinfer.quantization.quantize_fp8_per_channel``.
-      w_scale: [N] (or [L, N]) f32, required for FP8 weights.
+      w: bf16 weight, or float8_e4m3fn from ``jaxinfer.quantization.quantize_fp8_weight``.
+      w_scale: [N] (or [L, N]) f32, or per group [G, N] (or [L, G, N]) with G dividing K;
+        required for FP8 weights.
       gate_up: ``w`` is ``concat([w_gate, w_up], axis=-1)`` ([K, 2F]); see
         :func:`prepare_gate_up`.
     Raises:
@@ -81,13 +93,19 @@ def prepare_weight(w: jax.Array, w_scale: jax.Array | None = None, *,
         raise LinearError(f"prepare_weight: weight must be [K, N] or [L, K, N], got {w.shape}")
     if w.dtype == FP8 and w_scale is None:
         raise LinearError("prepare_weight: an FP8 weight needs its per-channel scale")
-    if w_scale is not None and w_scale.shape != w.shape[:-2] + w.shape[-1:]:
+    lead, (K, N) = w.shape[:-2], w.shape[-2:]
+    if w_scale is not None and w_scale.shape != lead + (N,) and not (
+            w_scale.ndim == w.ndim and w_scale.shape[:-2] == lead and w_scale.shape[-1] == N
+            and w_scale.shape[-2] > 0 and K % w_scale.shape[-2] == 0):
         raise LinearError(f"prepare_weight: scale shape {w_scale.shape} does not match "
-                          f"weight {w.shape}")
+                          f"weight {w.shape} (per channel {lead + (N,)} or per group "
+                          f"{lead + ('G', N)} with G dividing {K})")
     if gate_up and w.shape[-1] % 2:
         raise LinearError(f"prepare_weight: gate_up weight needs an even N, got {w.shape}")
     w_nk = jnp.swapaxes(w, -1, -2)
     scale = None if w_scale is None else w_scale.astype(jnp.float32)
+    if scale is not None and scale.ndim == w.ndim:  # [.., G, N] -> [.., N, G]
+        scale = jnp.swapaxes(scale, -1, -2)
     return PreparedWeight(w=w_nk, scale=scale, gate_up=gate_up)
 
 
@@ -120,6 +138,8 @@ def _pick_backend(M: int, K: int, N: int, dtype: jnp.dtype, act_quant: bool,
 
 def _xla_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None,
                 x_scale: jax.Array | None, out_dtype: jnp.dtype) -> jax.Array:
+    if w_scale is not None and w_scale.ndim == 2:  # per-group scales [N, G] (W8A16)
+        return grouped_linear_ref(x, w_nk, w_scale, out_dtype)
     dn = (((1,), (1,)), ((), ()))
     if x.dtype == FP8 and w_nk.dtype == FP8:
         acc = jax.lax.dot_general(x, w_nk, dn, preferred_element_type=jnp.float32)
@@ -144,7 +164,8 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
       x: [M, K] bf16 activations.
       w: a :class:`PreparedWeight` (kernel layout; stacked ones need ``layer``), or a plain
         engine-layout ``[K, N]`` array (then only ``backend="xla"``/``"auto"``, which runs XLA).
-      w_scale: [N] f32 scale for a plain FP8 ``w`` (a PreparedWeight carries its own).
+      w_scale: [N] (or per group [G, N]) f32 scale for a plain FP8 ``w`` (a PreparedWeight
+        carries its own).
       layer: int32 scalar picking the layer of a stacked PreparedWeight.
       act_quant: quantize ``x`` per token to FP8 first (W8A8); needs an FP8 weight.
       backend: one of ``BACKENDS``.
@@ -153,7 +174,8 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
       [M, N] in ``x.dtype`` ([M, F] for a gate_up weight: ``silu(gate) * up``).
     Raises:
       LinearError: unknown backend, mismatched K, act_quant with a bf16 weight, a stacked
-        weight without ``layer``, or a backend that cannot take the shape.
+        weight without ``layer``, per-group scales with act_quant or a kernel backend, or a
+        backend that cannot take the shape.
     """
     if backend not in BACKENDS:
         raise LinearError(f"linear: unknown backend {backend!r}; choose from {BACKENDS}")
@@ -163,7 +185,8 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
         if backend not in ("auto", "xla"):
             raise LinearError(f"linear: backend {backend!r} needs a PreparedWeight "
                               "(call prepare_weight once at load time)")
-        w = PreparedWeight(w=jnp.swapaxes(w, -1, -2), scale=w_scale)
+        w = prepare_weight(w, w_scale) if w_scale is not None else PreparedWeight(
+            w=jnp.swapaxes(w, -1, -2), scale=None)
         backend = "xla"
     if w.stacked and layer is None:
         raise LinearError("linear: a stacked [L, N, K] weight needs `layer`")
@@ -173,10 +196,14 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
         raise LinearError(f"linear: x has K={K} but the weight has K={Kw}")
     if act_quant and w.w.dtype != FP8:
         raise LinearError("linear: act_quant=True (W8A8) needs an FP8 weight")
+    if w.grouped and (act_quant or backend not in ("auto", "xla")):
+        raise LinearError("linear: per-group weight scales run W8A16 on the XLA path only "
+                          f"(act_quant={act_quant}, backend={backend!r})")
     out_dtype = x.dtype
     x_in, x_scale = (quantize_rows_fp8(x) if act_quant else (x, None))
     if backend == "auto":
-        backend = _pick_backend(M, K, Nw, jnp.dtype(w.w.dtype), act_quant, w.gate_up)
+        backend = "xla" if w.grouped else _pick_backend(M, K, Nw, jnp.dtype(w.w.dtype),
+                                                        act_quant, w.gate_up)
     if backend == "triton":
         return triton_gemm.triton_linear(x_in, w.w, w.scale, x_scale, layer=layer,
                                          gate_up=w.gate_up, config=triton_config,

@@ -9,7 +9,9 @@ gate projection, rows ``[F, 2F)`` the up projection.
 FP8 scaling (vLLM / TensorRT-LLM "per-channel weight, per-token activation" scheme):
 ``w ≈ w_fp8[n, k] * w_scale[n]`` and ``x ≈ x_fp8[m, k] * x_scale[m]``, so
 ``(x @ w.T)[m, n] = x_scale[m] * w_scale[n] * sum_k x_fp8[m, k] * w_fp8[n, k]`` — the scales are
-applied once, to the float32 accumulator, in the epilogue.
+applied once, to the float32 accumulator, in the epilogue. Block-FP8 checkpoints (DeepSeek-V3,
+Qwen3-FP8) carry per-group weight scales instead, ``w ≈ w_fp8[n, k] * w_scale[n, k // g]``
+(``w_scale [N, K / g]``): see :func:`grouped_linear_ref` (W8A16 only).
 """
 
 from __future__ import annotations
@@ -57,6 +59,37 @@ def linear_ref(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
     if out_dtype is None:
         out_dtype = jnp.bfloat16 if x.dtype == FP8 else x.dtype
     return acc.astype(out_dtype)
+
+
+# Below this many rows grouped_linear_ref runs one dot per group of K (the FP8 weight read
+# once, partial sums scaled); above it the weight is dequantized first.
+GROUPED_DOT_MAX_M = 16
+
+
+def grouped_linear_ref(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array,
+                       out_dtype: jnp.dtype | None = None) -> jax.Array:
+    """W8A16 with per-group weight scales: ``out[m, n] = sum_k x[m, k] * w[n, k] * s[n, k // g]``.
+
+    Args:
+      x: [M, K] bf16/f32 activations.
+      w_nk: [N, K] float8_e4m3fn (or any float) weight.
+      w_scale: [N, G] f32 with ``g = K / G`` input columns per scale.
+    Returns:
+      [M, N] in ``out_dtype`` (default ``x.dtype``). For M <= GROUPED_DOT_MAX_M the weight is
+      widened to ``x.dtype`` inside one small dot per group and each group's float32 partial
+      sums are scaled; for larger M it is dequantized to ``x.dtype`` first (one rounding).
+    """
+    M, K = x.shape
+    N, G = w_scale.shape
+    g = K // G
+    out_dtype = out_dtype or x.dtype
+    if M <= GROUPED_DOT_MAX_M:
+        part = jnp.einsum("mgk,ngk->mgn", x.reshape(M, G, g), w_nk.astype(x.dtype).reshape(N, G, g),
+                          preferred_element_type=jnp.float32)
+        return jnp.einsum("mgn,ng->mn", part, w_scale.astype(jnp.float32)).astype(out_dtype)
+    w = (w_nk.astype(jnp.float32).reshape(N, G, g) * w_scale[:, :, None]).reshape(N, K)
+    return jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32).astype(out_dtype)
 
 
 def silu_mul_ref(gate_up: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:

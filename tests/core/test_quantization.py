@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -12,9 +13,14 @@ from jaxinfer.quantization import (
     FP8_MAX,
     QuantizationError,
     dequantize_fp8,
+    dequantize_fp8_weight,
+    fp8_group_size,
     fp8_linear_ref,
+    fp8_weight_linear,
     quantize_fp8_per_channel,
     quantize_fp8_per_token,
+    quantize_fp8_weight,
+    quantize_params_fp8,
 )
 
 
@@ -87,3 +93,76 @@ def test_bad_inputs_raise():
         quantize_fp8_per_token(jnp.ones((4, 4), jnp.int32))
     with pytest.raises(QuantizationError, match="float8_e4m3fn"):
         fp8_linear_ref(jnp.ones((2, 4)), jnp.ones((4, 3)), jnp.ones((3,)))
+
+
+def test_rounding_is_nearest_even_and_saturating():
+    # 1.0625 / 1.1875 are halfway between e4m3 neighbours (steps of 0.125): ties go to the
+    # even mantissa; the column's absmax maps to 448 exactly, nothing overflows to NaN.
+    w = jnp.asarray([[448.0], [1.0625 * 448 / 448], [1.1875], [-17.0], [19.0]], jnp.float32)
+    q, s = quantize_fp8_per_channel(w)
+    assert float(s[0]) == 1.0
+    np.testing.assert_array_equal(np.asarray(q, np.float32)[:, 0], [448.0, 1.0, 1.25, -16.0, 20.0])
+    np.testing.assert_array_equal(np.asarray(q, np.float32),
+                                  np.asarray(w).astype(ml_dtypes.float8_e4m3fn)
+                                  .astype(np.float32))
+
+
+def test_group_size_rule():
+    assert fp8_group_size(4096, None) is None
+    assert fp8_group_size(4096, 128) == 128
+    assert fp8_group_size(576, 128) == 64  # SmolLM2's hidden size: gcd
+    assert fp8_group_size(128, 128) is None  # one group covers K: per channel
+    assert fp8_group_size(100, 128) is None  # gcd 4 < 16: per channel
+    with pytest.raises(QuantizationError, match="positive integer or None"):
+        fp8_group_size(64, 0)
+
+
+def test_grouped_quantization_layout_and_linear():
+    K, N, g = 256, 24, 64
+    # rows of very different magnitude along K: each group gets its own scale
+    w = rand(7, (K, N)) * jnp.repeat(jnp.asarray([1e-5, 1.0, 30.0, 0.2]), g)[:, None]
+    q, s = quantize_fp8_weight(w, g)
+    assert q.shape == (K, N) and q.dtype == FP8 and s.shape == (K // g, N)
+    wf = np.asarray(w, np.float64)
+    np.testing.assert_allclose(np.asarray(s), np.abs(wf).reshape(K // g, g, N).max(1) / FP8_MAX,
+                               rtol=1e-6)
+    qf = np.asarray(q, np.float64).reshape(K // g, g, N)
+    np.testing.assert_allclose(np.abs(qf).max(1), FP8_MAX)  # each group's absmax -> 448
+    deq = np.asarray(dequantize_fp8_weight(q, s), np.float64)
+    np.testing.assert_allclose(deq, qf.reshape(K, N) * np.repeat(np.asarray(s), g, 0))
+    rel = np.abs(deq - wf) / np.maximum(np.abs(wf), 1e-30)
+    assert (rel[np.abs(qf.reshape(K, N)) >= 2.0 ** -6] <= 2.0 ** -4).all()
+    # per channel flushes the 1e-5 rows (below e4m3's normal range under the column absmax):
+    # their own group scale keeps every one within 2^-4
+    assert (rel[:g] <= 2.0 ** -4).all()
+    qc, sc = quantize_fp8_per_channel(w)
+    rel_c = np.abs(np.asarray(dequantize_fp8_weight(qc, sc)) - wf) / np.abs(wf)
+    assert np.median(rel_c[:g]) > 0.5
+    for M in (2, 40):  # both branches of the W8A16 GEMM
+        x = rand(8 + M, (M, K))
+        out = np.asarray(fp8_weight_linear(x, q, s), np.float64)
+        np.testing.assert_allclose(out, np.asarray(x, np.float64) @ deq, rtol=2e-5,
+                                   atol=2e-5 * np.abs(out).max())
+    with pytest.raises(QuantizationError, match=r"does not fit an FP8 weight of shape \(256, 24\)"):
+        dequantize_fp8_weight(q, s[:, :5])
+    with pytest.raises(QuantizationError, match="G dividing 256"):
+        fp8_weight_linear(x, q, jnp.ones((3, N)))
+
+
+def test_quantize_params_fp8_layers_and_passthrough():
+    rng = np.random.default_rng(0)
+    params = {"a": rng.standard_normal((2, 128, 16)).astype(np.float32),
+              "b": rng.standard_normal((2, 32, 8)).astype(np.float32),
+              "norm": np.ones(4, np.float32)}
+    out = quantize_params_fp8(params, ["a", "b"], group_size=64)
+    assert isinstance(out["a"], np.ndarray) and out["a"].dtype == FP8
+    assert out["a_scale"].shape == (2, 2, 16) and out["b_scale"].shape == (2, 8)  # K=32: channel
+    for i in range(2):
+        q, s = quantize_fp8_weight(jnp.asarray(params["a"][i]), 64)
+        np.testing.assert_array_equal(out["a"][i].view(np.uint8), np.asarray(q).view(np.uint8))
+        np.testing.assert_array_equal(out["a_scale"][i], np.asarray(s))
+    assert out["norm"] is params["norm"]
+    again = quantize_params_fp8(out, ["a", "b"])  # already e4m3: passed through
+    assert again["a"] is out["a"] and again["a_scale"] is out["a_scale"]
+    dev = quantize_params_fp8({"a": jnp.asarray(params["a"])}, ["a"])
+    assert isinstance(dev["a"], jax.Array) and dev["a_scale"].shape == (2, 16)

@@ -306,3 +306,38 @@ def test_default_triton_configs_are_valid():
                 c = triton_gemm.default_config(M, K, N, wdt, jnp.bfloat16)
                 assert K % (c.split_k * c.bk) == 0
                 assert min(c.bm, c.bn, c.bk) >= 16
+
+
+def test_linear_api_per_group_fp8_scales():
+    """Block-FP8 layout: per-group scales on the XLA W8A16 path (both of its branches),
+    stacked and gate_up weights; kernel backends and W8A8 refuse them."""
+    from jaxinfer.quantization import dequantize_fp8_weight, quantize_fp8_weight
+
+    K, N = 256, 48
+    w = rand(51, (K, N), F32, 1 / 16) * jnp.logspace(-1, 1, K)[:, None]  # scales differ along K
+    q, s = quantize_fp8_weight(w, 64)
+    assert s.shape == (K // 64, N)
+    deq = dequantize_fp8_weight(q, s)
+    pw = prepare_weight(q, s)
+    assert pw.grouped and pw.scale.shape == (N, K // 64)
+    for M in (3, 40):  # grouped dots / dequantize-first
+        x = rand(52 + M, (M, K), F32)
+        want = np.asarray(x, np.float64) @ np.asarray(deq, np.float64)
+        for out in (linear(x, pw), linear(x, q, s)):
+            assert out.shape == (M, N) and rel_err(out, want) < 1e-5
+    # stacked, under a layer index
+    qs, ss = jnp.stack([q, q * -1]), jnp.stack([s, s * 2])
+    ps = prepare_weight(qs, ss)
+    x = rand(60, (5, K), F32)
+    assert rel_err(linear(x, ps, layer=1), np.asarray(x) @ (np.asarray(deq) * -2)) < 1e-5
+    # gate_up with per-group scales
+    F = N // 2
+    pgu = prepare_gate_up(q[:, :F], q[:, F:], s[:, :F], s[:, F:])
+    ref = gate_up_ref(x, deq.T, out_dtype=F32)
+    assert rel_err(linear(x, pgu), ref) < 1e-5
+    with pytest.raises(LinearError, match="per-group weight scales run W8A16 on the XLA path"):
+        linear(x.astype(jnp.bfloat16), pw, act_quant=True)
+    with pytest.raises(LinearError, match="per-group weight scales"):
+        linear(x.astype(jnp.bfloat16), pw, backend="triton", interpret=True)
+    with pytest.raises(LinearError, match=r"per group .*'G', 48\) with G dividing 256"):
+        prepare_weight(q, s[:3])

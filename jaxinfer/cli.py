@@ -63,7 +63,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="run the layers under lax.scan (compile time independent of depth; "
                         "default: unrolled, faster steps)")
     p.add_argument("--quantization", choices=["fp8"], default=None,
-                   help="quantize the projection weights on load (FP8 e4m3, per channel)")
+                   help="quantize the projection weights on load (FP8 e4m3, per channel; "
+                        "reads a copy made by `jaxinfer convert --quantization fp8` if cached)")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3"], default=None,
                    help="KV cache dtype: auto = the model dtype; fp8 / fp8_e4m3 = e4m3 with "
                         "per-layer scales (half the bytes: twice the tokens of bf16)")
@@ -175,7 +176,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
 def cmd_convert(ns: argparse.Namespace) -> int:
     from jaxinfer.loading import convert
 
-    path = convert(ns.model, ns.output)
+    path = convert(ns.model, ns.output, quantization=ns.quantization)
     print(path)
     return 0
 
@@ -202,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("convert", help="convert a GGUF / HF checkpoint to an orbax checkpoint")
     v.add_argument("--model", default=DEFAULT_MODEL)
     v.add_argument("--output", default=None, help="directory (default: the checkpoint cache)")
+    v.add_argument("--quantization", choices=["fp8"], default=None,
+                   help="store the projections quantized to FP8 (e4m3 + float32 scales, as "
+                        "--quantization fp8 quantizes them on load)")
     v.set_defaults(func=cmd_convert)
 
     add_compile_command(sub)

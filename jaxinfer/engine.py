@@ -22,6 +22,7 @@ from jaxinfer.batch import SlotTable, build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
 from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend
+from jaxinfer.models.params import fp8_names
 from jaxinfer.models.transformer import CausalLM
 from jaxinfer.outputs import (
     Logprobs,
@@ -105,9 +106,12 @@ class LLMEngine:
         if isinstance(model, str):
             from jaxinfer.loading import load_model  # gguf / transformers: import on demand
 
-            loaded = load_model(model, dtype=host_dtype)
+            quant = "fp8" if engine_args.get("quantization") == "fp8" else None  # else ConfigError
+            loaded = load_model(model, dtype=host_dtype, quantization=quant)
         else:
             loaded = model
+        if fp8_names(loaded.params) and engine_args.get("quantization") is None:
+            engine_args = {**engine_args, "quantization": "fp8"}  # an FP8 checkpoint runs FP8
         self.model_name = model if isinstance(model, str) else loaded.source
         self.model_config: ModelConfig = loaded.config
         self.tokenizer = loaded.tokenizer

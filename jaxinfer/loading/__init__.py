@@ -88,7 +88,7 @@ def _load_gguf(path: Path, progress: bool) -> LoadedModel:
 
 
 def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: bool = True,
-               use_cache: bool = True) -> LoadedModel:
+               use_cache: bool = True, quantization: str | None = None) -> LoadedModel:
     """Load a model's config, weights and tokenizer.
 
     Args:
@@ -98,15 +98,23 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
       progress: show tqdm progress bars.
       use_cache: for GGUF sources, read the converted copy in the checkpoint cache if present,
         else write one after loading (a failure to write only warns).
+      quantization: "fp8": the projections come back as float8_e4m3fn with float32
+        ``*_scale`` (jaxinfer/models/params.py): read from an FP8 converted copy in the cache
+        (``jaxinfer convert --quantization fp8``) when one matches, else quantized from the
+        float32 weights now (``quantization.quantize_params_fp8``; dummy weights from
+        ``dtype``). Checkpoints that carry FP8 weights come back as they are either way
+        (projections they keep in float stay float).
 
     Returns:
-      LoadedModel with params exactly ``param_shapes(config)``.
+      LoadedModel with params ``param_shapes(config)`` (plus the FP8 scales).
 
     Raises:
       CheckpointError: missing/unreadable source, unsupported architecture, missing,
-        unexpected or mis-shaped tensors, missing model package.
+        unexpected or mis-shaped tensors, missing model package, unknown quantization.
     """
     np_dtype(dtype)
+    if quantization is not None:
+        return _load_fp8(model, dtype, progress, use_cache, quantization)
     if model.startswith("dummy:"):
         return _load_dummy_like(model.removeprefix("dummy:"), dtype)
     kind, path = _resolve(model)
@@ -125,6 +133,28 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
         except (OSError, CheckpointError) as e:
             warnings.warn(f"could not cache a converted copy of {path}: {e}", stacklevel=2)
     if dtype != "float32":
+        loaded.params = cast_params(loaded.params, dtype)
+    return loaded
+
+
+def _load_fp8(model: str, dtype: str, progress: bool, use_cache: bool,
+              quantization: str) -> LoadedModel:
+    """load_model(..., quantization="fp8"): the FP8 cache entry, or quantize on load."""
+    from jaxinfer.models.params import FP8_PROJECTIONS
+    from jaxinfer.quantization import fp8_scheme, quantize_params_fp8
+
+    if quantization != "fp8":
+        raise CheckpointError(f"quantization must be None or 'fp8', got {quantization!r}")
+    if use_cache and not model.startswith("dummy:"):
+        kind, path = _resolve(model)
+        cached = find_cached(path, scheme=fp8_scheme()) if kind == "gguf" else None
+        if cached is not None:
+            return load_converted(cached, dtype)
+    src_dtype = dtype if model.startswith("dummy:") else "float32"
+    loaded = load_model(model, dtype=src_dtype, progress=progress, use_cache=use_cache)
+    if loaded.quantization is None:  # FP8 checkpoints come as they are (float parts too)
+        loaded.params = quantize_params_fp8(loaded.params, FP8_PROJECTIONS)
+    if dtype != src_dtype:
         loaded.params = cast_params(loaded.params, dtype)
     return loaded
 
@@ -168,27 +198,42 @@ def _load_dummy_like(name: str, dtype: str) -> LoadedModel:
                        source=f"dummy:{name}")
 
 
-def convert(model: str, output: str | None = None, progress: bool = True) -> Path:
+def convert(model: str, output: str | None = None, progress: bool = True,
+            quantization: str | None = None) -> Path:
     """Convert a GGUF file, named model or HF directory into an orbax checkpoint directory.
 
     ``output`` defaults to the checkpoint cache entry for a GGUF source (where ``load_model``
-    looks); it is required for HF directories. Returns the directory. Raises CheckpointError if
+    looks); it is required for HF directories. ``quantization="fp8"`` stores the projections
+    quantized as ``load_model(..., quantization="fp8")`` quantizes them (same bits), with
+    the scheme in the manifest and, for the cache entry, in its key. HF checkpoints that carry
+    FP8 weights are stored in FP8 either way. Returns the directory. Raises CheckpointError if
     ``output`` exists and is not a converted checkpoint, or for any loading error.
     """
+    from jaxinfer.models.params import FP8_PROJECTIONS
+    from jaxinfer.quantization import fp8_scheme, quantize_params_fp8
+
     if model.startswith("dummy:"):
         raise CheckpointError("dummy weights are generated on the fly; nothing to convert")
     kind, path = _resolve(model)
     if kind == "converted":
         raise CheckpointError(f"{path} is already a converted checkpoint")
+    if quantization not in (None, "fp8"):
+        raise CheckpointError(f"quantization must be None or 'fp8', got {quantization!r}")
+    scheme = fp8_scheme() if quantization else None
     if output is None:
         if kind == "hf":
             raise CheckpointError(f"give an output directory to convert HF directory {path}")
-        output_path = cache_path_for(path)
-        if find_cached(path) is not None:
+        output_path = cache_path_for(path, scheme=scheme)
+        if find_cached(path, scheme=scheme) is not None:
             return output_path
     else:
         output_path = Path(output).expanduser()
         if output_path.exists():
             raise CheckpointError(f"output {output_path} already exists")
     loaded = _load_gguf(path, progress) if kind == "gguf" else load_hf(path, "float32", progress)
-    return save_converted(output_path, loaded, source=path if kind == "gguf" else None)
+    if quantization and loaded.quantization is None:  # as load_model(quantization="fp8")
+        loaded.params = quantize_params_fp8(loaded.params, FP8_PROJECTIONS)
+    else:
+        scheme = None  # not quantized here: float, or FP8 as the checkpoint carries it
+    return save_converted(output_path, loaded, source=path if kind == "gguf" else None,
+                          scheme=scheme)

@@ -15,7 +15,13 @@ import ml_dtypes
 import numpy as np
 
 from jaxinfer.config import ModelConfig
-from jaxinfer.models.params import param_shapes
+from jaxinfer.models.params import (
+    FP8_PROJECTIONS,
+    WeightError,
+    fp8_names,
+    fp8_scale_layout,
+    param_shapes,
+)
 
 if TYPE_CHECKING:
     from jaxinfer.tokenizer import Tokenizer
@@ -47,6 +53,12 @@ class LoadedModel:
     tokenizer: Tokenizer | None
     source: str
 
+    @property
+    def quantization(self) -> str | None:
+        """"fp8" when projections are stored as float8_e4m3fn with ``*_scale`` tensors
+        (an FP8 checkpoint, or loaded with ``quantization="fp8"``), else None."""
+        return "fp8" if fp8_names(self.params) else None
+
 
 def np_dtype(dtype: str) -> np.dtype:
     """numpy dtype for ``"float32"`` / ``"bfloat16"``; raises CheckpointError otherwise."""
@@ -56,9 +68,12 @@ def np_dtype(dtype: str) -> np.dtype:
 
 
 def cast_params(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
-    """Cast every array to ``dtype`` (no copy for arrays already of that dtype)."""
+    """Cast every array to ``dtype`` (no copy for arrays already of that dtype); FP8
+    projections and their float32 ``*_scale`` stay as they are."""
     dt = np_dtype(dtype)
-    return {k: v if v.dtype == dt else v.astype(dt) for k, v in params.items()}
+    keep = set(fp8_names(params))
+    keep |= {k + "_scale" for k in keep}
+    return {k: v if v.dtype == dt or k in keep else v.astype(dt) for k, v in params.items()}
 
 
 class ParamBuilder:
@@ -67,7 +82,8 @@ class ParamBuilder:
     ``put(name, value, layer=None, source_name=...)`` stores an ``[in, out]``-ordered array
     (already transposed by the caller) into ``name`` (a key of ``param_shapes`` such as
     ``"embed"``, or a per-layer suffix such as ``"wq"`` with ``layer``). ``finish()`` raises
-    :class:`CheckpointError` listing what was never filled.
+    :class:`CheckpointError` listing what was never filled. ``put_fp8`` stores a projection
+    layer that a checkpoint carries in FP8 (e4m3 ``[in, out]`` + its scale) as it is.
     """
 
     def __init__(self, cfg: ModelConfig, dtype: str, source: str) -> None:
@@ -77,33 +93,64 @@ class ParamBuilder:
         self.shapes = param_shapes(cfg)
         self.params = {k: np.empty(s, dtype=self.dtype) for k, s in self.shapes.items()}
         self.filled: dict[str, set[int] | bool] = {}
+        self.fp8: dict[str, np.ndarray] = {}  # projection -> e4m3 [L, K, N], filled by layer
+        self.fp8_scales: dict[str, dict[int, np.ndarray]] = {}  # -> {layer: [N] or [G, N]}
 
     def wants(self, name: str) -> bool:
         """Whether ``name`` (a top-level name or a per-layer suffix) is part of the layout."""
         return name in self.shapes or f"layers.{name}" in self.shapes
 
-    def put(self, name: str, value: np.ndarray, layer: int | None = None,
-            source_name: str = "") -> None:
+    def _check(self, name: str, shape: tuple[int, ...], layer: int | None,
+               what: str) -> str:
+        """The params key for ``name``; raises CheckpointError for a bad name/shape/layer."""
         key = name if layer is None else f"layers.{name}"
-        what = source_name or key
         if key not in self.shapes:
             raise CheckpointError(f"{self.source}: tensor {what!r} has no place in a "
                                   f"{self.cfg.family} model with this config")
         want = self.shapes[key] if layer is None else self.shapes[key][1:]
-        if tuple(value.shape) != tuple(want):
+        if tuple(shape) != tuple(want):
             raise CheckpointError(f"{self.source}: tensor {what!r} has shape "
-                                  f"{tuple(value.shape)}, expected {tuple(want)} for {key}")
+                                  f"{tuple(shape)}, expected {tuple(want)} for {key}")
+        if layer is not None and not 0 <= layer < self.cfg.num_layers:
+            raise CheckpointError(f"{self.source}: tensor {what!r} is for layer {layer}, "
+                                  f"but the model has {self.cfg.num_layers} layers")
+        return key
+
+    def _mark(self, key: str, layer: int | None) -> None:
         if layer is None:
-            self.params[key][...] = value
             self.filled[key] = True
         else:
-            if not 0 <= layer < self.cfg.num_layers:
-                raise CheckpointError(f"{self.source}: tensor {what!r} is for layer {layer}, "
-                                      f"but the model has {self.cfg.num_layers} layers")
-            self.params[key][layer] = value
             done = self.filled.setdefault(key, set())
             assert isinstance(done, set)
             done.add(layer)
+
+    def put(self, name: str, value: np.ndarray, layer: int | None = None,
+            source_name: str = "") -> None:
+        key = self._check(name, value.shape, layer, source_name or name)
+        if layer is None:
+            self.params[key][...] = value
+        else:
+            self.params[key][layer] = value
+        self._mark(key, layer)
+
+    def put_fp8(self, name: str, q: np.ndarray, scale: np.ndarray, layer: int,
+                source_name: str = "") -> None:
+        """Store layer ``layer`` of projection ``name`` as e4m3 ``q [K, N]`` with float32
+        ``scale`` ``[N]`` or ``[G, N]`` (see jaxinfer/models/params.py)."""
+        what = source_name or name
+        key = self._check(name, q.shape, layer, what)
+        if key not in FP8_PROJECTIONS:
+            raise CheckpointError(f"{self.source}: tensor {what!r} ({key}) cannot be stored "
+                                  "in FP8 (only the layers' projections can)")
+        try:
+            fp8_scale_layout(q.shape, scale.shape)
+        except WeightError as e:
+            raise CheckpointError(f"{self.source}: tensor {what!r}: {e}") from None
+        if key not in self.fp8:
+            self.fp8[key] = np.empty(self.shapes[key], dtype=q.dtype)
+        self.fp8[key][layer] = q
+        self.fp8_scales.setdefault(key, {})[layer] = np.asarray(scale, np.float32)
+        self._mark(key, layer)
 
     def finish(self) -> dict[str, np.ndarray]:
         missing: list[str] = []
@@ -118,6 +165,10 @@ class ParamBuilder:
                 missing.append(key)
         if missing:
             raise CheckpointError(f"{self.source}: missing tensors: {', '.join(missing)}")
+        if any(self.fp8_scales.values()):
+            from jaxinfer.loading.fp8_checkpoint import merge_fp8
+
+            merge_fp8(self.params, self.fp8, self.fp8_scales, self.source)
         return self.params
 
 

@@ -22,6 +22,8 @@ from tqdm.auto import tqdm
 
 from jaxinfer.config import ConfigError, ModelConfig
 from jaxinfer.loading.base import CheckpointError, LoadedModel, ParamBuilder
+from jaxinfer.loading.fp8_checkpoint import Fp8Weights, dequantize, parse_quantization_config
+from jaxinfer.models.params import FP8_PROJECTIONS
 from jaxinfer.tokenizer import Tokenizer, TokenizerError
 
 # HF architecture -> transformers config class name
@@ -195,10 +197,16 @@ def read_hf_params(d: Path, cfg: ModelConfig, dtype: str = "float32",
                    progress: bool = True) -> dict[str, np.ndarray]:
     """Read every tensor of the directory into the canonical layout (``param_shapes(cfg)``).
 
-    Raises CheckpointError for unreadable files, unexpected, missing or mis-shaped tensors.
+    FP8 weights with their scales (see jaxinfer/loading/fp8_checkpoint.py) are kept in FP8
+    for the layers' projections and dequantized elsewhere (embedding, LM head).
+
+    Raises CheckpointError for unreadable files, unexpected, missing or mis-shaped tensors,
+    and FP8 formats, scales or tensors that are not supported.
     """
     source = str(d)
     wm = _weight_map(d)
+    fp8 = Fp8Weights(parse_quantization_config(read_json(d / "config.json"), source), wm,
+                     source)
     by_file: dict[Path, list[str]] = defaultdict(list)
     for k, f in wm.items():
         by_file[f].append(k)
@@ -210,8 +218,8 @@ def read_hf_params(d: Path, cfg: ModelConfig, dtype: str = "float32",
             present = set(f.keys())
             for k in sorted(names):
                 bar.update(1)
-                if k.endswith("rotary_emb.inv_freq"):
-                    continue
+                if k.endswith("rotary_emb.inv_freq") or fp8.is_scale(k):
+                    continue  # scales are read with their FP8 weight
                 layer: int | None = None
                 if k.startswith("model.layers."):
                     idx, rest = k[len("model.layers."):].split(".", 1)
@@ -224,17 +232,27 @@ def read_hf_params(d: Path, cfg: ModelConfig, dtype: str = "float32",
                     raise CheckpointError(f"{path}: unexpected tensor {k!r}")
                 name, transpose = spec
                 if name == "lm_head" and cfg.tie_word_embeddings:
+                    fp8.skip(k)
                     continue
                 if k not in present:
                     raise CheckpointError(f"{path}: lacks tensor {k!r} named in the index")
-                try:
-                    w = f.get_tensor(k)
-                except Exception as e:
-                    raise CheckpointError(f"{path}: cannot read tensor {k!r}: {e}") from e
+                st_dtype = f.get_slice(k).get_dtype()
+                if st_dtype.startswith("F8"):
+                    q, scale = fp8.read(path, k, st_dtype)
+                    if layer is not None and transpose and f"layers.{name}" in FP8_PROJECTIONS:
+                        builder.put_fp8(name, q, scale, layer, source_name=k)
+                        continue
+                    w = dequantize(q, scale).T  # not kept in FP8: e.g. an FP8 lm_head
+                else:
+                    try:
+                        w = f.get_tensor(k)
+                    except Exception as e:
+                        raise CheckpointError(f"{path}: cannot read tensor {k!r}: {e}") from e
                 if gemma and name in _GEMMA_NORMS:
                     w = w.astype(np.float32) + 1.0  # Gemma RMSNorm computes x * (1 + w)
                 builder.put(name, w.T if transpose else w, layer, source_name=k)
     bar.close()
+    fp8.check_all_used()
     return builder.finish()
 
 

@@ -3,15 +3,21 @@
 A converted checkpoint is a directory::
 
     params/                 orbax PyTree checkpoint (OCDBT + zarr3, uncompressed) of the params,
-                            nested {"embed": [V,H], "layers": {"wq": [L,H,Hq*D], ...}}, float32
+                            nested {"embed": [V,H], "layers": {"wq": [L,H,Hq*D], ...}}, float32;
+                            FP8 projections as float8_e4m3fn with float32 "<name>_scale"
     model_config.json       ModelConfig.to_json()
     tokenizer.json ...      Tokenizer.save() output (absent for models without a tokenizer)
-    manifest.json           format tag, source file (resolved path, size, mtime_ns), written last
+    manifest.json           format tag, source file (resolved path, size, mtime_ns),
+                            "quantization" (null, or the FP8 scheme and every scale's shape),
+                            written last
 
 It is written into a hidden temporary sibling and renamed into place, so a killed conversion
 never leaves a directory that looks complete. GGUF files are converted once into
 ``<checkpoint dir>/converted/<stem>-<key>/``, ``key`` hashing the source's resolved path, size
-and mtime, so a changed file gets a fresh copy.
+and mtime, so a changed file gets a fresh copy; an FP8 copy (``jaxinfer convert
+--quantization fp8``) lives at ``<stem>-fp8-<key>/`` with the scheme hashed into ``key`` too,
+and :func:`find_cached` also compares the manifest's scheme, so a float copy is never taken
+for an FP8 one or the reverse.
 """
 
 from __future__ import annotations
@@ -25,14 +31,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from jaxinfer.config import ModelConfig
 from jaxinfer.loading.base import CheckpointError, LoadedModel, np_dtype
-from jaxinfer.models.params import param_shapes
+from jaxinfer.models.params import WeightError, check_params, fp8_names, param_shapes
 from jaxinfer.tokenizer import Tokenizer, TokenizerError
 
 FORMAT = "jaxinfer-orbax-v1"
+_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 MANIFEST = "manifest.json"
 
 
@@ -59,11 +67,17 @@ def source_stamp(path: str | Path) -> dict[str, Any]:
     return {"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def cache_path_for(source: str | Path, root: Path | None = None) -> Path:
-    """Directory the converted copy of ``source`` lives in (whether or not it exists yet)."""
-    stamp = source_stamp(source)
+def cache_path_for(source: str | Path, root: Path | None = None,
+                   scheme: dict[str, Any] | None = None) -> Path:
+    """Directory the converted copy of ``source`` lives in (whether or not it exists yet);
+    ``scheme``: the quantize-on-load scheme of an FP8 copy (``quantization.fp8_scheme()``)."""
+    stamp: dict[str, Any] = source_stamp(source)
+    tag = ""
+    if scheme is not None:
+        stamp = {**stamp, "quantization": scheme}
+        tag = f"-{scheme['method']}"
     key = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:12]
-    return (root or checkpoint_dir()) / "converted" / f"{Path(source).stem}-{key}"
+    return (root or checkpoint_dir()) / "converted" / f"{Path(source).stem}{tag}-{key}"
 
 
 def is_converted(path: str | Path) -> bool:
@@ -75,13 +89,17 @@ def is_converted(path: str | Path) -> bool:
         return False
 
 
-def find_cached(source: str | Path, root: Path | None = None) -> Path | None:
-    """The converted copy of ``source`` if one exists and its manifest matches the file now."""
-    path = cache_path_for(source, root)
+def find_cached(source: str | Path, root: Path | None = None,
+                scheme: dict[str, Any] | None = None) -> Path | None:
+    """The converted copy of ``source`` (float, or FP8 quantized with ``scheme``) if one
+    exists and its manifest matches the file now and the scheme asked for."""
+    path = cache_path_for(source, root, scheme)
     if not is_converted(path):
         return None
     manifest = json.loads((path / MANIFEST).read_text())
-    return path if manifest.get("source") == source_stamp(source) else None
+    q = manifest.get("quantization")
+    same = q is None if scheme is None else q is not None and q.get("scheme") == scheme
+    return path if same and manifest.get("source") == source_stamp(source) else None
 
 
 def _nest(params: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -121,11 +139,15 @@ def remove_stale_temps(parent: Path) -> None:
 
 
 def save_converted(out: str | Path, model: LoadedModel,
-                   source: str | Path | None = None) -> Path:
+                   source: str | Path | None = None,
+                   scheme: dict[str, Any] | None = None) -> Path:
     """Write ``model`` as a converted checkpoint at ``out`` atomically; returns ``out``.
 
-    If another process finished the same directory first, its copy is kept. Raises
-    CheckpointError when ``out`` exists and is not a converted checkpoint.
+    Params are stored as float32, except FP8 projections (float8_e4m3fn, as they are) and
+    their float32 scales; ``scheme`` (the quantize-on-load scheme that made them, or None for
+    weights that came in FP8 or are not quantized) goes into the manifest. If another process
+    finished the same directory first, its copy is kept. Raises CheckpointError when ``out``
+    exists and is not a converted checkpoint.
     """
     import orbax.checkpoint as ocp
 
@@ -139,7 +161,9 @@ def save_converted(out: str | Path, model: LoadedModel,
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        tree = _nest({k: np.asarray(v, dtype=np.float32) for k, v in model.params.items()})
+        fp8 = fp8_names(model.params)
+        tree = _nest({k: np.asarray(v) if k in fp8 else np.asarray(v, dtype=np.float32)
+                      for k, v in model.params.items()})
         # Uncompressed: zstd saves ~30 % of disk but doubles restore time (measured).
         handler = ocp.PyTreeCheckpointHandler(use_compression=False)
         with ocp.Checkpointer(handler) as ckptr:
@@ -147,9 +171,12 @@ def save_converted(out: str | Path, model: LoadedModel,
         (tmp / "model_config.json").write_text(model.config.to_json())
         if model.tokenizer is not None:
             model.tokenizer.save(tmp)
+        quant = None if not fp8 else {
+            "method": "fp8", "scheme": scheme,
+            "scales": {k + "_scale": list(model.params[k + "_scale"].shape) for k in fp8}}
         manifest = {"format": FORMAT, "created_unix": time.time(), "dtype": "float32",
                     "source": source_stamp(source) if source is not None else None,
-                    "from": model.source}
+                    "from": model.source, "quantization": quant}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         try:
             os.rename(tmp, out)
@@ -164,32 +191,61 @@ def save_converted(out: str | Path, model: LoadedModel,
 
 
 def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
-    """Read a converted checkpoint; params restored as numpy arrays of ``dtype``.
+    """Read a converted checkpoint; params restored as numpy arrays of ``dtype`` (FP8
+    projections as stored, float8_e4m3fn, with float32 scales).
 
     Raises CheckpointError when the directory is incomplete or its tensors do not match its
     config.
     """
-    import jax
     import orbax.checkpoint as ocp
 
     d = Path(path).absolute()
     cfg, tokenizer = read_converted_header(d)
     dt = np_dtype(dtype)
-    shapes = _nest(dict.fromkeys(param_shapes(cfg), np.empty(0)))
-    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dt), shapes)
+    quant = json.loads((d / MANIFEST).read_text()).get("quantization") or {}
+    scales = set(quant.get("scales", {}))
+    fp8 = {k.removesuffix("_scale") for k in scales}
+
+    def arg(k: str) -> Any:  # stored dtype for FP8 weights, float32 for scales
+        return ocp.RestoreArgs(restore_type=np.ndarray,
+                               dtype=None if k in fp8 else np.float32 if k in scales else dt)
+
+    names = list(param_shapes(cfg)) + sorted(scales)
+    args = _nest({k: arg(k) for k in names})
     try:
         with ocp.PyTreeCheckpointer() as ckptr:
+            stored = _stored_dtypes(ckptr.metadata(d / "params"))
             tree = ckptr.restore(d / "params", args=ocp.args.PyTreeRestore(restore_args=args))
     except Exception as e:  # orbax/tensorstore raise many kinds
         raise CheckpointError(f"cannot restore params from {d}/params: {e}") from e
-    params = _flatten(tree)
-    want = param_shapes(cfg)
-    for k, shape in want.items():
-        if k not in params or tuple(params[k].shape) != shape:
-            got = params[k].shape if k in params else "missing"
-            raise CheckpointError(f"{d}: tensor {k} is {got}, expected {shape}")
-    return LoadedModel(config=cfg, params={k: params[k] for k in want}, tokenizer=tokenizer,
-                       source=str(d))
+    if stored is not None:  # what is on disk must be what the manifest describes
+        on_disk_fp8 = {k for k, dt in stored.items() if np.dtype(dt) == _E4M3}
+        if set(stored) != set(names) or on_disk_fp8 != fp8:
+            raise CheckpointError(
+                f"{d}: stored tensors do not match {MANIFEST} (FP8 on disk: "
+                f"{sorted(on_disk_fp8)}, in the manifest: {sorted(fp8)}; other differences: "
+                f"{sorted(set(stored) ^ set(names))[:5]})")
+    params = {k: v for k, v in _flatten(tree).items() if k in names}
+    try:
+        check_params(cfg, params, str(d))
+    except WeightError as e:
+        raise CheckpointError(str(e)) from e
+    if set(fp8_names(params)) != fp8:
+        raise CheckpointError(f"{d}: FP8 tensors {sorted(fp8_names(params))} do not match the "
+                              f"manifest's {sorted(fp8)}")
+    return LoadedModel(config=cfg, params=params, tokenizer=tokenizer, source=str(d))
+
+
+def _stored_dtypes(meta: Any) -> dict[str, Any] | None:
+    """{name: dtype} of an orbax PyTree checkpoint's metadata (StepMetadata / TreeMetadata /
+    a plain tree across orbax versions); None when the layout is not one of these."""
+    tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+    if not isinstance(tree, dict):
+        return None
+    flat = _flatten(tree)
+    if not all(hasattr(v, "dtype") for v in flat.values()):
+        return None
+    return {k: v.dtype for k, v in flat.items()}
 
 
 def read_converted_header(d: Path) -> tuple[ModelConfig, Tokenizer | None]:

@@ -104,7 +104,8 @@ _NOT_IN_PROGRAMS = ("eos_token_ids", "bos_token_id", "name")
 # that list). Host-only modules (engine, scheduler, loading, ...) do not invalidate a cache.
 PROGRAM_SOURCES = ("jaxinfer/batch.py", "jaxinfer/config.py", "jaxinfer/layers", "jaxinfer/models",
                    "jaxinfer/quantization.py", "jaxinfer/runner.py", "jaxinfer/sampling.py",
-                   "jaxinfer/sampling_params.py", "pallas_kernels")
+                   "jaxinfer/sampling_filters.py", "jaxinfer/sampling_params.py",
+                   "pallas_kernels")
 
 
 def source_digest() -> str:

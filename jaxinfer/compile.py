@@ -11,6 +11,8 @@ and ``compile_cache_dir`` loads the programs instead of tracing and compiling th
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import os
@@ -140,6 +142,18 @@ def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:
                        attention=get_backend(ec.attention_backend),
                        kv_dtype=resolve_kv_dtype(ec.kv_cache_dtype, dtype),
                        abstract=True, num_slots=ec.max_num_seqs)  # as LLMEngine does
+
+
+def cached_num_kv_pages(directory: str | Path) -> int | None:
+    """The KV pool size (pages) a compile cache was built for, or None if unreadable."""
+    try:
+        from jaxinfer.compile_cache import MANIFEST
+
+        manifest = json.loads((Path(directory).expanduser() / MANIFEST).read_text())
+        pages = manifest["fingerprint"]["engine"]["num_kv_pages"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pages if isinstance(pages, int) and pages >= 2 else None
 
 
 def attach_program_store(engine: Any, directory: str | Path, strict: bool = False) -> bool:
@@ -377,6 +391,10 @@ def cmd_compile(ns: Any) -> int:
     args.pop("compile_cache_strict", None)
     mc = model_config_of(ns.model)
     ec = engine_config_for(mc, args)
+    if ec.num_kv_pages is None:
+        # The pool's shape is part of every program, so a compile cache fixes it; an engine
+        # started with the cache adopts it (LLMEngine) instead of sizing from free memory.
+        ec = dataclasses.replace(ec, num_kv_pages=ec.total_kv_pages)
     programs = enumerate_programs(ec, [m.strip() for m in ns.modes.split(",") if m.strip()])
     print(describe(ns.model, mc, ec, programs), flush=True)
     if ns.list:

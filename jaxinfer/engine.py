@@ -116,6 +116,15 @@ class LLMEngine:
         self.model_config: ModelConfig = loaded.config
         self.tokenizer = loaded.tokenizer
         self.load_seconds = time.perf_counter() - t0
+        if compile_cache_dir is not None and engine_args.get("num_kv_pages") is None:
+            from jaxinfer.compile import cached_num_kv_pages
+
+            # A compile cache fixes the pool's shape (``jaxinfer compile --num-kv-pages``,
+            # default max_num_seqs full-length sequences): adopt it rather than sizing from
+            # free memory, which would give another shape (and skip the activation probe).
+            pages = cached_num_kv_pages(compile_cache_dir)
+            if pages is not None:
+                engine_args = {**engine_args, "num_kv_pages": pages}
         self.config = engine_config_for(self.model_config, engine_args)
         cfg, ec = self.model_config, self.config
         self.dtype = _resolve_dtype(ec.dtype)

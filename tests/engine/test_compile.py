@@ -287,3 +287,22 @@ def _fresh_process_sample_only(cache: Path) -> dict:
                          env=env, cwd=ROOT, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+
+def test_engine_adopts_the_compile_caches_kv_pool(tmp_path):
+    """The pool shape enters every program, so a cache records it and an engine started with
+    the cache and no num_kv_pages runs that pool (on a GPU it would otherwise size its own
+    from free memory, a different shape): here 11 pages, not the engine's own 9."""
+    from jaxinfer.compile import cached_num_kv_pages
+
+    d = tmp_path / "cache"
+    assert cli.main(["compile", "--model", MODEL, *CLI_ENGINE, "--num-kv-pages", "11",
+                     "--cache-dir", str(d), "--jobs", "1"]) == 0
+    assert cached_num_kv_pages(d) == 11
+    warm = _fresh_process(d)  # ENGINE has no num_kv_pages
+    assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{not json")
+    assert cached_num_kv_pages(tmp_path / "bad") is None
+    assert cached_num_kv_pages(tmp_path / "missing") is None

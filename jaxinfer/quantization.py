@@ -6,7 +6,8 @@ activations, and TensorRT-LLM's "FP8 per-channel + per-token" recipe):
 * weights, once at load time: symmetric absmax per **output channel** —
   ``w[k, n] ≈ w_fp8[k, n] * scale[n]``, ``scale[n] = max_k |w[k, n]| / 448``, rounded to
   nearest even and saturated at ±448 — or, for checkpoints that carry them (DeepSeek /
-  Qwen3 128x128 block FP8) and on request, per **group** of ``g`` consecutive input rows:
+  Qwen3 128x128 block FP8) and on request (``quantize_params_fp8(..., group_size=g)``), per
+  **group** of ``g`` consecutive input rows:
   ``w[k, n] ≈ w_fp8[k, n] * scale[k // g, n]`` (scale ``[K / g, N]``);
 * activations, every step: symmetric absmax per **token** (row) —
   ``x[m, k] ≈ x_fp8[m, k] * scale[m]``;
@@ -18,10 +19,15 @@ Weights here use the engine's canonical ``[K, N]`` layout (``x @ w``). The Palla
 
 Why per-channel is the default of ``quantization="fp8"`` (benchmarks/RESULTS.md, "FP8 weight
 quantization accuracy"): e4m3 keeps 3 mantissa bits, so every weight carries a relative
-rounding error of up to 2^-4 (about 2.6 % RMS) whatever its scale; scales only decide where
-the grid sits. Per-tensor, per-channel and 128- or 32-wide group scales measured within the
-spread of equally good realizations of one another on SmolLM2 and Gemma 3, so the cheapest
-layout for the GEMM (one scale per output channel, applied to the accumulator) stays.
+rounding error of up to 2^-4 (about 2.6 % RMS) whatever its scale, and no scale layout brings
+SmolLM2 or Gemma 3 270M near 99 % top-1 agreement. Finer groups do help a little, apparently
+because each group's absmax is stored exactly (realizations of a layout that keep it exact
+keep the gain; ones that move it off the grid lose it): 128-row groups cut mean KL by ~25 %
+(+1 point top-1), 32-row groups by ~35-40 %, across three realizations of each layout.
+But only the XLA path applies group scales (the Pallas kernels take one scale per output
+channel) and their cost on the GPU is not measured yet (benchmarks/kernels/bench_fp8_groups.py
+measures it); per-channel runs the W8A16 GEMM measured fastest on an H200. If that benchmark
+shows grouped within ~1.1x at decode, set ``DEFAULT_GROUP_SIZE = 128``.
 """
 
 from __future__ import annotations
@@ -174,14 +180,15 @@ def dequantize_fp8_weight(q: jax.Array, scale: jax.Array) -> jax.Array:
     return qf * jnp.repeat(scale.astype(jnp.float32), g, axis=-2)
 
 
-def fp8_weight_linear(h: jax.Array, q: jax.Array, scale: jax.Array) -> jax.Array:
+def fp8_weight_linear(h: jax.Array, q: jax.Array, scale: jax.Array, *,
+                      grouped_dots: bool | None = None) -> jax.Array:
     """W8A16 linear ``h [M, K] @ w [K, N]`` for ``w ≈ q * scale``, in ``h.dtype``.
 
     The e4m3 weight is widened to ``h.dtype`` inside the GEMM (float32 accumulation).
     Per-channel ``scale [N]`` multiplies the accumulator once. Per-group ``scale [G, N]``:
-    for ``M <= 16`` one dot per group of rows, each partial sum scaled, then summed (the
-    weight is read once, as in the per-channel GEMM); for larger M the weight is
-    dequantized to ``h.dtype`` first (cost amortized over the rows).
+    with ``grouped_dots`` (default: ``M <= 16``) one dot per group of rows, each partial sum
+    scaled, then summed (the weight is read once, as in the per-channel GEMM); otherwise the
+    weight is dequantized to ``h.dtype`` first (cost amortized over the rows; one rounding).
     """
     g = _check_scale(tuple(q.shape), tuple(scale.shape))
     if g is None:
@@ -189,7 +196,7 @@ def fp8_weight_linear(h: jax.Array, q: jax.Array, scale: jax.Array) -> jax.Array
         return (acc * scale).astype(h.dtype)
     M = h.shape[0]
     G, N = scale.shape
-    if M <= _GROUPED_DOT_MAX_M:
+    if grouped_dots if grouped_dots is not None else M <= _GROUPED_DOT_MAX_M:
         part = jnp.einsum("mgk,gkn->mgn", h.reshape(M, G, g), q.astype(h.dtype).reshape(G, g, N),
                           preferred_element_type=jnp.float32)
         return jnp.einsum("mgn,gn->mn", part, scale).astype(h.dtype)

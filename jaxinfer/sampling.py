@@ -14,12 +14,11 @@ vLLM v1's ``Sampler``:
    ``top_p`` nucleus of what is left (ties at a cut-off are kept, as in vLLM's threshold
    masking) and draw with the Gumbel-max trick.
 
-No vocabulary sort (:mod:`jaxinfer.sampling_filters`): a row with ``top_k <= TOPK_FAST`` (16)
-is cut from ``lax.top_k(x, 16)``, which XLA:GPU runs on its TopK kernel; one with ``top_k <=
-TOPK_STAGED`` (64) from its 64 best found 16 at a time; every other filtering row (no top-k,
-or a larger one) finds its k-th value and its nucleus by an exact threshold search (fused
-multi-pivot reductions); the 20 best logprobs come from two top-k of at most 16. Which method
-a row uses depends on its own ``top_k`` only, so its floats do not depend on its neighbours.
+No vocabulary sort (:mod:`jaxinfer.sampling_filters`): every filtering row finds its k-th
+value and its nucleus by an exact threshold search (fused multi-pivot reductions; measured on
+the H200, XLA's TopK kernel costs more per call at vocab 128k than a pass of the search); the
+20 best logprobs come from two ``lax.top_k`` of at most 16 (no sort on XLA:GPU). All rows run
+the same code, so a row's floats do not depend on its neighbours.
 
 Each row draws from its own key, ``fold_in(key(seed), sample_index)``, so a request's tokens
 depend only on its seed and the index of the token being sampled -- not on the batch it lands
@@ -35,9 +34,8 @@ row from the host with :func:`load_token_history` when a sequence with penalties
 Work no row of the batch needs is skipped, decided in one of two ways (same results):
 
 * ``needs=None``: on the device, by batch-wide ``lax.cond``s (all greedy: no temperature,
-  filters or draw; no penalties: no gather of count rows; no logprobs: no log-softmax; each
-  top-k method only when a row uses it; no top-p outside the top-k methods: no nucleus
-  search). On XLA:GPU every ``lax.cond`` copies its predicate to the host and blocks until the
+  filters or draw; no penalties: no gather of count rows; no logprobs: no log-softmax; no
+  top-k: no k-th value search; no top-p: no nucleus search). On XLA:GPU every ``lax.cond`` copies its predicate to the host and blocks until the
   stream reaches it (xla ``backends/gpu/runtime/conditional_thunk.cc``: ``Memcpy`` then
   ``BlockHostUntilDone``; command buffers, which could keep it on the device, leave
   ``CONDITIONAL`` out of ``--xla_gpu_enable_command_buffer``'s default set), so the call does
@@ -60,16 +58,14 @@ import numpy as np
 from jaxinfer.batch import SamplingArrays
 from jaxinfer.sampling_filters import (
     TOPK_FAST,
-    TOPK_STAGED,
-    cutoff_from_best,
     kth_largest,
     nucleus_cut,
     top_values,
 )
 from jaxinfer.sampling_params import MAX_LOGPROBS
 
-__all__ = ["COUNT_MASK", "PROMPT_FLAG", "TOPK_FAST", "TOPK_STAGED", "SampleOutput",
-           "SamplerNeeds", "apply_penalties", "load_token_history", "sample", "sample_rows"]
+__all__ = ["COUNT_MASK", "PROMPT_FLAG", "TOPK_FAST", "SampleOutput", "SamplerNeeds",
+           "apply_penalties", "load_token_history", "sample", "sample_rows"]
 
 NEG_INF = -jnp.inf
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
@@ -101,24 +97,19 @@ def _needs(xp: Any, sp: SamplingArrays, V: int) -> dict[str, Any]:
         "penalties": xp.any(((rp != 1.0) & (rp > 0.0)) | (sp.presence_penalty != 0.0)
                             | (sp.frequency_penalty != 0.0)),
         "sampling": xp.any(sp.temperature > 0.0),
-        "top_k_fast": xp.any(rows["cuts"] & rows["fast"]),
-        "top_k_staged": xp.any(rows["cuts"] & rows["staged"]),
-        "top_k_search": xp.any(rows["wide"] & rows["k_on"]),
-        "top_p_search": xp.any(rows["wide"] & rows["p_on"]),
+        "top_k_search": xp.any(rows["sampling"] & rows["k_on"]),
+        "top_p_search": xp.any(rows["sampling"] & rows["p_on"]),
         "logprobs": xp.any(sp.want_logprobs),
     }
 
 
 def _row_filters(sp: SamplingArrays, V: int) -> dict[str, Any]:
-    """Per-row [S] bool: top-k on, top-p on, the top-k method (fast, staged or search via
-    "wide"), filtered at all."""
+    """Per-row [S] bool: samples, top-k on, top-p on, filtered (samples with either)."""
+    sampling = sp.temperature > 0.0
     k_on = (sp.top_k > 0) & (sp.top_k < V)
     p_on = sp.top_p < 1.0
-    fast = k_on & (sp.top_k <= TOPK_FAST)
-    staged = k_on & ~fast & (sp.top_k <= TOPK_STAGED)
-    cuts = (sp.temperature > 0.0) & (k_on | p_on)
-    return {"k_on": k_on, "p_on": p_on, "fast": fast, "staged": staged, "cuts": cuts,
-            "wide": cuts & ~fast & ~staged}
+    return {"sampling": sampling, "k_on": k_on, "p_on": p_on,
+            "cuts": sampling & (k_on | p_on)}
 
 
 class SamplerNeeds(NamedTuple):
@@ -131,17 +122,13 @@ class SamplerNeeds(NamedTuple):
     Attributes:
       penalties: some row has a repetition, presence or frequency penalty.
       sampling: some row has temperature > 0.
-      top_k_fast: some sampling row filters with 0 < top_k <= TOPK_FAST.
-      top_k_staged: some sampling row has TOPK_FAST < top_k <= TOPK_STAGED.
-      top_k_search: some sampling row has TOPK_STAGED < top_k < V.
-      top_p_search: some sampling row without one of those two top-k has top_p < 1.
+      top_k_search: some sampling row has 0 < top_k < V.
+      top_p_search: some sampling row has top_p < 1.
       logprobs: some row asked for logprobs.
     """
 
     penalties: bool = True
     sampling: bool = True
-    top_k_fast: bool = True
-    top_k_staged: bool = True
     top_k_search: bool = True
     top_p_search: bool = True
     logprobs: bool = True
@@ -188,16 +175,12 @@ def _cutoff(scaled: jax.Array, top: jax.Array, sp: SamplingArrays, when: _When) 
     rows = _row_filters(sp, V)
     none = jnp.full((S,), NEG_INF, jnp.float32)
     k = jnp.where(rows["k_on"], sp.top_k, V)
-    fast = when("top_k_fast", lambda: cutoff_from_best(
-        jax.lax.top_k(scaled, min(TOPK_FAST, V))[0], V, sp.top_k, sp.top_p), lambda: none)
-    staged = when("top_k_staged", lambda: cutoff_from_best(
-        top_values(scaled, min(TOPK_STAGED, V))[0], V, sp.top_k, sp.top_p), lambda: none)
-    # Rows without top-k take -inf as their k-th value on both branches (same floats after).
+    # Rows without top-k take -inf as their k-th value on both branches (same floats after);
+    # without a nucleus search every row's top_p is 1, whose cut is the k-th value.
     kth = when("top_k_search", lambda: jnp.where(rows["k_on"], kth_largest(scaled, top, k),
                                                  NEG_INF), lambda: none)
-    wide = when("top_p_search", lambda: nucleus_cut(scaled, top, kth, k, sp.top_p),
-                lambda: kth)
-    cut = jnp.where(rows["fast"], fast, jnp.where(rows["staged"], staged, wide))
+    cut = when("top_p_search", lambda: nucleus_cut(scaled, top, kth, k, sp.top_p),
+               lambda: kth)
     return jnp.where(rows["cuts"], cut, NEG_INF)
 
 

@@ -16,7 +16,6 @@ from jaxinfer.sampling import SamplerNeeds, sample_rows
 from jaxinfer.sampling_filters import (
     TOPK_FAST,
     TOPK_STAGED,
-    cutoff_from_best,
     key_value,
     kth_largest,
     nucleus_cut,
@@ -102,29 +101,6 @@ def test_nucleus_cut_keeps_the_same_tokens_as_the_sorted_prefix_rule(seed):
     assert checked >= S - 3
 
 
-def test_staged_top_k_cut_keeps_the_same_tokens_as_the_sorted_prefix_rule():
-    # Rows with TOPK_FAST < top_k <= TOPK_STAGED: top-p over their TOPK_STAGED best values.
-    rng = np.random.default_rng(5)
-    S, V = 16, 300
-    x = _tied_rows(rng, S, V)
-    k = rng.integers(TOPK_FAST + 1, TOPK_STAGED + 1, S)
-    p = rng.choice([0.2, 0.5, 0.9, 1.0], S).astype(np.float32)
-
-    @jax.jit
-    def cut(x, k, p):
-        return cutoff_from_best(top_values(x, TOPK_STAGED)[0], V, k, p)
-
-    got = np.asarray(cut(jnp.asarray(x), jnp.asarray(k, jnp.int32), jnp.asarray(p)))
-    checked = 0
-    for i in range(S):
-        want, gap = _np_nucleus(x[i], int(k[i]), float(p[i]))
-        if gap < 1e-5:
-            continue
-        np.testing.assert_array_equal(x[i] >= got[i], x[i] >= want, err_msg=f"row {i}")
-        checked += 1
-    assert checked >= S - 3
-
-
 @pytest.mark.parametrize("V, K", [(20, 20), (33, 20), (64, 20), (1500, 20), (300, 17),
                                   (300, 48), (300, TOPK_STAGED)])
 def test_top_values_equal_lax_top_k_with_ties_and_minus_inf(V, K):
@@ -176,19 +152,18 @@ def test_host_flags_device_conds_and_one_program_give_the_same_rows():
 def test_needs_of_a_batch():
     V = 1000
     sa = SamplingArrays.neutral(4)
-    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 7)
-    sa.top_p[:] = 0.5  # greedy rows: their filters do not count
-    assert not SamplerNeeds.of(sa, V).top_p_search
+    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 5)
+    sa.top_p[:], sa.top_k[:] = 0.5, 3  # greedy rows: their filters do not count
+    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 5)
+    sa.top_k[:] = 0
     sa.temperature[1] = 1.0
-    sa.top_k[1] = TOPK_FAST
     n = SamplerNeeds.of(sa, V)
-    assert n.sampling and n.top_k_fast and not n.top_k_search and not n.top_p_search
-    sa.top_k[2], sa.temperature[2] = TOPK_FAST + 1, 0.5
+    assert n.sampling and n.top_p_search and not n.top_k_search
+    sa.top_k[2], sa.temperature[2] = 5, 0.5
     n = SamplerNeeds.of(sa, V)
-    assert n.top_k_staged and not n.top_k_search and not n.top_p_search
-    sa.top_k[3], sa.temperature[3] = TOPK_STAGED + 1, 0.5
-    n = SamplerNeeds.of(sa, V)
-    assert n.top_k_search and n.top_p_search and not n.penalties and not n.logprobs
+    assert n.top_k_search and not n.penalties and not n.logprobs
+    sa.top_k[2] = V  # top_k >= V keeps everything: no search
+    assert not SamplerNeeds.of(sa, V).top_k_search
 
 
 def _lowered(needs, V=4096, S=8) -> str:

@@ -182,10 +182,12 @@ def test_programs_from_jax_persistent_cache_are_never_stored():
     # incomplete and fails when run, so _compile_program refuses one (conftest has that cache
     # on; compile_bucket_set then compiles in workers that turn it off, as cache_dir does).
     from jaxinfer.compile import _compile_program
+    from jaxinfer.runner import COMPILER_OPTIONS
 
     runner = abstract_runner(DUMMY_CONFIGS["tiny-llama"], EngineConfig(**ENGINE))
     program = enumerate_programs(EngineConfig(**ENGINE))[0]
-    runner.lower(program.bucket, program.mode).compile()  # now in the persistent cache
+    # now in the persistent cache, under the key _compile_program's own compile will look up
+    runner.lower(program.bucket, program.mode).compile(compiler_options=COMPILER_OPTIONS)
     jax.clear_caches()
     with pytest.raises(CompileCacheError, match="persistent compilation cache"):
         _compile_program(runner, program)

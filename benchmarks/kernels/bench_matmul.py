@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import datetime
 import json
 import math
 import os
@@ -37,6 +36,7 @@ import traceback
 import jax
 import jax.numpy as jnp
 
+from jaxinfer.bench.records import make_record
 from pallas_kernels.matmul import api, gate_up_ref, linear_ref, quantize_rows_fp8
 from pallas_kernels.matmul.mgpu_gemm import MgpuConfig
 from pallas_kernels.matmul.triton_gemm import TritonConfig, default_config, fit_smem
@@ -56,9 +56,7 @@ def log(*a) -> None:
 
 
 def record(name, value, unit, **config) -> None:
-    RECORDS.append(dict(name=name, value=value, unit=unit, config=config,
-                        device=str(jax.devices()[0].device_kind), jax=jax.__version__,
-                        date=datetime.date.today().isoformat(), command=" ".join(sys.argv)))
+    RECORDS.append(make_record(name, value, unit, config, " ".join(sys.argv)))
 
 
 def kernel_time_us(fn, args, iters=5, cupti=True) -> tuple[float, float]:

@@ -22,12 +22,9 @@ Results and what was learned: benchmarks/kernels/NOTES_paged_attention.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
 import math
 import os
-import sys
 import time
 import traceback
 import warnings
@@ -36,12 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.kernels.kernel_bench import RunRecords, rel_err, time_fn
 from pallas_kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref
 
 warnings.filterwarnings("ignore")
 CALLS = 4
 T0 = time.time()
-RECORDS: list[dict] = []
+RECORDS = RunRecords("benchmarks/kernels/bench_paged_attention.py")
 ROWS: list[tuple] = []
 
 
@@ -86,24 +84,6 @@ def chain(step, calls=CALLS):
             q = step(q, i, *args)
         return q
     return jax.jit(f)
-
-
-def time_fn(run, args_list, repeats, min_s=0.1):
-    """Seconds per run: queue runs back to back, block once, median over repeats."""
-    out = run(*args_list[0])
-    jax.block_until_ready(out)
-    t = time.perf_counter()
-    jax.block_until_ready(run(*args_list[1 % len(args_list)]))
-    one = max(time.perf_counter() - t, 1e-6)
-    n = int(min(200, max(3, min_s / one)))
-    res = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for i in range(n):
-            out = run(*args_list[i % len(args_list)])
-        jax.block_until_ready(out)
-        res.append((time.perf_counter() - t) / n)
-    return float(np.median(res))
 
 
 def ours_runner(c, window=0, **tune):
@@ -161,13 +141,6 @@ def ref_runner(c, window=0):
     return run, args
 
 
-def rel_err(o, r) -> float:
-    o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
-    if not np.all(np.isfinite(o)):
-        return float("inf")
-    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
-
-
 def check(c, window=0, **tune) -> float:
     scale = 1.0 / math.sqrt(c["D"])
     q = c["q"]
@@ -185,15 +158,8 @@ def check(c, window=0, **tune) -> float:
 
 
 def record(name, value, unit, config, args) -> None:
-    RECORDS.append({
-        "name": name, "value": value, "unit": unit, "config": config,
-        "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "PYTHONPATH=. python3 benchmarks/kernels/bench_paged_attention.py "
-                + " ".join(sys.argv[1:])})
-    if args.out:
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(RECORDS, f, indent=1)
+    RECORDS.out_dir = args.out
+    RECORDS.add(name, value, unit, config)
 
 
 def copy_bandwidth(args) -> float:

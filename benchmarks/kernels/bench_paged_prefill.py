@@ -23,12 +23,9 @@ Notes: benchmarks/kernels/NOTES_paged_prefill.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
 import math
 import os
-import sys
 import time
 import traceback
 import warnings
@@ -37,11 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.kernels.kernel_bench import RunRecords, rel_err, time_fn
 from pallas_kernels.paged_attention import paged_prefill_attention, paged_prefill_attention_ref
 
 warnings.filterwarnings("ignore")
 T0 = time.time()
-RECORDS: list[dict] = []
+RECORDS = RunRecords("benchmarks/kernels/bench_paged_prefill.py")
 ROWS: list[tuple[str, dict]] = []
 ARGS: argparse.Namespace
 
@@ -55,15 +53,8 @@ def late(frac: float = 1.0) -> bool:
 
 
 def record(name: str, value: float, unit: str, config: dict) -> None:
-    RECORDS.append({
-        "name": name, "value": value, "unit": unit, "config": config,
-        "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "PYTHONPATH=. python3 benchmarks/kernels/bench_paged_prefill.py "
-                   + " ".join(sys.argv[1:])})
-    if ARGS.out:
-        with open(os.path.join(ARGS.out, "results.json"), "w") as f:
-            json.dump(RECORDS, f, indent=1)
+    RECORDS.out_dir = ARGS.out
+    RECORDS.add(name, value, unit, config)
 
 
 def make_case(seqs: list[tuple[int, int]], *, Hq=32, Hkv=8, D=128, ps=16, kv_dtype=jnp.bfloat16,
@@ -89,22 +80,6 @@ def make_case(seqs: list[tuple[int, int]], *, Hq=32, Hkv=8, D=128, ps=16, kv_dty
             "pos": jnp.asarray(pos, jnp.int32), "sid": jnp.asarray(sid, jnp.int32),
             "scales": scales, "window": window, "L": L, "seqs": seqs, "D": D, "Hq": Hq,
             "Hkv": Hkv, "ps": ps, "flops": 4.0 * Hq * D * pairs}
-
-
-def time_fn(run, args_list, repeats: int, min_s: float = 0.1) -> float:
-    """Seconds per run: queue runs back to back, block once, median over repeats."""
-    jax.block_until_ready(run(*args_list[0]))
-    t = time.perf_counter()
-    jax.block_until_ready(run(*args_list[1 % len(args_list)]))
-    n = int(min(100, max(3, min_s / max(time.perf_counter() - t, 1e-6))))
-    res = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for i in range(n):
-            out = run(*args_list[i % len(args_list)])
-        jax.block_until_ready(out)
-        res.append((time.perf_counter() - t) / n)
-    return float(np.median(res))
 
 
 def paged_runner(c: dict, fn, calls: int, **kw):
@@ -146,13 +121,6 @@ def dense_runner(c: dict, impl: str, calls: int):
     return jax.jit(chain), [(q, k, v)]
 
 
-def rel_err(o, r) -> float:
-    o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
-    if not np.all(np.isfinite(o)):
-        return float("inf")
-    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
-
-
 def check(label: str, c: dict, **tune) -> None:
     scale = 1.0 / math.sqrt(c["D"])
     a = (c["q"], c["kc"], c["vc"], jnp.int32(c["L"] - 1), c["bt"], c["lens"], c["pos"], c["sid"])
@@ -189,7 +157,7 @@ def bench(label: str, c: dict, impls: list[str], tune: dict | None = None,
                 run, a = paged_runner(c, paged_prefill_attention_ref, calls)
             else:
                 run, a = dense_runner(c, impl, calls)
-            t = time_fn(run, a, ARGS.repeats) / calls
+            t = time_fn(run, a, ARGS.repeats, max_runs=100) / calls
         except Exception as e:  # noqa: BLE001  one failing variant must not lose the run
             log(f"FAILED {impl} {label} {tune}: {type(e).__name__}: {str(e)[:300]}")
             continue
@@ -210,7 +178,7 @@ def matmul_rate() -> float:
     x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.bfloat16)
     w = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.bfloat16) / math.sqrt(n)
     run = jax.jit(lambda x, w: functools.reduce(lambda a, _: a @ w, range(4), x))
-    t = time_fn(run, [(x, w)], ARGS.repeats) / 4
+    t = time_fn(run, [(x, w)], ARGS.repeats, max_runs=100) / 4
     tf = 2 * n**3 / t / 1e12
     record("matmul_bf16_rate", tf, "TFLOP/s", {"n": n, "op": "XLA x @ w bf16, chain of 4",
                                                 "time_us": t * 1e6})

@@ -1,0 +1,61 @@
+"""Pieces the kernel benchmarks share: timing of queued runs, relative error, and a record
+list rewritten to ``<out>/<file>`` after every value (a run cut off by its deadline keeps
+what it measured). Records are ``jaxinfer.bench.records.make_record`` dicts."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxinfer.bench.records import make_record
+
+
+def time_fn(run, args_list, repeats: int, min_s: float = 0.1, max_runs: int = 200) -> float:
+    """Seconds per run: queue runs back to back (cycling through ``args_list``), block once,
+    median over ``repeats``; each repeat holds ~``min_s`` seconds, 3..``max_runs`` runs."""
+    jax.block_until_ready(run(*args_list[0]))
+    t = time.perf_counter()
+    jax.block_until_ready(run(*args_list[1 % len(args_list)]))
+    n = int(min(max_runs, max(3, min_s / max(time.perf_counter() - t, 1e-6))))
+    res = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for i in range(n):
+            out = run(*args_list[i % len(args_list)])
+        jax.block_until_ready(out)
+        res.append((time.perf_counter() - t) / n)
+    return float(np.median(res))
+
+
+def rel_err(o, r) -> float:
+    """Relative L2 error of ``o`` against ``r`` in float64; inf if ``o`` has a non-finite."""
+    o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
+    if not np.all(np.isfinite(o)):
+        return float("inf")
+    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+
+
+class RunRecords(list):
+    """The records of one benchmark run, rewritten as one JSON list to ``out_dir/file_name``
+    (if ``out_dir``) after each :meth:`add`."""
+
+    def __init__(self, script: str, out_dir: str | None = None,
+                 file_name: str = "results.json"):
+        super().__init__()
+        self.command = f"PYTHONPATH=. python3 {script} " + " ".join(sys.argv[1:])
+        self.out_dir, self.file_name = out_dir, file_name
+
+    def add(self, name: str, value: Any, unit: str, config: dict[str, Any]) -> None:
+        self.append(make_record(name, value, unit, config, self.command))
+        self.dump()
+
+    def dump(self) -> None:
+        if self.out_dir:
+            with open(os.path.join(self.out_dir, self.file_name), "w") as f:
+                json.dump(list(self), f, indent=1)

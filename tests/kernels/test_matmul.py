@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src.mesh import AbstractDevice, AbstractMesh
 
 from pallas_kernels.matmul import (
     LinearError,
@@ -38,6 +37,7 @@ from pallas_kernels.matmul.mgpu_gemm import (
     mgpu_linear,
 )
 from pallas_kernels.matmul.triton_gemm import TritonConfig, triton_linear
+from tests.kernels.cuda_lowering import lower_for_cuda
 
 FP8 = jnp.float8_e4m3fn
 F32 = jnp.float32
@@ -235,15 +235,6 @@ def test_auto_backend_runs_kernel_and_xla_paths():
 
 
 # ---------------------------------------------------------------- CUDA lowering on the CPU
-H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
-    device_kind="NVIDIA H200", num_cores=132, platform="gpu"))
-
-
-def lower_for_cuda(fn, *avals) -> str:
-    with jax.sharding.use_abstract_mesh(H200):
-        return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-
-
 def sds(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import mesh as mesh_lib
 
 from pallas_kernels.paged_attention import (
     PagedAttentionShapeError,
@@ -24,6 +23,7 @@ from pallas_kernels.paged_attention import (
     paged_decode_attention_ref,
     paged_decode_attention_supported,
 )
+from tests.kernels.cuda_lowering import lower_paged_kernel
 
 LAYER = 1
 
@@ -173,7 +173,6 @@ def test_supported():
     assert not paged_decode_attention_supported((8, 32, 128), (2, 8, 10, 16, 128), jnp.float32)
 
 
-H200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,D,ps,maxp,kv_dtype,window,kw", [
@@ -190,15 +189,5 @@ def test_lowers_for_cuda(B, Hq, Hkv, D, ps, maxp, kv_dtype, window, kw):
     args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv_dtype),
             sds((L, Hkv, P, ps, D), kv_dtype), sds((), jnp.int32), sds((B, maxp), jnp.int32),
             sds((B,), jnp.int32)]
-    scales = {"k_scale": 0.5, "v_scale": 2.0} if kv_dtype == jnp.float8_e4m3fn else {}
-    if window == "traced":
-        args.append(sds((), jnp.int32))
-        f = jax.jit(lambda *a: paged_decode_attention(*a[:6], scale=0.1, window=a[6],
-                                                      **scales, **kw))
-    else:
-        f = jax.jit(functools.partial(paged_decode_attention, scale=0.1, window=window,
-                                      **scales, **kw))
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=H200)
-    with jax.sharding.use_abstract_mesh(mesh):
-        text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower_paged_kernel(paged_decode_attention, args, kv_dtype, window, **kw)
     assert text.count("xla.gpu.triton") == 1

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import mesh as mesh_lib
 
 from pallas_kernels.paged_attention import (
     PagedAttentionShapeError,
@@ -28,6 +27,7 @@ from pallas_kernels.paged_attention import (
     paged_prefill_attention_supported,
 )
 from pallas_kernels.paged_attention.prefill import block_metadata
+from tests.kernels.cuda_lowering import lower_paged_kernel
 
 LAYER = 1
 
@@ -277,7 +277,6 @@ def test_pallas_backend_prefill_uses_kernel():
     assert_close(out, ref, c, tight=True)
 
 
-H200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 
 
 @pytest.mark.parametrize("T,S,Hq,Hkv,D,ps,maxp,kv_dtype,window,kw", [
@@ -296,15 +295,5 @@ def test_lowers_for_cuda(T, S, Hq, Hkv, D, ps, maxp, kv_dtype, window, kw):
     args = [sds((T, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv_dtype),
             sds((L, Hkv, P, ps, D), kv_dtype), sds((), i32), sds((S, maxp), i32),
             sds((S,), i32), sds((T,), i32), sds((T,), i32)]
-    scales = {"k_scale": 0.5, "v_scale": 2.0} if kv_dtype == jnp.float8_e4m3fn else {}
-    if window == "traced":
-        args.append(sds((), i32))
-        f = jax.jit(lambda *a: paged_prefill_attention(*a[:8], scale=0.1, window=a[8],
-                                                       **scales, **kw))
-    else:
-        f = jax.jit(functools.partial(paged_prefill_attention, scale=0.1, window=window,
-                                      **scales, **kw))
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=H200)
-    with jax.sharding.use_abstract_mesh(mesh):
-        text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower_paged_kernel(paged_prefill_attention, args, kv_dtype, window, **kw)
     assert text.count("xla.gpu.triton") == 1

@@ -1,0 +1,35 @@
+"""Lower kernels for an H200 on a machine without a GPU (CI): trace under an abstract mesh of
+one "NVIDIA H200" and lower for the "cuda" platform, so Pallas/Triton lowering errors show in
+CPU tests."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax._src import mesh as mesh_lib
+
+H200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+
+
+def lower_for_cuda(fn, *avals) -> str:
+    """StableHLO text of ``jax.jit(fn)`` lowered for CUDA at the abstract values ``avals``."""
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=H200)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def lower_paged_kernel(kernel, avals: list, kv_dtype, window, **kw) -> str:
+    """Lower a paged-attention kernel (``kernel(*avals, scale=, window=, [k_scale, v_scale,]
+    **kw)``) for CUDA; ``window="traced"`` passes the window as a traced int32 scalar, FP8 KV
+    gets k/v scales 0.5 / 2.0."""
+    scales = {"k_scale": 0.5, "v_scale": 2.0} if kv_dtype == jnp.float8_e4m3fn else {}
+    n = len(avals)
+    if window == "traced":
+        def fn(*a):
+            return kernel(*a[:n], scale=0.1, window=a[n], **scales, **kw)
+        avals = [*avals, jax.ShapeDtypeStruct((), jnp.int32)]
+    else:
+        fn = functools.partial(kernel, scale=0.1, window=window, **scales, **kw)
+    return lower_for_cuda(fn, *avals)

@@ -54,3 +54,17 @@ def tiny_loaded(family: str = "llama", seed: int = 0, **kw) -> SimpleNamespace:
 @pytest.fixture(params=["llama", "gemma3"])
 def tiny_family(request) -> str:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer, read without its weights; skips when the model
+    package is not installed."""
+    from jaxinfer.loading import CheckpointError, read_header
+
+    try:
+        tokenizer = read_header("smollm2-135m")[1]
+    except CheckpointError as e:
+        pytest.skip(str(e))
+    assert tokenizer is not None, "smollm2-135m has no tokenizer in its metadata"
+    return tokenizer

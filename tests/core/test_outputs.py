@@ -20,14 +20,9 @@ from jaxinfer.sampling_params import SamplingParams
 PROMPT = "Answer briefly:"
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from jaxinfer.loading import CheckpointError, load_model
-
-    try:
-        return load_model("smollm2-135m").tokenizer
-    except CheckpointError as e:
-        pytest.skip(str(e))
+@pytest.fixture
+def tok(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 def _stream(tok, text: str, **params):

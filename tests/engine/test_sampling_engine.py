@@ -203,16 +203,6 @@ def test_sampled_logprobs_and_prompt_logprobs_match_numpy():
         assert np.allclose(list(a.values()), list(b.values()), atol=1e-4)
 
 
-@pytest.fixture(scope="module")
-def smollm_tokenizer():
-    from jaxinfer.loading import CheckpointError, load_model
-
-    try:
-        return load_model("smollm2-135m").tokenizer
-    except CheckpointError as e:
-        pytest.skip(str(e))
-
-
 def test_stop_strings_end_the_request(smollm_tokenizer):
     # The tiny model's ids 17..95 are single characters of SmolLM2's vocabulary.
     tok = smollm_tokenizer

@@ -51,8 +51,8 @@ FUSED_PROJECTIONS = {"layers.wqkv": ("layers.wq", "layers.wk", "layers.wv"),
 
 def fuse_projections(params: dict) -> dict:
     """``{layers.wq, wk, wv, w_gate, w_up}`` -> ``{layers.wqkv, layers.w_gate_up}`` (and
-    their ``*_scale``), each [L, H, sum of N]: numpy in, numpy out; device arrays in, device
-    arrays out."""
+    their ``*_scale``), concatenated on the last (output) axis: stacked [L, H, N] or one
+    layer's [H, N]; numpy in, numpy out; device arrays in, device arrays out."""
     params = dict(params)
     for fused, parts in FUSED_PROJECTIONS.items():
         for suffix in ("", "_scale"):
@@ -115,13 +115,20 @@ class CausalLM(nnx.Module):
         elif quantization == "fp8":  # quantize on load
             params = quantize_params_fp8(params, FP8_PROJECTIONS)
         self.quantization = quantization
-        params = fuse_projections(params)
+        stacked = {n: v for n, v in params.items() if n.startswith("layers.")}
         for name, value in params.items():
-            if name.startswith("layers.") and not scan_layers:
-                for i in range(cfg.num_layers):  # layer{i}__wq: one array per layer
-                    setattr(self, f"layer{i}__{name[7:]}", nnx.Param(_as(name, value[i], dtype)))
-            else:
+            if name not in stacked:
                 setattr(self, name.replace(".", "__"), nnx.Param(_as(name, value, dtype)))
+        # Projections fuse on the device after the dtype cast, one layer at a time when
+        # unrolled: no host-side copy of the stacked weights.
+        if scan_layers:
+            per_layer = [("layers__", {n: _as(n, v, dtype) for n, v in stacked.items()})]
+        else:  # layer{i}__wqkv: one array per layer
+            per_layer = ((f"layer{i}__", {n: _as(n, v[i], dtype) for n, v in stacked.items()})
+                         for i in range(cfg.num_layers))
+        for prefix, weights in per_layer:
+            for name, value in fuse_projections(weights).items():
+                setattr(self, prefix + name[len("layers."):], nnx.Param(value))
 
     def _layer_weights(self, prefix: str = "layers__") -> dict[str, jax.Array]:
         return {k[len(prefix):]: v[...] for k, v in vars(self).items() if k.startswith(prefix)}

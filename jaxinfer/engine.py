@@ -21,7 +21,7 @@ import numpy as np
 from jaxinfer.batch import SlotTable, build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
 from jaxinfer.kv_sizing import size_for_engine
-from jaxinfer.layers.attention import get_backend
+from jaxinfer.layers.attention import get_backend, resolve_backend_name
 from jaxinfer.models.params import fp8_names
 from jaxinfer.models.transformer import CausalLM
 from jaxinfer.outputs import (
@@ -53,22 +53,16 @@ def _resolve_dtype(name: str) -> Any:
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 
-def _uses_paged_kernels(attention_backend: str) -> bool:
-    """True when prefill and decode attention both run the Pallas paged kernels."""
-    return attention_backend == "pallas" or (attention_backend == "auto"
-                                             and jax.default_backend() == "gpu")
-
-
 def engine_config_for(model_config: ModelConfig, engine_args: dict[str, Any]) -> EngineConfig:
     """The EngineConfig the engine runs ``model_config`` with (max_model_len defaults to
     min(2048, the model's context)). Raises ConfigError for bad or too-large values."""
     args = dict(engine_args)
     args.setdefault("max_model_len", min(2048, model_config.max_position_embeddings))
     ec = EngineConfig(**args)
-    if _uses_paged_kernels(ec.attention_backend):
+    if resolve_backend_name(ec.attention_backend) == "pallas":  # both paged kernels
         # The Pallas kernels read only each sequence's own pages and rows, so block-table
         # width and prefill row count cost nothing: one compiled width and row count instead
-        # of a grid of them (134 -> 16 programs for the default 8B set; vLLM's block table
+        # of a grid of them (134 -> 17 programs for the default 8B set; vLLM's block table
         # is likewise [max_num_seqs, max_blocks_per_seq]). The jnp reference gathers every
         # page of the table, so it keeps the narrow buckets.
         narrow = {}

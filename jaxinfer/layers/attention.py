@@ -186,6 +186,14 @@ class AttentionBackend:
         return out, dataclasses.replace(cache, k=kc, v=vc)
 
 
+def resolve_backend_name(name: str) -> str:
+    """The backend ``name`` selects on this machine: ``"auto"`` is ``"pallas"`` on a GPU and
+    ``"reference"`` elsewhere; other names are returned as they are."""
+    if name == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "reference"
+    return name
+
+
 def get_backend(name: str) -> AttentionBackend:
     """``"reference"``, ``"pallas"``, ``"pallas_decode"`` (decode kernel only) or ``"auto"``
     (Pallas kernels on GPU, else reference).
@@ -195,8 +203,7 @@ def get_backend(name: str) -> AttentionBackend:
     Raises:
       ValueError: for an unknown name.
     """
-    if name == "auto":
-        name = "pallas" if jax.default_backend() == "gpu" else "reference"
+    name = resolve_backend_name(name)
     if name == "reference":
         return AttentionBackend()
     if name in ("pallas", "pallas_decode"):  # pallas_decode: decode kernel, jnp prefill

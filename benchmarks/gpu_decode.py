@@ -3,7 +3,8 @@
 Run on the GPU machine (one call):
     PYTHONPATH=. python3 benchmarks/gpu_decode.py --out $OUT [--peer .peers/torch_compile_llama.py]
 
-1. Ceilings measured in this run: device copy bandwidth, bf16 matmul rate.
+1. Ceilings measured in this run: device copy bandwidth, bf16 matmul rate
+   (``jaxinfer.bench.roofline.measure_ceilings``).
 2. Correctness: a tiny random model (bf16) gives the same greedy tokens with the Pallas
    attention backend as with the jnp reference backend.
 3. The PyTorch peer (torch.compile + CUDA graphs), as a subprocess before us, same shape.
@@ -60,25 +61,13 @@ def pipelined_time(fn, n: int = 30) -> float:
 
 
 def ceilings() -> dict:
-    import jax
-    import jax.numpy as jnp
+    """Copy bandwidth and bf16 matmul rate, chained inside one program (jaxinfer.bench's
+    roofline ceilings: no dispatch gap per call)."""
+    from jaxinfer.bench.roofline import measure_ceilings
 
-    small = jax.default_backend() == "cpu"  # smoke runs on the CPU
-    x = jax.random.normal(jax.random.key(0), (32 if small else 512, 1024 * 1024),
-                          jnp.float32)  # 2 GiB on the GPU
-    copy = jax.jit(lambda a: a + 1.0)  # read + write every byte once
-    t = median_time(lambda: copy(x), n=20)
-    bw = 2 * x.nbytes / t
-    read = jax.jit(lambda a: a.sum(axis=1))  # read every byte once
-    tr = median_time(lambda: read(x), n=20)
-    nbytes = x.nbytes
-    n = 512 if small else 8192
-    a = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
-    mm = jax.jit(lambda p, q: p @ q)
-    tm = median_time(lambda: mm(a, a))
-    del x
-    return {"copy_GBps": bw / 1e9, "read_GBps": nbytes / tr / 1e9,
-            "bf16_matmul_TFLOPs": 2 * n ** 3 / tm / 1e12}
+    c = measure_ceilings("bfloat16")
+    return {"copy_GBps": c["copy_bytes_per_s"] / 1e9,
+            "bf16_matmul_TFLOPs": c["matmul_flops_per_s"] / 1e12}
 
 
 def check_tiny() -> dict:

@@ -18,6 +18,7 @@ and returns a :class:`LoadedModel` whose params follow jaxinfer/models/params.py
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 from jaxinfer.loading.base import CheckpointError, LoadedModel, cast_params, np_dtype
@@ -101,8 +102,8 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
       quantization: "fp8": the projections come back as float8_e4m3fn with float32
         ``*_scale`` (jaxinfer/models/params.py): read from an FP8 converted copy in the cache
         (``jaxinfer convert --quantization fp8``) when one matches, else quantized from the
-        float32 weights now (``quantization.quantize_params_fp8``; dummy weights from
-        ``dtype``). Checkpoints that carry FP8 weights come back as they are either way
+        float32 weights now (``quantization.quantize_params_fp8``; dummy weights are made
+        as FP8 directly, per output channel). Checkpoints that carry FP8 weights come back as they are either way
         (projections they keep in float stay float).
 
     Returns:
@@ -150,11 +151,12 @@ def _load_fp8(model: str, dtype: str, progress: bool, use_cache: bool,
         cached = find_cached(path, scheme=fp8_scheme()) if kind == "gguf" else None
         if cached is not None:
             return load_converted(cached, dtype)
-    src_dtype = dtype if model.startswith("dummy:") else "float32"
-    loaded = load_model(model, dtype=src_dtype, progress=progress, use_cache=use_cache)
+    if model.startswith("dummy:"):  # random FP8 weights made as FP8: no bf16 copy first
+        return _load_dummy_like(model.removeprefix("dummy:"), dtype, fp8=FP8_PROJECTIONS)
+    loaded = load_model(model, dtype="float32", progress=progress, use_cache=use_cache)
     if loaded.quantization is None:  # FP8 checkpoints come as they are (float parts too)
         loaded.params = quantize_params_fp8(loaded.params, FP8_PROJECTIONS)
-    if dtype != src_dtype:
+    if dtype != "float32":
         loaded.params = cast_params(loaded.params, dtype)
     return loaded
 
@@ -189,13 +191,14 @@ def dummy_header(name: str) -> tuple[ModelConfig, Tokenizer | None]:
                               f"whose config can be read: {e}") from e
 
 
-def _load_dummy_like(name: str, dtype: str) -> LoadedModel:
-    """Random weights at a named dummy shape, or at the shape of model source ``name``."""
+def _load_dummy_like(name: str, dtype: str, fp8: Iterable[str] = ()) -> LoadedModel:
+    """Random weights at a named dummy shape, or at the shape of model source ``name``
+    (``fp8``: projections made as FP8, see :func:`.dummy.dummy_params`)."""
     if name in DUMMY_CONFIGS:
-        return load_dummy(name, dtype)
+        return load_dummy(name, dtype, fp8=fp8)
     cfg, tokenizer = dummy_header(name)
-    return LoadedModel(config=cfg, params=dummy_params(cfg, dtype), tokenizer=tokenizer,
-                       source=f"dummy:{name}")
+    return LoadedModel(config=cfg, params=dummy_params(cfg, dtype, fp8=fp8),
+                       tokenizer=tokenizer, source=f"dummy:{name}")
 
 
 def convert(model: str, output: str | None = None, progress: bool = True,

@@ -7,10 +7,18 @@ takes minutes, so one pool of unit normals (a prime length, so rows do not line 
 once and each tensor is filled by copying the pool, scaled and cast, from a random offset: the
 cost is a memory copy. Arrays are made directly in the requested dtype (bf16 via ml_dtypes),
 never as float32 first.
+
+FP8 dummy weights (``fp8=...``, what ``load_model("dummy:...", quantization="fp8")`` uses) are
+made directly as float8_e4m3fn values with per-output-channel float32 scales, the layout that
+``quantization="fp8"`` produces, without a bf16 copy first: the 70B shape in FP8 is ~70 GB on
+the host instead of 141 GB of bf16 plus its quantized copy. The values are the same
+distribution as the bf16 dummy's (``w = q * scale``, std ``1/sqrt(fan_in)``), but not the
+quantization of the bf16 dummy's bits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -50,21 +58,33 @@ DUMMY_CONFIGS: dict[str, ModelConfig] = {
 }
 
 _POOL_SIZE = 16_777_259  # a prime just above 2**24: 64 MiB of float32
+_FP8_UNIT = 64.0  # a unit normal maps to e4m3 / 64: 7 sigma = 448, the e4m3 maximum
 
 
-def dummy_params(cfg: ModelConfig, dtype: str = "float32", seed: int = 0) -> dict[str, np.ndarray]:
-    """Random params of exactly ``param_shapes(cfg)`` in ``dtype`` ("float32"/"bfloat16")."""
+def dummy_params(cfg: ModelConfig, dtype: str = "float32", seed: int = 0,
+                 fp8: Iterable[str] = ()) -> dict[str, np.ndarray]:
+    """Random params of exactly ``param_shapes(cfg)`` in ``dtype`` ("float32"/"bfloat16").
+
+    The stacked projections named in ``fp8`` (e.g. ``models.params.FP8_PROJECTIONS``) come
+    as float8_e4m3fn ``[L, K, N]`` with a float32 ``name + "_scale"`` ``[L, N]`` instead.
+    """
+    import ml_dtypes
+
     dt = np_dtype(dtype)
+    fp8 = set(fp8)
     rng = np.random.default_rng(seed)
     pool = rng.standard_normal(_POOL_SIZE, dtype=np.float32)
-    cast: dict[tuple[float, float], np.ndarray] = {}  # (std, mean) -> pool * std + mean
+    cast: dict[tuple[float, float, Any], np.ndarray] = {}  # (std, mean, dtype) -> pool*std+mean
 
-    def fill(shape: tuple[int, ...], std: float, mean: float = 0.0) -> np.ndarray:
-        key = (std, mean)
+    def fill(shape: tuple[int, ...], std: float, mean: float = 0.0, out_dt: Any = dt
+             ) -> np.ndarray:
+        key = (std, mean, out_dt)
         if key not in cast:
-            cast[key] = (pool * np.float32(std) + np.float32(mean)).astype(dt)
+            vals = pool * np.float32(std) + np.float32(mean)
+            cast[key] = np.clip(vals, -448.0, 448.0).astype(out_dt) if out_dt != dt else \
+                vals.astype(out_dt)  # e4m3fn has no inf: out-of-range casts would be NaN
         src = cast[key]
-        out = np.empty(shape, dtype=dt)
+        out = np.empty(shape, dtype=out_dt)
         flat = out.reshape(-1)
         pos, off = 0, int(rng.integers(_POOL_SIZE))
         while pos < flat.size:
@@ -82,13 +102,19 @@ def dummy_params(cfg: ModelConfig, dtype: str = "float32", seed: int = 0) -> dic
             params[name] = fill(shape, 0.02)
         elif name == "embed":
             params[name] = fill(shape, 1.0 / np.sqrt(cfg.hidden_size))
+        elif name in fp8:  # e4m3 of N(0, 64^2), times std / 64 per output channel
+            params[name] = fill(shape, _FP8_UNIT, out_dt=ml_dtypes.float8_e4m3fn)
+            scale = np.float32(1.0 / np.sqrt(shape[-2]) / _FP8_UNIT)
+            params[name + "_scale"] = np.full(shape[:-2] + shape[-1:], scale, np.float32)
         else:  # [.., in, out] projections and lm_head [H, V]
             params[name] = fill(shape, 1.0 / np.sqrt(shape[-2]))
     return params
 
 
-def load_dummy(shape: str, dtype: str = "float32", seed: int = 0) -> LoadedModel:
-    """``dummy:<shape>`` -> LoadedModel with random params and no tokenizer.
+def load_dummy(shape: str, dtype: str = "float32", seed: int = 0, fp8: Iterable[str] = ()
+               ) -> LoadedModel:
+    """``dummy:<shape>`` -> LoadedModel with random params (``fp8``: as in
+    :func:`dummy_params`) and no tokenizer.
 
     Raises CheckpointError for an unknown shape, listing the known ones.
     """
@@ -96,5 +122,5 @@ def load_dummy(shape: str, dtype: str = "float32", seed: int = 0) -> LoadedModel
         raise CheckpointError(f"unknown dummy shape {shape!r}; known: "
                               f"{', '.join('dummy:' + k for k in DUMMY_CONFIGS)}")
     cfg = DUMMY_CONFIGS[shape]
-    return LoadedModel(config=cfg, params=dummy_params(cfg, dtype, seed), tokenizer=None,
-                       source=f"dummy:{shape}")
+    return LoadedModel(config=cfg, params=dummy_params(cfg, dtype, seed, fp8),
+                       tokenizer=None, source=f"dummy:{shape}")

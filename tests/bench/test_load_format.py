@@ -45,8 +45,27 @@ def test_unknown_dummy_source_names_the_shapes() -> None:
         load_model("dummy:nope")
 
 
+def test_fp8_dummy_weights_are_made_as_fp8_per_channel() -> None:
+    # No bf16 copy first (the 70B shape would need 141 GB of host memory): e4m3 projections
+    # with per-output-channel scales, the layout quantization="fp8" makes, no NaN (e4m3fn
+    # has no inf: an unclipped out-of-range cast would be NaN), std 1/sqrt(fan_in).
+    from jaxinfer.models.params import FP8_PROJECTIONS, fp8_names
+
+    lm = load_model(f"dummy:{TINY_HF}", dtype="bfloat16", quantization="fp8")
+    assert lm.quantization == "fp8" and sorted(fp8_names(lm.params)) == sorted(FP8_PROJECTIONS)
+    shapes = param_shapes(lm.config)
+    for name in FP8_PROJECTIONS:
+        q, s = lm.params[name], lm.params[name + "_scale"]
+        assert str(q.dtype) == "float8_e4m3fn" and q.shape == shapes[name]
+        assert s.dtype == np.float32 and s.shape == shapes[name][:-2] + shapes[name][-1:]
+        w = q.astype(np.float32) * s[:, None, :]
+        assert np.isfinite(w).all()
+        assert abs(w.std() * np.sqrt(q.shape[-2]) - 1.0) < 0.1, name
+    assert str(lm.params["embed"].dtype) == "bfloat16"  # the rest in the requested dtype
+
+
 def test_cli_load_format_dummy_bf16_and_fp8(tmp_path: Path) -> None:
-    # A named dummy shape through --load-format, bf16 weights quantized to FP8 on load.
+    # A named dummy shape through --load-format, FP8 projections, bf16 for the rest.
     rc = main(["bench", "offline", "--load-format", "dummy", "--model", "tiny-llama",
                "--dtype", "bfloat16", "--quantization", "fp8", "--max-model-len", "32",
                "--decode-buckets", "2", "--prefill-buckets", "32", "--max-num-batched-tokens",

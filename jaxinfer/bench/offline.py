@@ -8,6 +8,11 @@ TPOT / ITL / end-to-end percentiles, programs compiled inside the measured run (
 seconds), peak device memory, the KV pool (pages, tokens). ``--time-limit`` aborts what has
 not finished when it expires and reports what did; progress prints every
 ``--progress-interval`` seconds.
+
+Several workloads may share one engine start: ``--input-len 128,1000 --output-len 128,1000
+--num-prompts 1024,512`` runs 128/128 then 1000/1000 on the same engine (one record file and
+one summary table each; a single value applies to every workload). Each workload has its own
+warm-up, so its measured run is what running it alone would measure, less the engine start.
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ def add_parser(sub: Any, add_common: Any) -> None:
     p = sub.add_parser("offline", help="throughput: N fixed-length requests submitted at once",
                        description=__doc__.splitlines()[0])
     add_common(p)
-    p.add_argument("--input-len", type=int, default=128, help="prompt tokens (ISL)")
-    p.add_argument("--output-len", type=int, default=128, help="new tokens (OSL), EOS ignored")
-    p.add_argument("--num-prompts", type=int, default=64, help="requests submitted at once")
+    p.add_argument("--input-len", type=_counts, default=(128,),
+                   help="prompt tokens (ISL); a comma list runs one workload per entry")
+    p.add_argument("--output-len", type=_counts, default=(128,),
+                   help="new tokens (OSL), EOS ignored; one value or one per workload")
+    p.add_argument("--num-prompts", type=_counts, default=(64,),
+                   help="requests submitted at once; one value or one per workload")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature (vLLM's benchmarks sample at 1.0; 0 = greedy)")
     p.add_argument("--time-limit", type=float, default=None,
@@ -41,6 +49,31 @@ def add_parser(sub: Any, add_common: Any) -> None:
     p.set_defaults(func=cmd_offline)
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    """A comma list of integers (checked >= 1 by :func:`check_lengths`)."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers, e.g. 128 or 128,1000; got {text!r}")
+
+
+def workloads(ns: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """``(input_len, output_len, num_prompts)`` per workload from the (list) options; a
+    single value applies to every workload. Raises ValueError for lists of different
+    lengths or a value below 1."""
+    lists = {"--input-len": ns.input_len, "--output-len": ns.output_len,
+             "--num-prompts": ns.num_prompts}
+    lists = {k: (v,) if isinstance(v, int) else tuple(v) for k, v in lists.items()}
+    n = max(len(v) for v in lists.values())
+    for k, v in lists.items():
+        if len(v) not in (1, n):
+            raise ValueError(f"{k} has {len(v)} values; give 1 or {n} (one per workload)")
+    out = [tuple(v[i] if len(v) > 1 else v[0] for v in lists.values()) for i in range(n)]
+    for isl, osl, num in out:
+        check_lengths(isl, osl, num)
+    return out
+
+
 def check_lengths(input_len: int, output_len: int, num: int) -> None:
     """Raise ValueError (a one-line CLI error) for lengths or counts below 1."""
     for name, v in (("--input-len", input_len), ("--output-len", output_len),
@@ -49,18 +82,24 @@ def check_lengths(input_len: int, output_len: int, num: int) -> None:
             raise ValueError(f"{name} must be >= 1, got {v}")
 
 
-def run_offline(ns: argparse.Namespace) -> dict[str, Any]:
-    """Run the benchmark for parsed CLI options; returns ``{"summary", "config", "path"}``.
+def run_offline(ns: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run the benchmark's workloads for parsed CLI options on one engine; returns one
+    ``{"summary", "config", "path"}`` per workload.
 
     Raises ValueError (bad lengths, ConfigError, RequestError) before any request runs.
     """
-    isl, osl, n = ns.input_len, ns.output_len, ns.num_prompts
-    check_lengths(isl, osl, n)
+    work = workloads(ns)
     if ns.max_num_seqs is None:
-        ns.max_num_seqs = min(n, 256)
+        ns.max_num_seqs = min(max(n for _, _, n in work), 256)
     if ns.max_model_len is None:
-        ns.max_model_len = driver.page_round(isl + osl, ns.block_size)
+        ns.max_model_len = driver.page_round(max(i + o for i, o, _ in work), ns.block_size)
     engine, phases = driver.build_engine(ns)
+    return [_run_workload(engine, dict(phases), ns, *w) for w in work]
+
+
+def _run_workload(engine: Any, phases: dict[str, Any], ns: argparse.Namespace, isl: int,
+                  osl: int, n: int) -> dict[str, Any]:
+    """Warm up, run and record one workload on a started engine."""
     print(f"jaxinfer bench offline: {engine.model_name}, {n} x ISL {isl} / OSL {osl}; "
           f"{engine.kv_sizing.describe(engine.config.max_model_len)}", file=sys.stderr,
           flush=True)
@@ -90,7 +129,7 @@ def run_offline(ns: argparse.Namespace) -> dict[str, Any]:
     path = write_run(f"bench_offline-{engine.model_name}-{isl}x{osl}", records, ns.out)
     print(f"records: {path}", file=sys.stderr, flush=True)
     print(format_table(summary_rows(s), f"bench offline: {engine.model_name} "
-                                        f"ISL {isl} / OSL {osl}, {n} requests"))
+                                        f"ISL {isl} / OSL {osl}, {n} requests"), flush=True)
     return {"summary": s, "config": config, "path": path}
 
 
@@ -125,6 +164,6 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def cmd_offline(ns: argparse.Namespace) -> int:
-    r = run_offline(ns)
-    s = r["summary"]
-    return 0 if s["errors"] == 0 and s["length_mismatches"] == 0 else 1
+    ok = [r["summary"]["errors"] == 0 and r["summary"]["length_mismatches"] == 0
+          for r in run_offline(ns)]
+    return 0 if all(ok) else 1

@@ -66,6 +66,20 @@ def test_bench_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "requests completed / submitted             10 / 10" in out  # the summary table
 
 
+def test_bench_offline_several_workloads_share_one_engine(tmp_path: Path) -> None:
+    # 16/8 then 32/8 (--output-len given once): one engine start, one record file and one
+    # warm-up each, every request of both finished with the lengths asked for.
+    rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--input-len", "16,32",
+               "--output-len", "8", "--num-prompts", "6,3", "--out", str(tmp_path)])
+    assert rc == 0
+    first = values(load_records(tmp_path, "bench_offline-dummy-tiny-llama-16x8"), "bench_offline.")
+    second = values(load_records(tmp_path, "bench_offline-dummy-tiny-llama-32x8"), "bench_offline.")
+    assert (first["completed"], first["input_tokens"], first["output_tokens"]) == (6, 96, 48)
+    assert (second["completed"], second["input_tokens"], second["output_tokens"]) == (3, 96, 24)
+    assert first["load_s"] == second["load_s"]  # the same engine start, reported in both
+    assert first["run_programs_compiled"] == second["run_programs_compiled"] == 0
+
+
 def test_bench_offline_time_limit_reports_what_finished(tmp_path: Path) -> None:
     rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--input-len", "16",
                "--output-len", "40", "--num-prompts", "12", "--time-limit", "0",
@@ -133,6 +147,8 @@ def test_bench_serve_starts_a_server(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_bad_options_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "offline", *TINY, "--input-len", "0"]) == 2
     assert "jaxinfer: error: --input-len must be >= 1" in capsys.readouterr().err
+    assert main(["bench", "offline", *TINY, "--input-len", "16,32", "--num-prompts", "1,2,3"]) == 2
+    assert "--input-len has 2 values; give 1 or 3 (one per workload)" in capsys.readouterr().err
     assert main(["bench", "serve", *TINY, "--random-range-ratio", "1.5"]) == 2
     assert "--random-range-ratio must be in [0, 1)" in capsys.readouterr().err
     assert os.environ.get("JAX_PLATFORMS") == "cpu"

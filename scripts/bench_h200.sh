@@ -2,7 +2,8 @@
 # The commands behind benchmarks/RESULTS.md "Peers' workload shapes (H200)": `jaxinfer bench`
 # on random weights at the Llama-3.1 shapes. One suite per call of the device machine:
 #
-#   PYTHONPATH=. OUT=/path bash scripts/bench_h200.sh bf16    # compile, O1+O2, L1, S1, peer
+#   PYTHONPATH=. OUT=/path bash scripts/bench_h200.sh bf16    # compile, O1+O2, L1, peer
+#   PYTHONPATH=. OUT=/path bash scripts/bench_h200.sh serve   # compile (bf16), S1
 #   PYTHONPATH=. OUT=/path bash scripts/bench_h200.sh fp8     # compile, O3+O4+O5, L2
 #   PYTHONPATH=. OUT=/path bash scripts/bench_h200.sh 70b     # compile, O6
 #
@@ -13,16 +14,16 @@
 # each so that one failure leaves the rest measured. Extra variables: JOBS (compile workers,
 # default 14), LIMIT (seconds per offline run, default 75).
 set -u
-SUITE=${1:?usage: bench_h200.sh bf16|fp8|70b}
+SUITE=${1:?usage: bench_h200.sh bf16|serve|fp8|70b}
 OUT=${OUT:?set OUT to the output folder}
 export PYTHONUNBUFFERED=1
 JOBS=${JOBS:-14} LIMIT=${LIMIT:-75}
-CACHE=${CACHE:-/tmp/jaxinfer-cache-$SUITE}
+CACHE=${CACHE:-/tmp/jaxinfer-cache-${SUITE/serve/bf16}}
 mkdir -p "$OUT/records" "$OUT/logs"
 JI="python3 -m jaxinfer.cli"
 
 case $SUITE in
-  bf16|fp8)
+  bf16|serve|fp8)
     # One configuration for every 8B workload: 4352-token contexts (2048/2048 and a
     # 4096-token prompt fit), 256 sequences, 8192-token prefill steps of up to 64 prompts,
     # 36,000 KV pages (576k tokens: 256 x 2000-token or 128 x 4096-token sequences).
@@ -37,7 +38,7 @@ case $SUITE in
       --max-num-seqs 64 --max-num-batched-tokens 8192 --max-prefill-seqs 8
       --prefill-buckets 1024,8192 --decode-buckets 8,32,64 --num-kv-pages 8448
       --cache-dir $CACHE" ;;
-  *) echo "unknown suite $SUITE (bf16, fp8, 70b)" >&2; exit 2 ;;
+  *) echo "unknown suite $SUITE (bf16, serve, fp8, 70b)" >&2; exit 2 ;;
 esac
 
 go() {  # id seconds jaxinfer-arguments...: one command, logged, guarded
@@ -60,8 +61,6 @@ case $SUITE in
     go O1-O2 300 $OFF --input-len 128,1000 --output-len 128,1000 --num-prompts 1024,512
     go L1 170 bench latency $ENGINE --out "$OUT/records" --prompt-lens 128,1024,4096 \
       --concurrency 1,16,64,128 --input-len 128 --output-len 128
-    go S1 170 bench serve $ENGINE --out "$OUT/records" --num-prompts 120 --random-input-len 128 \
-      --random-output-len 128 --request-rate 2 --num-warmups 1
     # The PyTorch peer (torch.compile + CUDA graphs) at batch 1 in the same call as L1.
     if [ -f .peers/torch_compile_llama.py ]; then
       echo "=== peer: torch_compile_llama.py --batch 1 --ctx 512 --steps 128"
@@ -69,6 +68,9 @@ case $SUITE in
         --json "$OUT/records/peer_torch_compile.json" > "$OUT/logs/peer.log" 2>&1
       echo "rc=$?"; tail -5 "$OUT/logs/peer.log"
     fi ;;
+  serve)  # gRPC server (started by the command) at 2 requests/s, Poisson arrivals
+    go S1 200 bench serve $ENGINE --out "$OUT/records" --num-prompts 120 --random-input-len 128 \
+      --random-output-len 128 --request-rate 2 --num-warmups 1 ;;
   fp8)
     go O3-O5 380 $OFF --input-len 128,1000,2048 --output-len 128,1000,2048 \
       --num-prompts 1024,512,128

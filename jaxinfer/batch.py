@@ -105,6 +105,9 @@ class SlotTable:
         self.num_slots = num_slots
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out 0 first
         self._of: dict[Hashable, int] = {}
+        # generation[s]: times slot s was handed out; host state kept per slot (see
+        # input_batch.InputBatch) is stale when written for an older generation.
+        self.generation = [0] * num_slots
 
     def get(self, key: Hashable) -> int | None:
         return self._of.get(key)
@@ -117,6 +120,7 @@ class SlotTable:
             raise SlotError(f"no free sampling slot for sequence {key}: all "
                             f"{self.num_slots} are held")
         self._of[key] = slot = self._free.pop()
+        self.generation[slot] += 1
         return slot
 
     def release(self, key: Hashable) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxinfer.batch import SlotTable, build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
+from jaxinfer.input_batch import InputBatch
 from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend, resolve_backend_name
 from jaxinfer.models.params import fp8_names
@@ -145,6 +146,8 @@ class LLMEngine:
         self._prompts: dict[int, str | None] = {}
         self._states: dict[int, RequestStates] = {}  # per sample: text, stop strings, logprobs
         self._slots = SlotTable(ec.max_num_seqs)  # penalty-state rows of running requests
+        self._rows = InputBatch(self._slots, page_size=ec.block_size,
+                                max_pages=ec.page_buckets[-1])  # decode steps' host rows
         self._first_token_time: dict[int, float] = {}
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
                  self.kv_sizing.describe(ec.max_model_len))
@@ -230,6 +233,12 @@ class LLMEngine:
     # ------------------------------------------------------------------ stepping
     def _inputs(self, chunks, is_prefill: bool):
         ec = self.config
+        if not is_prefill:  # vectorized from per-slot rows; None: build it row by row
+            inputs = self._rows.build_decode(chunks, seq_buckets=ec.decode_buckets,
+                                             page_buckets=ec.page_buckets,
+                                             request_seeds=self._seeds)
+            if inputs is not None:
+                return inputs
         return build_step(chunks, is_prefill=is_prefill, page_size=ec.block_size,
                           token_buckets=ec.prefill_buckets if is_prefill else ec.decode_buckets,
                           seq_buckets=ec.prefill_seq_buckets if is_prefill

@@ -1,0 +1,134 @@
+"""Persistent per-slot host rows of the running sequences, and a vectorized decode step.
+
+``batch.build_step`` builds any step row by row from the sequences' Python lists: every step
+it converts each block table and writes eleven sampling fields per row, about 40 µs of host
+time per sequence at batch 256 (CPU). A decode step needs little of that, as vLLM v1's
+``InputBatch`` exploits: a sequence's block table only grows while it runs, and its sampling
+parameters never change. :class:`InputBatch` keeps, per penalty-state slot (``SlotTable``),
+a row of block-table pages and a row of the constant sampling fields, written when a
+sequence takes the slot and then only as its table grows (a page every ``page_size`` steps);
+a decode step gathers those rows by slot and computes tokens, positions and slots for all
+rows at once. The result equals ``build_step``'s exactly (tests/core/test_input_batch.py);
+a step it cannot build that way (a prefill, a chunk without a slot, ...) is left to
+``build_step``. Plain numpy; no JAX.
+
+A row is valid for one tenure of its slot: ``SlotTable.generation`` counts hand-outs, so a
+slot released (finish, abort, preemption: the only times a block table is cleared) and
+handed out again, even to the same sequence, is rewritten from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+
+from jaxinfer.batch import Bucket, SamplingArrays, SlotTable, StepInputs, _fill_row, pick
+from jaxinfer.scheduler_types import ScheduledChunk
+
+
+class InputBatch:
+    """Host rows of the sequences holding a slot of ``slots``; builds decode steps from them.
+
+    Args:
+      slots: the engine's slot table (rows are indexed by slot).
+      page_size: tokens per KV page.
+      max_pages: block-table width kept per row (the largest page bucket); a step whose
+        sequences need more pages goes to ``build_step``.
+    """
+
+    def __init__(self, slots: SlotTable, *, page_size: int, max_pages: int) -> None:
+        n = slots.num_slots
+        self.slots, self.page_size, self.max_pages = slots, page_size, max_pages
+        # Row n is the padding row: null pages, neutral sampling fields, slot -1.
+        self._pages = np.zeros((n + 1, max_pages), np.int32)
+        self._sampling = SamplingArrays.neutral(n + 1)
+        self._num_pages = [0] * n  # leading block-table pages written into the row
+        self._owner: list[Any] = [None] * n  # the sequence the row was written for ...
+        self._generation = [0] * n  # ... and in which tenure of the slot
+
+    def build_decode(self, chunks: Seq[Any], *, seq_buckets: Seq[int],
+                     page_buckets: Seq[int], request_seeds: Mapping[int, int]
+                     ) -> StepInputs | None:
+        """The decode step of ``chunks``, equal to ``build_step(chunks, is_prefill=False,
+        token_buckets=seq_buckets, slots=slots.mapping, ...)``; None when this path does not
+        apply (then call ``build_step``, which also raises what that step raises): a chunk
+        that is not a one-token sampling ``ScheduledChunk`` of a sequence holding a slot,
+        a block table too short for the chunk, or more rows or pages than the buckets hold.
+        """
+        if not chunks or len(chunks) > seq_buckets[-1]:
+            return None
+        slot_of, tenure = self.slots.mapping, self.slots.generation
+        ps, width = self.page_size, self.max_pages
+        rows: list[int] = []
+        starts: list[int] = []
+        tokens: list[int] = []
+        sample_index: list[int] = []
+        for c in chunks:
+            if type(c) is not ScheduledChunk or c.num_tokens != 1 or not c.samples:
+                return None
+            seq = c.seq
+            s = slot_of.get((seq.seq_id, seq.sample_index))
+            if s is None:
+                return None
+            start, prompt, table = c.start, seq.prompt_token_ids, seq.block_table
+            n_prompt, n = len(prompt), len(table)
+            if start < n_prompt:
+                tok = prompt[start]
+            elif start - n_prompt < len(seq.output_token_ids):
+                tok = seq.output_token_ids[start - n_prompt]
+            else:
+                return None
+            if start // ps >= min(n, width):  # table lacks the page of the token
+                return None
+            if (self._owner[s] is not seq or self._generation[s] != tenure[s]
+                    or n < self._num_pages[s]):
+                self._claim(s, seq, request_seeds.get(seq.seq_id, 0) + seq.sample_index,
+                            tenure[s])
+            known = self._num_pages[s]
+            if n > known and known < width:
+                new = table[known:width]
+                self._pages[s, known:known + len(new)] = new
+                self._num_pages[s] = known + len(new)
+            rows.append(s)
+            starts.append(start)
+            tokens.append(tok)
+            sample_index.append(start + 1 - n_prompt)
+        return self._gather(rows, starts, tokens, sample_index, seq_buckets, page_buckets)
+
+    def _claim(self, s: int, seq: Any, seed: int, tenure: int) -> None:
+        """Rewrite row ``s`` for ``seq``: no pages yet, its constant sampling fields."""
+        self._owner[s], self._generation[s], self._num_pages[s] = seq, tenure, 0
+        self._pages[s] = 0
+        _fill_row(self._sampling, s, seq, seq.num_prompt_tokens, seed, s)
+
+    def _gather(self, rows: list[int], starts: list[int], tokens: list[int],
+                sample_index: list[int], seq_buckets: Seq[int], page_buckets: Seq[int]
+                ) -> StepInputs:
+        B, ps = len(rows), self.page_size
+        S = pick(seq_buckets, B, "sequence count")
+        start = np.array(starts, np.int32)
+        need = start // ps + 1  # pages holding tokens [0, start]
+        P = pick(page_buckets, int(need.max()), "pages per sequence")
+        padded = np.full(S, len(self._owner), np.intp)  # the padding row
+        padded[:B] = rows
+        block_tables = self._pages[padded, :P]
+        if P > 1:  # a row may hold pages past the step's tokens: build_step leaves them 0
+            block_tables[:B][np.arange(P) >= need[:, None]] = 0
+        token_ids = np.zeros(S, np.int32)
+        positions = np.zeros(S, np.int32)
+        slot_mapping = np.zeros(S, np.int32)
+        seq_ids = np.full(S, -1, np.int32)
+        seq_lens = np.zeros(S, np.int32)
+        logits_indices = np.zeros(S, np.int32)
+        token_ids[:B] = tokens
+        positions[:B] = start
+        slot_mapping[:B] = block_tables[np.arange(B), start // ps] * ps + start % ps
+        seq_ids[:B] = logits_indices[:B] = np.arange(B, dtype=np.int32)
+        seq_lens[:B] = start + 1
+        sa = SamplingArrays(*(a[padded] for a in self._sampling))
+        sa.sample_index[:B] = sample_index
+        return StepInputs(Bucket("decode", S, S, P), token_ids, positions, slot_mapping,
+                          seq_ids, block_tables, seq_lens, logits_indices, sa)

@@ -273,20 +273,25 @@ class LLMEngine:
         self._prepare_device(out)
         res = self.runner.execute(self._inputs(out.chunks, out.is_prefill))
         for c in out.chunks:  # before postprocess: a request may finish and free its pages
-            st = self._states.get(c.seq.seq_id)
-            if (c.samples and not c.seq.output_token_ids and st is not None
-                    and c.seq.sampling_params.prompt_logprobs is not None
-                    and st.prompt_logprobs is None):
-                st.prompt_logprobs = self._prompt_logprobs(c.seq)
-        row = {c.seq.key: i for i, c in enumerate(out.chunks)}
+            seq = c.seq
+            if (seq.sampling_params.prompt_logprobs is not None and c.samples
+                    and not seq.output_token_ids):
+                st = self._states.get(seq.seq_id)
+                if st is not None and st.prompt_logprobs is None:
+                    st.prompt_logprobs = self._prompt_logprobs(seq)
+        row = ({c.seq.key: i for i, c in enumerate(out.chunks)} if res.logprobs is not None
+               else {})  # logprobs rows: only when some row asked for them
         new_tokens, finished = self.scheduler.postprocess(
             out, res.tokens[:len(out.chunks)].tolist())
         now = time.monotonic()
         touched: dict[int, Sequence] = {}
+        states, first_token_time = self._states, self._first_token_time
         for seq, tok in new_tokens:
-            touched[seq.seq_id] = seq
-            self._first_token_time.setdefault(seq.seq_id, now)
-            st = self._states[seq.seq_id].samples[seq.sample_index]
+            rid = seq.seq_id
+            touched[rid] = seq
+            if rid not in first_token_time:
+                first_token_time[rid] = now
+            st = states[rid].samples[seq.sample_index]
             lp: Logprobs | None = None
             k = seq.sampling_params.logprobs
             if k is not None and res.logprobs is not None:
@@ -307,15 +312,16 @@ class LLMEngine:
 
     def _output(self, seq: Sequence) -> RequestOutput:
         """The RequestOutput of ``seq``'s request: every sample's CompletionOutput."""
-        st, group = self._states[seq.seq_id], seq.group
+        rid, group = seq.seq_id, seq.group
+        st = self._states[rid]
         metrics = {"arrival_time": seq.arrival_time,  # prefix-cache hit of sample 0
                    "num_cached_tokens": group.samples[0].num_cached_tokens}
-        if seq.seq_id in self._first_token_time:
-            metrics["first_token_time"] = self._first_token_time[seq.seq_id]
-        return RequestOutput(
-            request_id=seq.seq_id, prompt=self._prompts.get(seq.seq_id),
-            prompt_token_ids=list(seq.prompt_token_ids), outputs=st.completions(group.samples),
-            finished=group.is_finished, metrics=metrics, prompt_logprobs=st.prompt_logprobs)
+        first = self._first_token_time.get(rid)
+        if first is not None:
+            metrics["first_token_time"] = first
+        return RequestOutput(rid, self._prompts.get(rid), list(seq.prompt_token_ids),
+                             st.completions(group.samples), group.is_finished, metrics,
+                             st.prompt_logprobs)
 
     def _prompt_logprobs(self, seq: Sequence) -> list[Logprobs | None]:
         """vLLM's prompt_logprobs of a sequence whose prompt K/V are all in its pages.

@@ -218,8 +218,9 @@ class RequestStates:
     def completions(self, seqs: Seq[Any]) -> list[CompletionOutput]:
         """One CompletionOutput per sample, by index; ``seqs`` are the samples that exist
         (``SequenceGroup.samples``: token ids, finish reason); the others are empty."""
-        out = [CompletionOutput(i, "", []) for i in range(len(self.samples))]
+        out: list[CompletionOutput | None] = [None] * len(self.samples)
         for s in seqs:
-            out[s.sample_index] = self.samples[s.sample_index].completion(
-                list(s.output_token_ids), s.finish_reason, s.is_finished, s.sample_index)
-        return out
+            i = s.sample_index
+            out[i] = self.samples[i].completion(list(s.output_token_ids), s.finish_reason,
+                                                s.is_finished, i)
+        return [c if c is not None else CompletionOutput(i, "", []) for i, c in enumerate(out)]

@@ -304,6 +304,7 @@ class Scheduler:
 
     def _schedule_decode(self, preempted: list[Sequence]) -> list[ScheduledChunk]:
         bm = self.block_manager
+        ps = bm.page_size
         chunks: list[ScheduledChunk] = []
         i = 0
         # By index: a fork inserts its new samples right after sample 0, and they decode
@@ -311,10 +312,14 @@ class Scheduler:
         while i < len(self.running):
             seq = self.running[i]
             i += 1
-            if seq.num_tokens - seq.num_computed_tokens != 1:
+            n = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # seq.num_tokens
+            if n - seq.num_computed_tokens != 1:
                 continue  # mid-prefill
             if seq.fork_pending and not self._fork(seq, preempted):
                 continue  # preempted while making room for the fork
+            if len(seq.block_table) * ps >= n:  # its pages hold the fed token: none needed
+                chunks.append(ScheduledChunk(seq, n - 1, 1))
+                continue
             while not bm.can_allocate(seq, 1):
                 # running[-1] is never a sequence scheduled in this loop: those come before seq.
                 victim = self.running[-1]
@@ -383,16 +388,18 @@ class Scheduler:
                              f"{len(out.chunks)} scheduled chunks")
         new_tokens: list[tuple[Sequence, int]] = []
         finished: list[Sequence] = []
+        register = self.block_manager.register_computed_pages
         for chunk, tok in zip(out.chunks, sampled):
             seq = chunk.seq
-            if seq.is_finished:
+            status = seq.status
+            if status is SequenceStatus.FINISHED:
                 continue
-            if seq.status is not SequenceStatus.RUNNING or chunk.start != seq.num_computed_tokens:
+            if status is not SequenceStatus.RUNNING or chunk.start != seq.num_computed_tokens:
                 raise SequenceStateError(
                     f"postprocess: chunk of request {seq.seq_id} starts at {chunk.start} but "
                     f"{seq!r}; was this output already postprocessed?")
             seq.num_computed_tokens += chunk.num_tokens
-            self.block_manager.register_computed_pages(seq)  # K/V of this step are written
+            register(seq)  # K/V of this step are written
             if not chunk.samples:
                 continue
             tok = int(tok)
@@ -405,11 +412,11 @@ class Scheduler:
         return StepResult(new_tokens, finished)
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
-        sp = seq.sampling_params
-        if seq.num_output_tokens >= sp.min_tokens and (
+        sp, n_out = seq.sampling_params, len(seq.output_token_ids)
+        if n_out >= sp.min_tokens and (
                 (not sp.ignore_eos and tok in self._eos) or tok in sp.stop_token_ids):
             return "stop"
-        if seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= self.cfg.max_model_len:
+        if n_out >= sp.max_tokens or n_out + len(seq.prompt_token_ids) >= self.cfg.max_model_len:
             return "length"
         return None
 

@@ -50,8 +50,9 @@ def evaluate(model: str, positions: int, window: int, scales: str = "one") -> di
     if scales == "calibrated":  # before fp8 writes anything: scales fix the stored values
         r, c = fp8.engine.runner, loaded.config
         r.cache = allocate_kv_cache(c.num_layers, c.num_kv_heads, r.num_pages, r.page_size,
-                                    c.head_dim, r.cache.k.dtype,
-                                    _absmax_scales(base, text[positions + 1:][:window]))
+                                    c.head_dim, r.cache.dtype,
+                                    _absmax_scales(base, text[positions + 1:][:window]),
+                                    per_layer=r.cache.per_layer)
     agree, kls, n, kmax, vmax = 0, [], 0, 0.0, 0.0
     for start in range(0, positions, window):  # independent windows of real text
         chunk = ids[start:start + window]
@@ -66,7 +67,7 @@ def evaluate(model: str, positions: int, window: int, scales: str = "one") -> di
     kl = np.concatenate(kls)
     return {"positions": n, "top1_agreement": agree / n, "mean_kl": float(kl.mean()),
             "p99_kl": float(np.quantile(kl, 0.99)), "max_abs_k": kmax, "max_abs_v": vmax,
-            "kv_dtype": str(fp8.engine.runner.cache.k.dtype)}
+            "kv_dtype": str(fp8.engine.runner.cache.dtype)}
 
 
 def main() -> None:

@@ -93,7 +93,8 @@ class ModelRunner:
         self.num_pages = num_pages
         def pool() -> Any:
             return allocate_kv_cache(cfg.num_layers, cfg.num_kv_heads, num_pages, page_size,
-                                     cfg.head_dim, kv_dtype, kv_scales)
+                                     cfg.head_dim, kv_dtype, kv_scales,
+                                     per_layer=not model.scan_layers)  # see KVCache
 
         self.cache = jax.eval_shape(pool) if abstract else pool()
         self.num_slots = num_slots

@@ -66,7 +66,7 @@ def compare_backends(loaded, kv: str, prompts: list[list[int]], max_tokens: int)
     for backend in ("reference", "pallas"):
         llm = LLM(loaded, attention_backend=backend, **kw)
         names[backend] = (llm.engine.runner.attention.name,
-                          str(llm.engine.runner.cache.k.dtype))
+                          str(llm.engine.runner.cache.dtype))
         toks[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
         # Logits of the same (reference) tokens under both backends, filled in below.
         logits[backend] = llm

@@ -83,16 +83,54 @@ FP8_KV_DTYPE = jnp.float8_e4m3fn
 
 @dataclass(frozen=True)
 class KVCache:
-    """Device page pool: ``k``/``v`` [L, Hkv, P, page_size, D] (layout in reference.py).
+    """Device page pool: ``k``/``v`` [L, Hkv, P, page_size, D] (layout in reference.py), or
+    one [1, Hkv, P, page_size, D] array per layer (a tuple of L) for unrolled models.
+
+    Per-layer arrays keep each one below 4 GiB (8B bf16 with 36,000 pages: 1.2 GB a layer
+    against 38 GB stacked), so the Pallas Triton lowering addresses it with 32-bit offsets;
+    a stacked pool past 2^32 bytes makes it use 64-bit offset arithmetic for every K/V tile
+    (jax/_src/pallas/triton/lowering.py, ``_compute_offsets_from_indices``). A layer's
+    array is read and written as ``[1, ...]`` at layer index 0 (:meth:`layer_view`), so the
+    kernels and the reference see the same contract either way. Scanned models keep the
+    stacked pool (the layer index is traced).
 
     ``k_scale`` / ``v_scale``: float32 [L] dequantization scales of an FP8 pool (read =
     stored * scale, module docstring); None for a pool in the model dtype.
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: Any
+    v: Any
     k_scale: jax.Array | None = None
     v_scale: jax.Array | None = None
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether ``k``/``v`` are tuples of one array per layer."""
+        return isinstance(self.k, (tuple, list))
+
+    @property
+    def dtype(self) -> Any:
+        """The pages' dtype."""
+        return (self.k[0] if self.per_layer else self.k).dtype
+
+    @property
+    def num_pages(self) -> int:
+        return (self.k[0] if self.per_layer else self.k).shape[2]
+
+    def layer_view(self, layer: jax.Array | int) -> tuple[jax.Array, jax.Array, jax.Array | int]:
+        """(k, v, index) to read and write ``layer``: the stacked pool and ``layer``, or the
+        layer's own [1, ...] arrays and 0 (``layer`` must then be a Python int)."""
+        if not self.per_layer:
+            return self.k, self.v, layer
+        return self.k[layer], self.v[layer], 0
+
+    def with_layer(self, layer: jax.Array | int, k: jax.Array, v: jax.Array) -> KVCache:
+        """The cache with ``layer``'s pages replaced by ``k``/``v`` (as from layer_view)."""
+        if not self.per_layer:
+            return dataclasses.replace(self, k=k, v=v)
+        ks, vs = list(self.k), list(self.v)
+        ks[layer], vs[layer] = k, v
+        return dataclasses.replace(self, k=tuple(ks), v=tuple(vs))
 
     def layer_scales(self, layer: jax.Array | int) -> tuple[jax.Array | None, jax.Array | None]:
         """(k_scale, v_scale) float32 scalars of ``layer`` (int or traced int32), or
@@ -108,8 +146,10 @@ jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v", "k_scale", "v_s
 
 def allocate_kv_cache(num_layers: int, num_kv_heads: int, num_pages: int, page_size: int,
                       head_dim: int, dtype: jnp.dtype,
-                      kv_scales: tuple[Any, Any] | None = None) -> KVCache:
-    """Zero-filled page pool of ``2 * L * Hkv * P * ps * D`` elements of ``dtype``.
+                      kv_scales: tuple[Any, Any] | None = None,
+                      per_layer: bool = False) -> KVCache:
+    """Zero-filled page pool of ``2 * L * Hkv * P * ps * D`` elements of ``dtype``; with
+    ``per_layer`` as one ``[1, Hkv, P, ps, D]`` array per layer (see :class:`KVCache`).
 
     An FP8 (float8_e4m3fn) pool also gets per-layer ``k_scale`` / ``v_scale`` float32 [L]:
     ``kv_scales`` = (k_scale, v_scale) when given (e.g. calibrated in a checkpoint), else 1.0.
@@ -118,8 +158,13 @@ def allocate_kv_cache(num_layers: int, num_kv_heads: int, num_pages: int, page_s
       ValueError: ``kv_scales`` for a pool that is not FP8, or scales that are not [L]
         finite positive numbers.
     """
-    shape = (num_layers, num_kv_heads, num_pages, page_size, head_dim)
-    k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+    if per_layer:
+        shape = (1, num_kv_heads, num_pages, page_size, head_dim)
+        k = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+        v = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+    else:
+        shape = (num_layers, num_kv_heads, num_pages, page_size, head_dim)
+        k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
     if jnp.dtype(dtype) != jnp.dtype(FP8_KV_DTYPE):
         if kv_scales is not None:
             raise ValueError(f"kv_scales apply to an FP8 KV cache only; this one is "
@@ -179,11 +224,11 @@ class AttentionBackend:
         The write and the read use the same scales: the layer's entries of the cache's own.
         """
         ks, vs = cache.layer_scales(layer)
-        kc, vc = self.write(cache.k, cache.v, layer, k, v, md.slot_mapping, k_scale=ks,
-                            v_scale=vs)
+        kc, vc, index = cache.layer_view(layer)
+        kc, vc = self.write(kc, vc, index, k, v, md.slot_mapping, k_scale=ks, v_scale=vs)
         fn = self.prefill if md.is_prefill else self.decode
-        out = fn(q, kc, vc, layer, md, scale, window, k_scale=ks, v_scale=vs)
-        return out, dataclasses.replace(cache, k=kc, v=vc)
+        out = fn(q, kc, vc, index, md, scale, window, k_scale=ks, v_scale=vs)
+        return out, cache.with_layer(layer, kc, vc)
 
 
 def resolve_backend_name(name: str) -> str:

@@ -22,8 +22,9 @@ def copy_pages(cache: Any, src: jax.Array, dst: jax.Array, count: jax.Array) -> 
     heads, K and V.
 
     Args:
-      cache: a ``layers.attention.KVCache``; ``k``/``v`` [L, Hkv, P, page_size, D] (any
-        dtype; other fields, such as FP8 scales, are per layer and stay as they are).
+      cache: a ``layers.attention.KVCache``; ``k``/``v`` [L, Hkv, P, page_size, D] or a
+        tuple of per-layer [1, Hkv, P, page_size, D] (any dtype; other fields, such as FP8
+        scales, are per layer and stay as they are).
       src / dst: [C] int32 page ids; entries at or past ``count`` are ignored. A ``dst``
         must not be a ``src`` of a later entry (the engine's copies go into fresh pages).
       count: int32 scalar in [0, C].
@@ -31,12 +32,12 @@ def copy_pages(cache: Any, src: jax.Array, dst: jax.Array, count: jax.Array) -> 
       the cache with the pages copied (donate ``cache`` for an in-place update).
     """
 
-    def one(i: jax.Array, kv: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        def move(a: jax.Array) -> jax.Array:  # a: [L, Hkv, P, ps, D]
+    def one(i: jax.Array, kv: tuple[Any, Any]) -> tuple[Any, Any]:
+        def move(a: jax.Array) -> jax.Array:  # a: [L or 1, Hkv, P, ps, D]
             page = jax.lax.dynamic_slice_in_dim(a, src[i], 1, axis=2)
             return jax.lax.dynamic_update_slice_in_dim(a, page, dst[i], axis=2)
 
-        return move(kv[0]), move(kv[1])
+        return jax.tree.map(move, kv)
 
     k, v = jax.lax.fori_loop(0, jnp.minimum(count, src.shape[0]), one, (cache.k, cache.v))
     return dataclasses.replace(cache, k=k, v=v)

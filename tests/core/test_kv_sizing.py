@@ -127,7 +127,7 @@ def test_engine_fp8_pool_bytes_and_log(caplog) -> None:
         eng = LLMEngine(tiny_loaded(), max_model_len=64, block_size=4, max_num_seqs=2,
                         kv_cache_dtype="fp8")
     s = eng.kv_sizing
-    assert eng.runner.cache.k.dtype == np.dtype("float8_e4m3fn")
+    assert eng.runner.cache.dtype == np.dtype("float8_e4m3fn")
     assert eng.runner.kv_cache_bytes() == s.pool_bytes == 33 * 2 * 3 * 2 * 4 * 8 + 2 * 3 * 4
     line = next(r.getMessage() for r in caplog.records if "KV cache" in r.getMessage())
     assert "float8_e4m3fn): 33 pages x 4 tokens = 128 tokens" in line

@@ -139,7 +139,7 @@ def test_kv_pool_bytes_is_the_runners_pool():
         2 * cfg.num_layers * cfg.num_kv_heads * ec.total_kv_pages * 16 * cfg.head_dim * 4)
     fp8 = EngineConfig(**ENGINE, kv_cache_dtype="fp8")
     runner = abstract_runner(cfg, fp8)
-    assert runner.cache.k.dtype == jnp.float8_e4m3fn
+    assert runner.cache.dtype == jnp.float8_e4m3fn
     pool8 = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(runner.cache))
     assert kv_pool_bytes(cfg, fp8, jnp.float32) == pool8 == pool // 4 + 2 * cfg.num_layers * 4
 

@@ -51,7 +51,8 @@ def _set_scales(llm: LLM, k_scale: float, v_scale: float) -> None:
     r, cfg = llm.engine.runner, llm.engine.model_config
     L = cfg.num_layers
     r.cache = allocate_kv_cache(L, cfg.num_kv_heads, r.num_pages, r.page_size, cfg.head_dim,
-                                r.cache.k.dtype, (np.full(L, k_scale), np.full(L, v_scale)))
+                                r.cache.dtype, (np.full(L, k_scale), np.full(L, v_scale)),
+                                per_layer=r.cache.per_layer)
 
 
 # ----------------------------------------------------------------------------- options
@@ -87,7 +88,7 @@ def test_bad_scales_are_refused():
     with pytest.raises(ValueError, match="v_scale must be 2 finite positive"):
         allocate_kv_cache(2, 1, 3, 4, 8, E4M3, (np.ones(2), np.ones(3)))
     c = allocate_kv_cache(2, 1, 3, 4, 8, E4M3)
-    assert c.k.dtype == E4M3 and np.array_equal(np.asarray(c.k_scale), [1.0, 1.0])
+    assert c.dtype == E4M3 and np.array_equal(np.asarray(c.k_scale), [1.0, 1.0])
     assert allocate_kv_cache(2, 1, 3, 4, 8, np.float32).k_scale is None
 
 
@@ -143,7 +144,7 @@ def test_reference_fp8_close_to_unquantized(tiny_family):
     prompts = [rng.integers(2, 96, int(n)).tolist() for n in rng.integers(3, 40, 16)]
     f32 = LLM(tiny_loaded(tiny_family), **KW)
     fp8 = LLM(tiny_loaded(tiny_family), kv_cache_dtype="fp8", **KW)
-    assert fp8.engine.runner.cache.k.dtype == E4M3
+    assert fp8.engine.runner.cache.dtype == E4M3
     want = [o.outputs[0].token_ids for o in f32.generate(prompts, GREEDY)]
     got = [o.outputs[0].token_ids for o in fp8.generate(prompts, GREEDY)]
     equal = 0

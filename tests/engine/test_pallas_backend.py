@@ -19,4 +19,4 @@ def test_pallas_backend_greedy_equals_reference():
     want = [o.outputs[0].token_ids for o in ref.generate(prompts, sp)]
     got = [o.outputs[0].token_ids for o in pal.generate(prompts, sp)]
     assert got == want
-    assert pal.engine.runner.cache.k.dtype == jnp.float32
+    assert pal.engine.runner.cache.dtype == jnp.float32

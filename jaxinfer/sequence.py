@@ -55,7 +55,10 @@ class SequenceGroup:
     @property
     def is_finished(self) -> bool:
         """Every sample finished (an unforked request: sample 0 finished, e.g. aborted)."""
-        return all(s.is_finished for s in self.samples)
+        for s in self.samples:  # a loop, not all(<generator>): asked per request per step
+            if s.status is not SequenceStatus.FINISHED:
+                return False
+        return True
 
 
 @dataclass(eq=False)

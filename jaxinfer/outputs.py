@@ -197,7 +197,7 @@ class RequestState:
         elif finish_reason == "stop" and token_ids and token_ids[-1] in self.params.stop_token_ids:
             stop_reason = token_ids[-1]
         return CompletionOutput(
-            index, self.text(finished), token_ids, finish_reason,
+            index, self.text(finished) if self.detok is not None else "", token_ids, finish_reason,
             list(self.logprobs) if self.logprobs is not None else None,
             self.cumulative_logprob, stop_reason)
 

@@ -254,11 +254,13 @@ class Scheduler:
         promised = 0  # pages partial prefills (and their forks) still need
         places = 0  # of max_num_seqs, held by running sequences and their unforked samples
         for seq in self.running:  # (a) continue partial prefills, oldest first
-            places += self._places(seq)
+            pending = seq.fork_pending
+            places += seq.group.n if pending else 1  # self._places(seq), inlined: per step
             # An unforked sample 0 stops before its last prompt token (its decode forks).
-            remaining = seq.num_tokens - seq.num_computed_tokens - seq.fork_pending
-            if remaining < 1 or (remaining == 1 and not seq.fork_pending):
-                if seq.fork_pending:  # ready to fork: keep its samples' pages
+            remaining = (len(seq.prompt_token_ids) + len(seq.output_token_ids)
+                         - seq.num_computed_tokens - pending)
+            if remaining < 1 or (remaining == 1 and not pending):
+                if pending:  # ready to fork: keep its samples' pages
                     promised += self._owed(seq)
                 continue  # decoding
             n = 0
@@ -388,7 +390,7 @@ class Scheduler:
                              f"{len(out.chunks)} scheduled chunks")
         new_tokens: list[tuple[Sequence, int]] = []
         finished: list[Sequence] = []
-        register = self.block_manager.register_computed_pages
+        bm = self.block_manager
         for chunk, tok in zip(out.chunks, sampled):
             seq = chunk.seq
             status = seq.status
@@ -399,7 +401,8 @@ class Scheduler:
                     f"postprocess: chunk of request {seq.seq_id} starts at {chunk.start} but "
                     f"{seq!r}; was this output already postprocessed?")
             seq.num_computed_tokens += chunk.num_tokens
-            register(seq)  # K/V of this step are written
+            if seq.num_computed_tokens // bm.page_size > seq.num_registered_pages:
+                bm.register_computed_pages(seq)  # K/V of this step filled a page
             if not chunk.samples:
                 continue
             tok = int(tok)

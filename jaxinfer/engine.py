@@ -254,9 +254,10 @@ class LLMEngine:
             self.runner.copy_pages(out.page_copies)
         for seq in out.preempted:
             self._slots.release(seq.key)
+        held = self._slots.mapping
         for c in out.chunks:
             seq = c.seq
-            if self._slots.get(seq.key) is not None:
+            if (seq.seq_id, seq.sample_index) in held:  # seq.key
                 continue
             slot = self._slots.assign(seq.key)
             if seq.sampling_params.has_penalties:

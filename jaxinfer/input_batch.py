@@ -62,17 +62,16 @@ class InputBatch:
             return None
         slot_of, tenure = self.slots.mapping, self.slots.generation
         ps, width = self.page_size, self.max_pages
-        rows: list[int] = []
-        starts: list[int] = []
-        tokens: list[int] = []
-        sample_index: list[int] = []
-        for c in chunks:
+        owner, generation, num_pages = self._owner, self._generation, self._num_pages
+        fields: list[int] = []  # per row: slot, start, token, sample index
+        for c in chunks:  # few calls per row: this loop runs per sequence per step
             if type(c) is not ScheduledChunk or c.num_tokens != 1 or not c.samples:
                 return None
             seq = c.seq
-            s = slot_of.get((seq.seq_id, seq.sample_index))
-            if s is None:
+            key = (seq.seq_id, seq.sample_index)
+            if key not in slot_of:
                 return None
+            s = slot_of[key]
             start, prompt, table = c.start, seq.prompt_token_ids, seq.block_table
             n_prompt, n = len(prompt), len(table)
             if start < n_prompt:
@@ -81,21 +80,18 @@ class InputBatch:
                 tok = seq.output_token_ids[start - n_prompt]
             else:
                 return None
-            if start // ps >= min(n, width):  # table lacks the page of the token
+            if start // ps >= (n if n < width else width):  # no page for the token
                 return None
-            if (self._owner[s] is not seq or self._generation[s] != tenure[s]
-                    or n < self._num_pages[s]):
+            if owner[s] is not seq or generation[s] != tenure[s] or n < num_pages[s]:
                 self._claim(s, seq, request_seeds.get(seq.seq_id, 0) + seq.sample_index,
                             tenure[s])
-            known = self._num_pages[s]
+            known = num_pages[s]
             if n > known and known < width:
                 new = table[known:width]
                 self._pages[s, known:known + len(new)] = new
-                self._num_pages[s] = known + len(new)
-            rows.append(s)
-            starts.append(start)
-            tokens.append(tok)
-            sample_index.append(start + 1 - n_prompt)
+                num_pages[s] = known + len(new)
+            fields += (s, start, tok, start + 1 - n_prompt)
+        rows, starts, tokens, sample_index = np.array(fields, np.int64).reshape(-1, 4).T
         return self._gather(rows, starts, tokens, sample_index, seq_buckets, page_buckets)
 
     def _claim(self, s: int, seq: Any, seed: int, tenure: int) -> None:
@@ -104,12 +100,13 @@ class InputBatch:
         self._pages[s] = 0
         _fill_row(self._sampling, s, seq, seq.num_prompt_tokens, seed, s)
 
-    def _gather(self, rows: list[int], starts: list[int], tokens: list[int],
-                sample_index: list[int], seq_buckets: Seq[int], page_buckets: Seq[int]
+    def _gather(self, rows: np.ndarray, starts: np.ndarray, tokens: np.ndarray,
+                sample_index: np.ndarray, seq_buckets: Seq[int], page_buckets: Seq[int]
                 ) -> StepInputs:
+        """The step's arrays from rows ``rows`` (slots) and per-row values, each [B] int64."""
         B, ps = len(rows), self.page_size
         S = pick(seq_buckets, B, "sequence count")
-        start = np.array(starts, np.int32)
+        start = starts.astype(np.int32)
         need = start // ps + 1  # pages holding tokens [0, start]
         P = pick(page_buckets, int(need.max()), "pages per sequence")
         padded = np.full(S, len(self._owner), np.intp)  # the padding row

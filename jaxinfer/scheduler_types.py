@@ -139,7 +139,9 @@ class ScheduledChunk:
     _samples: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._samples = self.start + self.num_tokens == self.seq.num_tokens
+        seq = self.seq  # made per sequence per step: no property calls
+        self._samples = (self.start + self.num_tokens
+                         == len(seq.prompt_token_ids) + len(seq.output_token_ids))
 
     @property
     def samples(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence as Seq
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxinfer.batch import SlotTable, build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
@@ -111,6 +112,7 @@ class LLMEngine:
         self.model_config: ModelConfig = loaded.config
         self.tokenizer = loaded.tokenizer
         self.load_seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
         if compile_cache_dir is not None and engine_args.get("num_kv_pages") is None:
             from jaxinfer.compile import cached_num_kv_pages
 
@@ -126,15 +128,25 @@ class LLMEngine:
         net = CausalLM(cfg, loaded.params, self.dtype, scan_layers=ec.scan_layers,
                        quantization=ec.quantization)
         del loaded
+        jax.block_until_ready(nnx.state(net))
+        t2 = time.perf_counter()
         self.kv_sizing = size_for_engine(net, cfg, ec, self.dtype)  # pages from memory
         self.runner = ModelRunner(net, num_pages=self.kv_sizing.num_pages,
                                   page_size=ec.block_size,
                                   attention=get_backend(ec.attention_backend),
                                   kv_dtype=self.kv_sizing.kv_dtype, num_slots=ec.max_num_seqs)
+        jax.block_until_ready(self.runner.cache)
+        t3 = time.perf_counter()
         if compile_cache_dir is not None:
             from jaxinfer.compile import attach_program_store
 
             attach_program_store(self, compile_cache_dir, compile_cache_strict)
+        # Start-up phases in seconds (``jaxinfer bench`` records them; issue #5 reports the
+        # warm start without reading the weights): reading or generating the weights on the
+        # host, moving them to the device (dtype cast, FP8 quantization on load, fused
+        # projections), sizing and allocating the KV pool, opening the compile cache.
+        self.start_seconds = {"read_weights": self.load_seconds, "weights_to_device": t2 - t1,
+                              "kv_pool": t3 - t2, "compile_cache_open": time.perf_counter() - t3}
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)

@@ -65,7 +65,8 @@ class CompileState:
 
 def build_engine(ns: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """``LLMEngine`` from the CLI's engine options; with a compile cache every program in it is
-    loaded now. Returns (engine, {"load_s", "preload_s", "programs_preloaded"})."""
+    loaded now. Returns (engine, {"load_s", "preload_s", "programs_preloaded", and the
+    engine's start phases as "start_<phase>_s", see ``LLMEngine.start_seconds``})."""
     from jaxinfer.cli import _engine_args
     from jaxinfer.compile import preload
     from jaxinfer.engine import LLMEngine
@@ -74,8 +75,9 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     engine = LLMEngine(ns.model, **_engine_args(ns))
     t1 = time.perf_counter()
     n = preload(engine)
+    phases = {f"start_{k}_s": v for k, v in getattr(engine, "start_seconds", {}).items()}
     return engine, {"load_s": t1 - t0, "preload_s": time.perf_counter() - t1,
-                    "programs_preloaded": n}
+                    "programs_preloaded": n, **phases}
 
 
 def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: int

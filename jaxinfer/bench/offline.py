@@ -150,6 +150,9 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         ("TPOT p50 / p99 (ms)", f"{s['tpot_ms_p50']:.4g} / {s['tpot_ms_p99']:.4g}"),
         ("ITL p50 / p99 (ms)", f"{s['itl_ms_p50']:.4g} / {s['itl_ms_p99']:.4g}"),
         ("engine start (s)", s["load_s"]),
+        ("  weights read / to device / KV pool (s)",
+         " / ".join(f"{s.get(k, float('nan')):.3g}" for k in
+                    ("start_read_weights_s", "start_weights_to_device_s", "start_kv_pool_s"))),
         ("compile cache load (s, programs)",
          f"{s['preload_s']:.3g}, {s['programs_preloaded']}"),
         ("warm-up (s, programs compiled, compile s)",

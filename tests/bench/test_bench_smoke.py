@@ -58,6 +58,10 @@ def test_bench_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert v["warmup_programs_compiled"] + v["warmup_programs_loaded"] >= 2
     assert v["run_programs_compiled"] == 0 and v["run_programs_loaded"] == 0
     assert v["kv_pages"] == 4 * 4 and v["kv_tokens"] == 16 * 16  # max_num_seqs x 64 tokens
+    # The engine start's phases (issue #5 reports the warm start without the weights).
+    phases = [v[f"start_{k}_s"] for k in ("read_weights", "weights_to_device", "kv_pool",
+                                          "compile_cache_open")]
+    assert all(p >= 0 for p in phases) and sum(phases) <= v["load_s"]
     assert v["output_throughput"] > 0 and v["peak_host_rss_bytes"] > 0
     cfg = recs["bench_offline.output_throughput"]["config"]
     assert (cfg["input_len"], cfg["output_len"], cfg["num_prompts"]) == (16, 8, 10)

@@ -74,7 +74,7 @@ def main() -> None:
 
     import numpy as np
 
-    from jaxinfer.engine import LLM
+    from jaxinfer.llm import LLM
     from jaxinfer.sampling_params import SamplingParams
 
     budget = ns.max_num_batched_tokens or ns.n * ns.prompt

@@ -115,7 +115,7 @@ def runner_ec(model: str, scan: bool | None):
 def child_start(a: dict) -> dict:
     """Fresh process: LLM(...) to first token and to 32 tokens; warm: then load the rest."""
     t_import0 = time.time()
-    from jaxinfer.engine import LLM
+    from jaxinfer.llm import LLM
     from jaxinfer.sampling_params import SamplingParams
 
     t_import = time.time()

@@ -52,7 +52,7 @@ def child(a: dict) -> dict:
     t_import0 = time.time()
     import jax
 
-    from jaxinfer.engine import LLM
+    from jaxinfer.llm import LLM
     from jaxinfer.sampling_params import SamplingParams
 
     t_import = time.time()

@@ -17,8 +17,12 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # The engine pulls in JAX; import it lazily so `jaxinfer --help` and the plain-Python
     # parts (scheduler, allocator) stay light.
-    if name in ("LLM", "LLMEngine"):
+    if name == "LLM":
+        from jaxinfer import llm
+
+        return llm.LLM
+    if name == "LLMEngine":
         from jaxinfer import engine
 
-        return getattr(engine, name)
+        return engine.LLMEngine
     raise AttributeError(name)

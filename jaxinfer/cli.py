@@ -113,7 +113,7 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
-    from jaxinfer.engine import LLM
+    from jaxinfer.llm import LLM
 
     params = _sampling(ns)
     t_start = time.perf_counter()
@@ -141,7 +141,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 
 
 def cmd_chat(ns: argparse.Namespace) -> int:
-    from jaxinfer.engine import LLMEngine, iter_stream
+    from jaxinfer.engine import LLMEngine
+    from jaxinfer.llm import iter_stream
 
     engine = LLMEngine(ns.model, **_engine_args(ns))
     if engine.tokenizer is None:

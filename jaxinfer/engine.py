@@ -1,8 +1,9 @@
-"""``LLMEngine`` (add_request / abort / step) and ``LLM``, the offline batch facade.
+"""``LLMEngine``: add_request / abort / step over the scheduler and the compiled programs
+(the offline facade ``LLM`` is in jaxinfer/llm.py).
 
-Names and behaviour follow vLLM so users can move over: ``LLM(model, max_model_len=...,
-block_size=..., max_num_seqs=..., dtype=...)``, ``llm.generate(prompts, SamplingParams(...))``,
-``llm.chat(messages, params)``.
+Names and behaviour follow vLLM so users can move over: ``LLMEngine(model, max_model_len=...,
+block_size=..., max_num_seqs=..., dtype=...)``, ``engine.add_request(prompt, SamplingParams(...))``,
+``engine.step()``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Any, Iterable, Sequence as Seq
+from typing import Any, Sequence as Seq
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,7 @@ from jaxinfer.outputs import (
     prompt_logprobs_from_logits,
 )
 from jaxinfer.runner import LOGITS, ModelRunner
-from jaxinfer.sampling_params import ParameterError, SamplingParams
+from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
 from jaxinfer.sequence import Sequence
 
@@ -386,77 +387,10 @@ class _Chunk:
         self.seq, self.start, self.num_tokens = seq, start, num_tokens
 
 
-class LLM:
-    """Offline batch generation (vLLM's ``LLM``).
+def __getattr__(name: str) -> Any:
+    # ``LLM`` and ``iter_stream`` live in jaxinfer/llm.py; still importable from here.
+    if name in ("LLM", "iter_stream"):
+        from jaxinfer import llm
 
-    Args:
-      model: see :class:`LLMEngine`. **engine_args: EngineConfig fields.
-    """
-
-    def __init__(self, model: Any = DEFAULT_MODEL, **engine_args: Any):
-        self.engine = LLMEngine(model, **engine_args)
-
-    @property
-    def tokenizer(self):
-        return self.engine.tokenizer
-
-    def generate(self, prompts: str | Seq[str] | Seq[Seq[int]],
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """Generate for every prompt; returns one RequestOutput per prompt, in order.
-
-        Prompts are texts or lists of token ids. Raises RequestError / ParameterError on bad
-        input before anything is queued.
-        """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, np.integer))):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ParameterError(f"got {len(params)} sampling params for "
-                                     f"{len(prompts)} prompts")
-        encoded = [self.engine.encode_prompt(p) for p in prompts]  # validate all first
-        ids = [self.engine.add_request(p, sp, prompt_token_ids=e)
-               for p, e, sp in zip(prompts, encoded, params)]
-        return self._run(ids, use_tqdm)
-
-    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
-             sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them (chat template applied)."""
-        if self.tokenizer is None:
-            raise RequestError("this model has no tokenizer, so no chat template")
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        ids = [self.tokenizer.apply_chat_template(list(c)) for c in convs]  # type: ignore
-        return self.generate(ids, sampling_params, use_tqdm)
-
-    def _run(self, ids: list[int], use_tqdm: bool) -> list[RequestOutput]:
-        final: dict[int, RequestOutput] = {}
-        bar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(ids), desc="requests", unit="req")
-        pending = set(ids)
-        while pending:
-            for o in self.engine.step():
-                if o.finished and o.request_id in pending:
-                    final[o.request_id] = o
-                    pending.discard(o.request_id)
-                    if bar:
-                        bar.update(1)
-        if bar:
-            bar.close()
-        return [final[i] for i in ids]
-
-
-def iter_stream(engine: LLMEngine, request_id: int) -> Iterable[RequestOutput]:
-    """Step the engine and yield this request's outputs until it finishes."""
-    while True:
-        for o in engine.step():
-            if o.request_id == request_id:
-                yield o
-                if o.finished:
-                    return
+        return getattr(llm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

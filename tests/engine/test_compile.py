@@ -28,7 +28,7 @@ from jaxinfer.compile_cache import (
     xla_compilations,
 )
 from jaxinfer.config import EngineConfig
-from jaxinfer.engine import LLM
+from jaxinfer.llm import LLM
 from jaxinfer.loading import DUMMY_CONFIGS
 from jaxinfer.runner import LOGITS, SAMPLE
 from jaxinfer.sampling_params import SamplingParams
@@ -50,7 +50,7 @@ RUN = textwrap.dedent("""
     import json, sys
     import numpy as np
     from jaxinfer.compile_cache import xla_compilations
-    from jaxinfer.engine import LLM
+    from jaxinfer.llm import LLM
     from jaxinfer.sampling_params import SamplingParams
     engine, prompts, cache = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
     llm = LLM("dummy:tiny-llama", compile_cache_dir=cache or None, compile_cache_strict=True,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxinfer.batch import build_step
-from jaxinfer.engine import LLM
+from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import SamplingParams
 from tests.conftest import tiny_loaded
 from tests.core.test_input_batch import _assert_same

@@ -7,7 +7,8 @@ from collections import deque
 import numpy as np
 import pytest
 
-from jaxinfer.engine import LLM, RequestError
+from jaxinfer.engine import RequestError
+from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import ParameterError, SamplingParams
 from tests.conftest import tiny_loaded
 
@@ -130,3 +131,16 @@ def test_eos_stops_and_max_tokens_is_length():
         assert len(c.token_ids) == 5 and 1 not in c.token_ids
     else:
         assert c.token_ids[-1] == 1 and len(c.token_ids) <= 5
+
+
+def test_llm_is_importable_from_its_old_module() -> None:
+    # LLM / iter_stream moved to jaxinfer/llm.py; jaxinfer.engine still resolves them.
+    import jaxinfer
+    from jaxinfer import llm
+    from jaxinfer.engine import LLM as FromEngine
+    from jaxinfer.engine import iter_stream
+
+    assert FromEngine is jaxinfer.LLM is llm.LLM and iter_stream is llm.iter_stream
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        from jaxinfer import engine
+        engine.nope  # noqa: B018

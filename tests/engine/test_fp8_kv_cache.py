@@ -24,7 +24,7 @@ import pytest
 
 from jaxinfer import cli
 from jaxinfer.config import ConfigError, EngineConfig
-from jaxinfer.engine import LLM
+from jaxinfer.llm import LLM
 from jaxinfer.layers.attention import AttentionBackend, allocate_kv_cache
 from jaxinfer.sampling_params import SamplingParams
 from pallas_kernels.paged_attention import paged_decode_attention_ref

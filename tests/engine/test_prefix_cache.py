@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxinfer.engine import LLM
+from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import QueueFullError
 from tests.conftest import tiny_loaded

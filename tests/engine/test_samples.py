@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxinfer.engine import LLM, RequestError
+from jaxinfer.engine import RequestError
+from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import ParameterError, SamplingParams
 from tests.conftest import tiny_loaded
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxinfer.engine import LLM
+from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.serving.server import InferenceServer
 from tests.conftest import tiny_loaded

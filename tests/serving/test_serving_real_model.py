@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
-from jaxinfer.engine import LLM
+from jaxinfer.llm import LLM
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.serving import jaxinfer_pb2 as pb

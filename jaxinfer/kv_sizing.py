@@ -78,8 +78,8 @@ class KVSizing:
                 extra += f" after {self.weights_bytes / gib:.2f} GiB in use"
             if self.activation_bytes is not None:
                 extra += f" and {self.activation_bytes / gib:.2f} GiB activations"
-        return (f"KV cache ({self.source}, {self.kv_dtype}): {self.num_pages} pages x "
-                f"{self.page_size} tokens "
+        return (f"KV cache ({self.source}, {self.kv_dtype}): {self.num_pages - 1} pages x "
+                f"{self.page_size} tokens (+ the null page) "
                 f"= {self.max_tokens} tokens, {self.pool_bytes / gib:.2f} GiB; max concurrency "
                 f"at max_model_len {max_model_len}: {self.max_tokens / max_model_len:.2f}x"
                 f"{extra}")

@@ -35,7 +35,8 @@ class LLM:
         """Generate for every prompt; returns one RequestOutput per prompt, in order.
 
         Prompts are texts or lists of token ids. Raises RequestError / ParameterError on bad
-        input before anything is queued.
+        input, naming the prompt's position in the batch; nothing of the batch stays queued
+        (requests added before the bad one are aborted).
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, np.integer))):
             prompts = [prompts]  # type: ignore[list-item]
@@ -48,8 +49,15 @@ class LLM:
                 raise ParameterError(f"got {len(params)} sampling params for "
                                      f"{len(prompts)} prompts")
         encoded = [self.engine.encode_prompt(p) for p in prompts]  # validate all first
-        ids = [self.engine.add_request(p, sp, prompt_token_ids=e)
-               for p, e, sp in zip(prompts, encoded, params)]
+        ids: list[int] = []
+        for i, (p, e, sp) in enumerate(zip(prompts, encoded, params)):
+            try:  # the engine checks lengths and n against its limits here
+                ids.append(self.engine.add_request(p, sp, prompt_token_ids=e))
+            except ValueError as err:  # RequestError, ParameterError, the scheduler's
+                for rid in ids:
+                    self.engine.abort_request(rid)
+                err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])
+                raise
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],

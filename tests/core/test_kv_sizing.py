@@ -32,7 +32,7 @@ def test_device_memory_sizing() -> None:
     assert s.source == "device memory" and s.budget_bytes == budget
     assert s.num_pages == budget // page and s.pool_bytes <= budget
     assert s.max_tokens == (s.num_pages - 1) * 16
-    assert f"{s.num_pages} pages x 16 tokens = {s.max_tokens} tokens" in s.describe(4096)
+    assert f"{s.num_pages - 1} pages x 16 tokens (+ the null page) = {s.max_tokens} tokens" in s.describe(4096)
     more = size_kv_pool(cfg, ec, np.float16, memory_stats=stats, activation_bytes=0)
     assert more.num_pages == (budget + 4 * GIB) // page  # activations come off the budget
     with pytest.raises(ConfigError, match="gpu_memory_utilization 0.9 .* needs 257"):
@@ -112,7 +112,7 @@ def test_engine_logs_pool_at_start(caplog) -> None:
     assert s.num_pages == eng.runner.num_pages == eng.scheduler.cfg.num_pages == 33
     assert eng.runner.kv_cache_bytes() == s.pool_bytes
     line = next(r.getMessage() for r in caplog.records if "KV cache" in r.getMessage())
-    assert "33 pages x 4 tokens = 128 tokens" in line and "max concurrency" in line
+    assert "32 pages x 4 tokens (+ the null page) = 128 tokens" in line and "max concurrency" in line
     assert "float32" in line  # the KV dtype ("auto": the model's)
     sc = eng.scheduler.cfg
     assert (sc.max_queue_len, sc.max_consecutive_prefills, sc.enable_prefix_caching) == (
@@ -130,4 +130,4 @@ def test_engine_fp8_pool_bytes_and_log(caplog) -> None:
     assert eng.runner.cache.dtype == np.dtype("float8_e4m3fn")
     assert eng.runner.kv_cache_bytes() == s.pool_bytes == 33 * 2 * 3 * 2 * 4 * 8 + 2 * 3 * 4
     line = next(r.getMessage() for r in caplog.records if "KV cache" in r.getMessage())
-    assert "float8_e4m3fn): 33 pages x 4 tokens = 128 tokens" in line
+    assert "float8_e4m3fn): 32 pages x 4 tokens (+ the null page) = 128 tokens" in line

@@ -144,3 +144,15 @@ def test_llm_is_importable_from_its_old_module() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         from jaxinfer import engine
         engine.nope  # noqa: B018
+
+
+def test_generate_rejecting_a_later_prompt_leaves_nothing_queued() -> None:
+    # The second prompt's max_tokens overruns max_model_len: the first, already added, is
+    # aborted; the error names the prompt's position; the next batch runs as usual.
+    llm = _llm("llama")
+    too_long = SamplingParams(temperature=0, max_tokens=llm.engine.config.max_model_len + 1)
+    with pytest.raises(RequestError, match="prompt 1 of the batch"):
+        llm.generate([[5, 6, 7], [8, 9]], [SamplingParams(temperature=0, max_tokens=4), too_long])
+    assert not llm.engine.has_unfinished_requests()
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4

@@ -112,6 +112,14 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
 
 
+def _token_ids(text: str) -> list[int]:
+    """``--token-ids`` prompt: integers separated by spaces or commas."""
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"--token-ids: prompt {text!r} is not a list of integers") from None
+
+
 def cmd_generate(ns: argparse.Namespace) -> int:
     from jaxinfer.llm import LLM
 
@@ -123,6 +131,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if ns.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompt], params)
+    elif ns.token_ids:
+        outs = llm.generate([_token_ids(p) for p in ns.prompt], params)
     else:
         outs = llm.generate(ns.prompt, params)
     dt = time.perf_counter() - t0
@@ -131,7 +141,11 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         c = out.outputs[0]
         if len(ns.prompt) > 1:
             print(f"### {prompt}")
-        print(c.text if ns.chat else prompt + c.text, flush=True)
+        if ns.token_ids:
+            print(" ".join(map(str, c.token_ids)) + (f"  {c.text!r}" if c.text else ""),
+                  flush=True)
+        else:
+            print(c.text if ns.chat else prompt + c.text, flush=True)
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     run = max(dt - t_compile, 1e-9)
     print(f"[{n} tokens in {run:.2f} s ({n / run:.1f} tok/s) after {t_load:.1f} s loading and "
@@ -192,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(g)
     _add_sampling_options(g, max_tokens=64)
     g.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    g.add_argument("--token-ids", action="store_true",
+                   help="each prompt is token ids (e.g. '1 2 3'); prints the new ids "
+                        "(models without a tokenizer, such as dummy shapes)")
     g.add_argument("prompt", nargs="+")
     g.set_defaults(func=cmd_generate)
 

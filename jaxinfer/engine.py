@@ -172,7 +172,8 @@ class LLMEngine:
             if not prompt:
                 raise RequestError("prompt is empty")
             if self.tokenizer is None:
-                raise RequestError("this model has no tokenizer: pass prompt token ids")
+                raise RequestError("this model has no tokenizer: pass prompt token ids "
+                                   "(jaxinfer generate --token-ids)")
             return self.tokenizer.encode(prompt)
         ids = list(prompt)
         if not ids:

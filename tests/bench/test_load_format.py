@@ -80,3 +80,18 @@ def test_cli_load_format_dummy_bf16_and_fp8(tmp_path: Path) -> None:
     assert recs["bench_offline.output_tokens"]["value"] == 2 * 4
     assert main(["compile", "--load-format", "dummy", "--model", "llama-3.1-70b", "--list",
                  "--max-model-len", "64"]) == 0  # config only: no 70B weights are built
+
+
+def test_generate_token_ids_runs_a_model_without_tokenizer(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["generate", "--model", "dummy:tiny-llama", "--max-tokens", "3", "--max-model-len",
+            "32", "--max-num-seqs", "2", "--decode-buckets", "2", "--prefill-buckets", "16",
+            "--max-num-batched-tokens", "16", "--max-prefill-seqs", "2"]
+    assert main([*args, "--token-ids", "1 2 3", "4,5"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("###")]
+    assert len(lines) == 2 and all(len(ln.split()) == 3 for ln in lines)  # 3 new ids each
+    assert all(0 <= int(t) < 256 for ln in lines for t in ln.split())
+    assert main([*args, "1 2 3"]) == 2  # a text prompt: no tokenizer, the error says why
+    assert "--token-ids" in capsys.readouterr().err
+    assert main([*args, "--token-ids", "1 x"]) == 2
+    assert "is not a list of integers" in capsys.readouterr().err

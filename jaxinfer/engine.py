@@ -271,7 +271,7 @@ class LLMEngine:
         held = self._slots.mapping
         for c in out.chunks:
             seq = c.seq
-            if (seq.seq_id, seq.sample_index) in held:  # seq.key
+            if seq.key in held:
                 continue
             slot = self._slots.assign(seq.key)
             if seq.sampling_params.has_penalties:
@@ -334,9 +334,10 @@ class LLMEngine:
         first = self._first_token_time.get(rid)
         if first is not None:
             metrics["first_token_time"] = first
-        return RequestOutput(rid, self._prompts.get(rid), list(seq.prompt_token_ids),
-                             st.completions(group.samples), group.is_finished, metrics,
-                             st.prompt_logprobs)
+        return RequestOutput(
+            request_id=rid, prompt=self._prompts.get(rid),
+            prompt_token_ids=list(seq.prompt_token_ids), outputs=st.completions(group.samples),
+            finished=group.is_finished, metrics=metrics, prompt_logprobs=st.prompt_logprobs)
 
     def _prompt_logprobs(self, seq: Sequence) -> list[Logprobs | None]:
         """vLLM's prompt_logprobs of a sequence whose prompt K/V are all in its pages.

@@ -255,10 +255,9 @@ class Scheduler:
         places = 0  # of max_num_seqs, held by running sequences and their unforked samples
         for seq in self.running:  # (a) continue partial prefills, oldest first
             pending = seq.fork_pending
-            places += seq.group.n if pending else 1  # self._places(seq), inlined: per step
+            places += self._places(seq)
             # An unforked sample 0 stops before its last prompt token (its decode forks).
-            remaining = (len(seq.prompt_token_ids) + len(seq.output_token_ids)
-                         - seq.num_computed_tokens - pending)
+            remaining = seq.num_tokens - seq.num_computed_tokens - pending
             if remaining < 1 or (remaining == 1 and not pending):
                 if pending:  # ready to fork: keep its samples' pages
                     promised += self._owed(seq)
@@ -314,7 +313,7 @@ class Scheduler:
         while i < len(self.running):
             seq = self.running[i]
             i += 1
-            n = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # seq.num_tokens
+            n = seq.num_tokens
             if n - seq.num_computed_tokens != 1:
                 continue  # mid-prefill
             if seq.fork_pending and not self._fork(seq, preempted):
@@ -401,8 +400,7 @@ class Scheduler:
                     f"postprocess: chunk of request {seq.seq_id} starts at {chunk.start} but "
                     f"{seq!r}; was this output already postprocessed?")
             seq.num_computed_tokens += chunk.num_tokens
-            if seq.num_computed_tokens // bm.page_size > seq.num_registered_pages:
-                bm.register_computed_pages(seq)  # K/V of this step filled a page
+            bm.register_computed_pages(seq)  # pages this step filled (returns at once if none)
             if not chunk.samples:
                 continue
             tok = int(tok)
@@ -415,11 +413,11 @@ class Scheduler:
         return StepResult(new_tokens, finished)
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
-        sp, n_out = seq.sampling_params, len(seq.output_token_ids)
+        sp, n_out = seq.sampling_params, seq.num_output_tokens
         if n_out >= sp.min_tokens and (
                 (not sp.ignore_eos and tok in self._eos) or tok in sp.stop_token_ids):
             return "stop"
-        if n_out >= sp.max_tokens or n_out + len(seq.prompt_token_ids) >= self.cfg.max_model_len:
+        if n_out >= sp.max_tokens or seq.num_tokens >= self.cfg.max_model_len:
             return "length"
         return None
 

@@ -106,43 +106,35 @@ def main() -> None:
         rec.add(f"rel_err_layer{layer}", err, "rel", {"pages": a.pages, "B": B, "ok": ok})
         rows.append((f"correct L{layer} (top pages)", f"{err:.1e}", "PASS" if ok else "FAIL"))
     # 2. speed: engine-sized pool vs a pool just large enough, same shapes
-    for B, ctx in ((256, 1536), (128, 3072), (32, 2048)):
+    shapes = ((256, 1536), (128, 3072), (32, 2048))
+
+    def timed(label: str, B: int, ctx: int, width: int, kc, vc, layer: int, pages: int,
+              top: bool) -> None:
+        """Time one case, add its row and record (KV GB/s of the B x ctx tokens read)."""
         q = jax.random.normal(jax.random.key(2), (B, HQ, D), jnp.bfloat16)
         lens = jnp.full((B,), ctx, jnp.int32)
-        kv_bytes = 2 * B * ctx * HKV * D * 2
-        for label, kc, vc, pages in (("engine pool", k_cache, v_cache, a.pages),):
-            bt = jnp.asarray(tables(rng, B, ctx, a.width, pages, top=True))
-            # The caches are arguments: a closure would capture 75 GB as program constants
-            # (the 2026-12-01 run died of it).
-            f = jax.jit(lambda q, bt, kc, vc: paged_decode_attention(
-                q, kc, vc, jnp.int32(L - 1), bt, lens, scale=scale))
-            t = time_fn(f, [(q, bt, kc, vc)], a.repeats)
-            gbps = kv_bytes / t / 1e9
-            rows.append((f"B{B} ctx{ctx} w{a.width} {label}", f"{t * 1e3:.3f} ms",
-                         f"{gbps:,.0f} GB/s ({gbps / copy_gbps:.0%})"))
-            rec.add(f"kv_gbps_B{B}_ctx{ctx}_{label.replace(' ', '_')}", gbps, "GB/s",
-                    {"B": B, "ctx": ctx, "width": a.width, "pages": pages,
-                     "ms": t * 1e3, "copy_gbps": copy_gbps})
+        bt = jnp.asarray(tables(rng, B, ctx, width, pages, top=top))
+        # The caches are arguments: a closure would capture them (75 GB) as program
+        # constants (the 2026-12-01 run died of it).
+        f = jax.jit(lambda q, bt, kc, vc: paged_decode_attention(
+            q, kc, vc, jnp.int32(layer), bt, lens, scale=scale))
+        t = time_fn(f, [(q, bt, kc, vc)], a.repeats)
+        gbps = 2 * B * ctx * HKV * D * 2 / t / 1e9
+        rows.append((f"B{B} ctx{ctx} w{width} {label}", f"{t * 1e3:.3f} ms",
+                     f"{gbps:,.0f} GB/s ({gbps / copy_gbps:.0%})"))
+        rec.add(f"kv_gbps_B{B}_ctx{ctx}_w{width}_{label.replace(' ', '_')}", gbps, "GB/s",
+                {"B": B, "ctx": ctx, "width": width, "pages": pages, "ms": t * 1e3,
+                 "copy_gbps": copy_gbps})
+
+    for B, ctx in shapes:
+        timed("engine pool", B, ctx, a.width, k_cache, v_cache, L - 1, a.pages, top=True)
     del k_cache, v_cache
-    for B, ctx in ((256, 1536), (128, 3072), (32, 2048)):
+    for B, ctx in shapes:
         n = -(-ctx // PS)
         pages = B * n + 1
         kc, vc = random_pool(jax.random.key(3), pages, layers=1)
-        q = jax.random.normal(jax.random.key(2), (B, HQ, D), jnp.bfloat16)
-        lens = jnp.full((B,), ctx, jnp.int32)
-        kv_bytes = 2 * B * ctx * HKV * D * 2
         for width in (a.width, n):
-            bt = jnp.asarray(tables(rng, B, ctx, width, pages, top=False))
-            f = jax.jit(lambda q, bt, kc, vc: paged_decode_attention(
-                q, kc, vc, jnp.int32(0), bt, lens, scale=scale))
-            t = time_fn(f, [(q, bt, kc, vc)], a.repeats)
-            gbps = kv_bytes / t / 1e9
-            label = f"small pool w{width}"
-            rows.append((f"B{B} ctx{ctx} {label}", f"{t * 1e3:.3f} ms",
-                         f"{gbps:,.0f} GB/s ({gbps / copy_gbps:.0%})"))
-            rec.add(f"kv_gbps_B{B}_ctx{ctx}_small_pool_w{width}", gbps, "GB/s",
-                    {"B": B, "ctx": ctx, "width": width, "pages": pages, "ms": t * 1e3,
-                     "copy_gbps": copy_gbps})
+            timed("small pool", B, ctx, width, kc, vc, 0, pages, top=False)
         del kc, vc
     print(f"records: {a.out}/check_large_pool_h200.json")
     for r in rows:

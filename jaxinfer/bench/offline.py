@@ -50,11 +50,10 @@ def add_parser(sub: Any, add_common: Any) -> None:
 
 
 def _counts(text: str) -> tuple[int, ...]:
-    """A comma list of integers (checked >= 1 by :func:`check_lengths`)."""
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers, e.g. 128 or 128,1000; got {text!r}")
+    """A comma list of integers (``cli._ints``; checked >= 1 by :func:`check_lengths`)."""
+    from jaxinfer.cli import _ints
+
+    return _ints(text)
 
 
 def workloads(ns: argparse.Namespace) -> list[tuple[int, int, int]]:

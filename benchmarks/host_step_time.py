@@ -1,0 +1,88 @@
+"""Host time of ``LLMEngine.step()`` per decode step on a tiny random model (CPU).
+
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/host_step_time.py [--batches 16 256]
+        [--label HEAD] [--out benchmarks/results]
+
+B sequences of 16-token prompts decode 64 tokens each (temperature 1, EOS ignored), three
+times per batch size. Per step: wall time of ``step()``, "device" = the compiled program's
+call waited for (the runner's executables are wrapped), host = step - device (scheduling,
+building the step's arrays, postprocessing, outputs). Medians over the steps of a run, then
+over the three runs; the first step of each run (its prefill) is dropped. The model is tiny,
+so the device part is small and the host part is what a large model's step adds on top of
+its program. ``--label`` names the code measured (run an older checkout with
+``PYTHONPATH=<its root>`` to compare). One JSON record per number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+from jaxinfer.bench.records import record  # not benchmarks.common: runs against older checkouts too
+
+
+def measure(B: int, runs: int = 3, new_tokens: int = 64) -> dict[str, float]:
+    from jaxinfer.engine import LLMEngine
+    from jaxinfer.sampling_params import SamplingParams
+
+    eng = LLMEngine("dummy:tiny-llama", max_model_len=256, max_num_seqs=B,
+                    max_num_batched_tokens=2048, max_prefill_seqs=64, decode_buckets=(B,),
+                    prefill_buckets=(2048,), num_kv_pages=B * 16 + 8)
+    device = [0.0]
+    executable = eng.runner.executable
+
+    def timed_executable(bucket, mode="sample"):
+        exe = executable(bucket, mode)
+
+        def call(*args):
+            t = time.perf_counter()
+            out = jax.block_until_ready(exe(*args))
+            device[0] += time.perf_counter() - t
+            return out
+        return call
+
+    eng.runner.executable = timed_executable
+    rng = np.random.default_rng(0)
+
+    def run(n_out: int) -> tuple[np.ndarray, np.ndarray]:
+        for _ in range(B):
+            eng.add_request(rng.integers(0, 200, 16).tolist(),
+                            SamplingParams(temperature=1.0, max_tokens=n_out, ignore_eos=True))
+        steps, devs = [], []
+        while eng.has_unfinished_requests():
+            device[0] = 0.0
+            t = time.perf_counter()
+            eng.step()
+            steps.append(time.perf_counter() - t)
+            devs.append(device[0])
+        return np.array(steps[1:]), np.array(devs[1:])
+
+    run(4)  # compile
+    res = []
+    for _ in range(runs):
+        st, dv = run(new_tokens)
+        res.append((np.median(st), np.median(dv), np.median(st - dv)))
+    step, dev, host = np.median(np.array(res), axis=0) * 1e3
+    return {"step_ms": step, "device_ms": dev, "host_ms": host}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[16, 256])
+    ap.add_argument("--label", default="HEAD", help="the code measured, for the records")
+    ap.add_argument("--out", default=None, help="records directory (default benchmarks/results)")
+    a = ap.parse_args()
+    for B in a.batches:
+        r = measure(B)
+        for k, v in r.items():
+            record(f"host_step_{k.removesuffix('_ms')}_ms", float(v), "ms",
+                   {"batch": B, "model": "dummy:tiny-llama", "label": a.label}, a.out)
+        print(f"{a.label} B={B}: step {r['step_ms']:.2f} ms, device {r['device_ms']:.2f} ms, "
+              f"host {r['host_ms']:.2f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()

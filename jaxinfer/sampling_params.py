@@ -27,6 +27,12 @@ def _number(name: str, v: object, integer: bool = False) -> float:
     return v  # type: ignore[return-value]
 
 
+def _kind(v: object) -> str:
+    """``v`` for a message: its type and a short repr."""
+    r = repr(v)
+    return f"{type(v).__name__} {r if len(r) <= 40 else r[:37] + '...'}"
+
+
 def _flag(name: str, v: object) -> None:
     if not isinstance(v, bool):
         raise ParameterError(f"{name} must be a bool, got {v!r}")
@@ -62,8 +68,10 @@ class SamplingParams:
       min_tokens: EOS, ``stop_token_ids`` and ``stop`` strings are not honoured before this
         many new tokens, in [0, max_tokens].
       stop: strings that end the output; the text is cut before the first one found (after
-        it with ``include_stop_str_in_output``). A str is one stop string.
-      stop_token_ids: extra token ids that end the sequence (the token stays in token_ids).
+        it with ``include_stop_str_in_output``). A str is one stop string; else a list or
+        tuple of non-empty strs.
+      stop_token_ids: extra token ids that end the sequence (the token stays in token_ids);
+        a list or tuple of ints >= 0 (the engine checks them against the vocabulary).
       include_stop_str_in_output: keep the matched stop string in the text.
       ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).
       logprobs: None = off; k in [0, 20]: return, per generated token, the chosen token's
@@ -129,15 +137,22 @@ class SamplingParams:
                 raise ParameterError(f"{name} must be None or in [0, {MAX_LOGPROBS}], got {v}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _flag(name, getattr(self, name))
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ParameterError(f"stop_token_ids must be a list of token ids (ints >= 0), "
+                                 f"got {_kind(self.stop_token_ids)}")
         self.stop_token_ids = list(self.stop_token_ids)
-        for t in self.stop_token_ids:
+        for i, t in enumerate(self.stop_token_ids):
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ParameterError(f"stop_token_ids must hold non-negative ints, got {t!r}")
+                raise ParameterError(f"stop_token_ids must hold non-negative ints, got {t!r} "
+                                     f"at stop_token_ids[{i}]")
         stop = self.stop
+        if stop is not None and not isinstance(stop, (str, list, tuple)):
+            raise ParameterError(f"stop must be None, a string or a list of strings, "
+                                 f"got {_kind(stop)}")
         stop = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-        for s in stop:
+        for i, s in enumerate(stop):
             if not isinstance(s, str) or not s:
-                raise ParameterError(f"stop must hold non-empty strings, got {s!r}")
+                raise ParameterError(f"stop must hold non-empty strings, got {s!r} at stop[{i}]")
         self.stop = stop
 
     @property

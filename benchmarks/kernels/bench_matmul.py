@@ -157,17 +157,54 @@ def ref_out(kind, gate_up, x, w):
     return f(xq, w["q_nk"], w["ws"], xs, out_dtype=jnp.bfloat16)
 
 
-def tri(bm, bn, bk, K, N_out, M, kind, gate_up, warps=4, stages=4, fp8_dot=False):
-    """A TritonConfig with split-K chosen to fill 2 waves of 132 SMs, fitted to smem."""
+def tri(bm, bn, bk, K, N_out, M, kind, gate_up, warps=4, stages=4, fp8_dot=False,
+        swap_ab=False, fast_dequant=False, waves=2):
+    """A TritonConfig with split-K chosen to fill ``waves`` waves of 132 SMs, fitted to smem."""
     wdt = jnp.bfloat16 if kind == "bf16" else FP8
     xdt = FP8 if kind == "w8a8" else jnp.bfloat16
     programs = -(-N_out // bn) * -(-M // bm)
     split = 1
-    while programs * split < 264 and K % (split * 2 * bk) == 0 and K // (split * 2) >= 1024:
+    while (programs * split < 132 * waves and K % (split * 2 * bk) == 0
+           and K // (split * 2) >= 1024):
         split *= 2
     c = TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=warps, num_stages=stages,
-                     fp8_dot=fp8_dot)
+                     fp8_dot=fp8_dot, swap_ab=swap_ab, fast_dequant=fast_dequant)
     return fit_smem(c, K, xdt, wdt, gate_up)
+
+
+def plan_decode(ms, shapes):
+    """Decode-shape W8A16 / bf16 candidates (session 4): swap-AB (weight as wgmma's register
+    A operand) and Marlin-style FP8 dequantization, against XLA in the same run; then the
+    Mosaic GPU prefill jobs of :func:`plan` (never run on a GPU before)."""
+    first, grid, xla = [], [], []
+    for sname in shapes:
+        K, N, gu = SHAPES[sname]
+        n_out = N // 2 if gu else N
+        for M in ms:
+            if M > 256:
+                continue
+            bm = max(16, 1 << (M - 1).bit_length())
+            bm = min(bm, 64)
+            for kind in ("bf16", "w8a16"):
+                xla.append((sname, M, f"xla_{kind}", kind, "xla", None))
+            def add(lst, fam, kind, **kw):
+                lst.append((sname, M, fam, kind, "triton", tri(bm, K=K, N_out=n_out, M=M,
+                                                               kind=kind, gate_up=gu, **kw)))
+            add(first, "tri_w8a16_swap_fast", "w8a16", bn=64, bk=256, swap_ab=True,
+                fast_dequant=True)
+            add(first, "tri_w8a16_swap", "w8a16", bn=64, bk=256, swap_ab=True)
+            add(first, "tri_w8a16_fast", "w8a16", bn=64, bk=256, fast_dequant=True)
+            add(first, "tri_bf16_swap", "bf16", bn=64, bk=128, swap_ab=True)
+            if M in (1, 16, 64):
+                for bn, bk, st, wp in ((128, 256, 4, 4), (64, 512, 3, 4), (128, 128, 5, 4),
+                                       (64, 256, 4, 8), (128, 256, 3, 8)):
+                    add(grid, "tri_w8a16_swap_fast", "w8a16", bn=bn, bk=bk, stages=st,
+                        warps=wp, swap_ab=True, fast_dequant=True)
+                add(grid, "tri_w8a16_swap_fast", "w8a16", bn=64, bk=256, swap_ab=True,
+                    fast_dequant=True, waves=4)
+                add(grid, "tri_w8a16", "w8a16", bn=64, bk=256)
+    prefill = [j for j in plan([m for m in ms if m >= 512], shapes) if j[4] != "xla"]
+    return first + xla + grid + prefill
 
 
 def plan(ms, shapes, smoke=False, safe=False):
@@ -246,6 +283,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
+    ap.add_argument("--plan", choices=("full", "decode"), default="full",
+                    help="decode: the session-4 W8A16 candidates first (plan_decode)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, interpret mode (CPU)")
     args = ap.parse_args()
     if args.smoke:
@@ -259,7 +298,8 @@ def main() -> None:
         read_TBps=1.0, copy_TBps=1.0, bf16_TFLOPs=1.0, fp8_TFLOPs=1.0)
     ms = [int(m) for m in args.ms.split(",")]
     shapes = args.shapes.split(",")
-    jobs = plan(ms, shapes, args.smoke, args.safe)
+    jobs = (plan_decode(ms, shapes) if args.plan == "decode"
+            else plan(ms, shapes, args.smoke, args.safe))
     weights, xs, nrep = {}, {}, {}
     for sname in shapes:
         K, N, _ = SHAPES[sname]
@@ -365,12 +405,15 @@ def main() -> None:
     for (sname, M, fam), (t, tbps, tfl, fl, c) in sorted(best.items()):
         if not fam.startswith("xla"):
             log(f"cfg {sname} M={M} {fam}: {c}")
-    fams = ["xla_bf16", "tri_bf16", "mdec_bf16", "mgpu_bf16", "xla_w8a16", "tri_w8a16",
+    fams = ["xla_bf16", "tri_bf16", "tri_bf16_swap", "mdec_bf16", "mgpu_bf16", "xla_w8a16",
+            "tri_w8a16", "tri_w8a16_swap", "tri_w8a16_fast", "tri_w8a16_swap_fast",
             "xla_w8a8", "tri_w8a8", "mdec_w8a8", "mgpu_w8a8"]
+    fams = [f for f in fams if any(k[2] == f for k in best)]
     print("\nµs per call (weight TB/s for M<=256, TFLOP/s above); floor = max(bytes/read_bw,"
           f" flops/peak); read {ceil['read_TBps']:.2f} TB/s, copy {ceil['copy_TBps']:.2f} TB/s,"
           f" bf16 {ceil['bf16_TFLOPs']:.0f}, fp8 {ceil['fp8_TFLOPs']:.0f} TFLOP/s")
-    print(f"{'shape':11s}{'M':>5s}" + "".join(f"{f:>15s}" for f in fams)
+    wid = max([15] + [len(f) + 1 for f in fams])
+    print(f"{'shape':11s}{'M':>5s}" + "".join(f"{f:>{wid}s}" for f in fams)
           + f"{'fl_bf16':>8s}{'fl_fp8':>8s}")
     for sname in shapes:
         K, N, _ = SHAPES[sname]
@@ -379,11 +422,11 @@ def main() -> None:
             for fam in fams:
                 b = best.get((sname, M, fam))
                 if b is None:
-                    cells.append(f"{'-':>15s}")
+                    cells.append(f"{'-':>{wid}s}")
                     continue
                 rate = b[1] if M <= 256 else b[2]
-                cells.append(f"{b[0]:8.1f}({rate:5.2f})" if M <= 256 else
-                             f"{b[0]:8.1f}({rate:5.0f})")
+                cells.append(f"{b[0]:8.1f}({rate:5.2f})".rjust(wid) if M <= 256 else
+                             f"{b[0]:8.1f}({rate:5.0f})".rjust(wid))
             fl = [max(K * N * wb / (ceil["read_TBps"] * 1e12), 2 * M * K * N / (ceil[p] * 1e12))
                   * 1e6 for wb, p in ((2, "bf16_TFLOPs"), (1, "fp8_TFLOPs"))]
             if any(c.strip() != "-" for c in cells):

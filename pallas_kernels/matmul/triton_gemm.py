@@ -48,6 +48,16 @@ class TritonConfig:
     num_warps: int = 4
     num_stages: int = 4
     fp8_dot: bool = False  # FP8 x FP8 tensor-core dot (only when both operands are FP8)
+    # Swap-AB (as TensorRT-LLM's and vLLM's small-M GEMMs): compute outᵀ = W·xᵀ, the weight
+    # tile [bn, bk] as the MMA's A operand, which Hopper's wgmma may take from registers, so
+    # an FP8 weight upcast in registers feeds the tensor cores without a trip through shared
+    # memory; tokens (bm >= 16) sit on the MMA's N side.
+    swap_ab: bool = False
+    # FP8 -> bf16 by bit placement (Marlin's dequantization, vLLM fp8_marlin): e4m3's 7
+    # exponent+mantissa bits shifted into bf16's, sign moved, then one multiply by 2^120 to
+    # fix the exponent bias (exact, subnormals included), instead of Triton's
+    # fp8 -> f16 -> f32 -> bf16 conversion chain.
+    fast_dequant: bool = False
 
 
 SMEM_BUDGET = 200 * 1024  # bytes of Hopper's 227 KiB the pipelined tiles may take
@@ -101,6 +111,22 @@ def default_config(M: int, K: int, N_out: int, w_dtype: jnp.dtype, x_dtype: jnp.
     return fit_smem(cfg, K, x_dtype, w_dtype, gate_up)
 
 
+BIAS_FIX = 2.0 ** 120  # 2^(127 - 7): bf16's exponent bias minus e4m3's
+
+
+def fp8_bits_to_bf16(w: jax.Array) -> jax.Array:
+    """float8_e4m3fn -> bfloat16, exactly, with integer ops and one multiply.
+
+    e4m3 ``s eeee mmm`` becomes bf16 ``s 0000eeee mmm0000`` (value ``2^-120`` times the
+    e4m3 value, subnormals included, as both formats' subnormals scale the same way), then
+    ``* 2^120``. NaN (0x7F / 0xFF) is not preserved (e4m3fn weights from absmax scaling
+    have none). Source: Marlin / vLLM ``fp8_marlin`` dequantization.
+    """
+    u = jax.lax.bitcast_convert_type(w, jnp.uint8).astype(jnp.uint16)
+    bits = ((u & 0x7F) << 4) | ((u & 0x80) << 8)
+    return jax.lax.bitcast_convert_type(bits, jnp.bfloat16) * jnp.bfloat16(BIAS_FIX)
+
+
 def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: bool,
             stacked: bool, has_ws: bool, has_xs: bool, partial: bool, compute_dtype):
     it = iter(refs)
@@ -131,7 +157,11 @@ def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: 
     def load_w(start, ks):
         wt = plt.load(w_ref.at[pl.ds(start, bn), ks],
                       mask=None if cmask is None else cmask[:, None])
-        return wt if wt.dtype == compute_dtype else wt.astype(compute_dtype)
+        if wt.dtype == compute_dtype:
+            return wt
+        if cfg.fast_dequant and wt.dtype == FP8 and compute_dtype == jnp.bfloat16:
+            return fp8_bits_to_bf16(wt)
+        return wt.astype(compute_dtype)
 
     def body(i, accs):
         ks = pl.ds(pl.multiple_of(k0 + i * bk, bk), bk)
@@ -139,11 +169,17 @@ def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: 
                       mask=None if rmask is None else rmask[:, None])
         if xt.dtype != compute_dtype:
             xt = xt.astype(compute_dtype)
+        if cfg.swap_ab:  # [bn, bm] += W_tile · x_tileᵀ
+            return tuple(acc + plt.dot(load_w(s, ks), xt, trans_b=True)
+                         for acc, s in zip(accs, row_starts))
         return tuple(acc + plt.dot(xt, load_w(s, ks), trans_b=True)
                      for acc, s in zip(accs, row_starts))
 
-    zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in row_starts)
+    acc_shape = (bn, bm) if cfg.swap_ab else (bm, bn)
+    zeros = tuple(jnp.zeros(acc_shape, jnp.float32) for _ in row_starts)
     accs = jax.lax.fori_loop(0, k_per // bk, body, zeros)
+    if cfg.swap_ab:
+        accs = tuple(a.T for a in accs)
     if rmask is None and cmask is None:
         omask = None
     elif rmask is None:

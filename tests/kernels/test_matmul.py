@@ -72,6 +72,9 @@ def operands(seed: int, M: int, K: int, N: int, kind: str):
     (1, 40, TritonConfig(bm=16, bn=16, bk=64)),
     (5, 72, TritonConfig(bm=16, bn=32, bk=64, split_k=2)),
     (33, 48, TritonConfig(bm=32, bn=16, bk=128)),
+    (1, 40, TritonConfig(bm=16, bn=16, bk=64, swap_ab=True)),
+    (5, 72, TritonConfig(bm=16, bn=32, bk=64, split_k=2, swap_ab=True, fast_dequant=True)),
+    (33, 48, TritonConfig(bm=32, bn=16, bk=128, fast_dequant=True)),
 ])
 def test_triton_matches_reference(kind, M, N, cfg):
     K = 256
@@ -83,6 +86,37 @@ def test_triton_matches_reference(kind, M, N, cfg):
     assert rel_err(out, ref) < 1e-5  # same products, float32 sums in another order
     out16 = triton_linear(x, w, ws, xs, config=cfg, interpret=True)
     assert out16.dtype == jnp.bfloat16 and rel_err(out16, ref) < 1e-2
+
+
+def test_fp8_bits_to_bf16_is_the_exact_conversion():
+    u = np.arange(256, dtype=np.uint8)
+    u = u[(u & 0x7F) != 0x7F]  # e4m3fn NaNs are not carried
+    w = jax.lax.bitcast_convert_type(jnp.asarray(u), FP8)
+    fast = np.asarray(triton_gemm.fp8_bits_to_bf16(w).astype(F32))
+    exact = np.asarray(w.astype(F32))
+    normal = (u & 0x78) != 0
+    np.testing.assert_array_equal(fast[normal], exact[normal])
+    np.testing.assert_array_equal(np.signbit(fast[normal]), np.signbit(exact[normal]))
+    # e4m3 subnormals (|q| < 2^-6) pass through a bf16 subnormal: exact where the multiply
+    # keeps subnormals (GPU bf16 arithmetic), zero where it flushes them (XLA:CPU).
+    sub = ~normal
+    assert np.all((fast[sub] == exact[sub]) | (fast[sub] == 0.0))
+
+
+@pytest.mark.parametrize("swap_ab,fast", [(True, False), (True, True), (False, True)])
+def test_triton_swap_ab_and_fast_dequant_gate_up_stacked(swap_ab, fast):
+    M, K, F, L = 17, 256, 40, 2
+    x = rand(21, (M, K))
+    w = rand(22, (L * 2 * F, K), F32, 1 / 16)
+    wq, ws = quantize_rows_fp8(w)
+    wq, ws = wq.reshape(L, 2 * F, K), ws.reshape(L, 2 * F)
+    for split in (1, 2):
+        cfg = TritonConfig(bm=16, bn=32, bk=64, split_k=split, swap_ab=swap_ab,
+                           fast_dequant=fast)
+        out = triton_linear(x, wq, ws, layer=jnp.int32(1), gate_up=True, config=cfg,
+                            out_dtype=F32, interpret=True)
+        ref = gate_up_ref(x, wq[1], ws[1], out_dtype=F32)
+        assert out.shape == (M, F) and rel_err(out, ref) < 1e-5
 
 
 def test_triton_fp8_dot_path():
@@ -251,6 +285,18 @@ def test_triton_lowers_for_cuda(M, kind):
             return triton_linear(x, w, ws if kind != "bf16" else None,
                                  xs if kind == "w8a8" else None, gate_up=gate_up)
         assert "skinny_gemm" in lower_for_cuda(f, *args)
+
+
+@pytest.mark.parametrize("M", [1, 16, 64])
+def test_triton_swap_ab_fast_dequant_lowers_for_cuda(M):
+    K, N = 4096, 28672
+    cfg = TritonConfig(bm=max(16, M), bn=64, bk=256, split_k=2, swap_ab=True,
+                       fast_dequant=True)
+    for gate_up in (False, True):
+        def f(x, w, ws, gate_up=gate_up):
+            return triton_linear(x, w, ws, gate_up=gate_up, config=cfg)
+        assert "skinny_gemm" in lower_for_cuda(f, sds((M, K), jnp.bfloat16), sds((N, K), FP8),
+                                               sds((N,), F32))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, FP8])

@@ -34,21 +34,33 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt; returns one RequestOutput per prompt, in order.
 
-        Prompts are texts or lists of token ids. Raises RequestError / ParameterError on bad
-        input, naming the prompt's position in the batch; nothing of the batch stays queued
-        (requests added before the bad one are aborted).
+        Prompts are texts or lists of token ids (``prompts`` may be one of either). Raises
+        RequestError / ParameterError on bad input, naming the prompt's position in the batch;
+        nothing of the batch stays queued (requests added before the bad one are aborted).
+        ``sampling_params`` is one SamplingParams for all prompts or a list, one per prompt.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, np.integer))):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)
+        prompts = prompt_batch(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
+        elif isinstance(sampling_params, (list, tuple)):
             params = list(sampling_params)
+            for i, sp in enumerate(params):
+                if not isinstance(sp, SamplingParams):
+                    raise ParameterError(f"sampling_params[{i}] must be SamplingParams, got "
+                                         f"{type(sp).__name__}")
             if len(params) != len(prompts):
                 raise ParameterError(f"got {len(params)} sampling params for "
                                      f"{len(prompts)} prompts")
-        encoded = [self.engine.encode_prompt(p) for p in prompts]  # validate all first
+        else:  # vLLM takes no dict either: SamplingParams(**d) says which field is wrong
+            raise ParameterError(f"sampling_params must be SamplingParams or a list of them "
+                                 f"(one per prompt), got {type(sampling_params).__name__}")
+        encoded = []
+        for i, p in enumerate(prompts):  # validate all before queueing any
+            try:
+                encoded.append(self.engine.encode_prompt(p))
+            except ValueError as err:
+                err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])
+                raise
         ids: list[int] = []
         for i, (p, e, sp) in enumerate(zip(prompts, encoded, params)):
             try:  # the engine checks lengths and n against its limits here
@@ -66,8 +78,19 @@ class LLM:
         """Generate replies to one conversation or a list of them (chat template applied)."""
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer, so no chat template")
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        ids = [self.tokenizer.apply_chat_template(list(c)) for c in convs]  # type: ignore
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise RequestError(f"messages must be a non-empty list of message dicts (one "
+                               f"conversation) or a list of such lists, got {_short(messages)}")
+        if isinstance(messages[0], dict):
+            ids = [self.tokenizer.apply_chat_template(list(messages))]  # type: ignore[arg-type]
+        else:
+            ids = []
+            for i, conv in enumerate(messages):
+                try:
+                    ids.append(self.tokenizer.apply_chat_template(conv))  # type: ignore[arg-type]
+                except ValueError as err:  # TokenizerError: which message and why
+                    err.args = (f"conversation {i}: {err}", *err.args[1:])
+                    raise
         return self.generate(ids, sampling_params, use_tqdm)
 
     def _run(self, ids: list[int], use_tqdm: bool) -> list[RequestOutput]:
@@ -87,6 +110,47 @@ class LLM:
         if bar:
             bar.close()
         return [final[i] for i in ids]
+
+
+def _short(v: object) -> str:
+    """``v`` for a message: its type and repr, cut at 40 characters."""
+    return f"{type(v).__name__} {v!r:.40}"
+
+
+def _is_token_id(t: object) -> bool:
+    return isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+
+
+def prompt_batch(prompts: Any) -> list[str | Seq[int]]:
+    """``LLM.generate``'s ``prompts`` as a list of prompts, each a str or a 1-D sequence of
+    ints (a str, a list of ints or a 1-D array is one prompt; a 2-D array is one per row).
+    Token ids are checked against the vocabulary later, by the engine.
+
+    Raises:
+      RequestError: ``prompts`` or one prompt of another type (None, a number, a dict,
+        nested lists, a text among token ids), naming the prompt's position.
+    """
+    forms = "a str, a list of token ids (ints), or a list of those"
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, np.ndarray) and prompts.ndim in (1, 2):
+        return [prompts] if prompts.ndim == 1 else list(prompts)
+    if not isinstance(prompts, (list, tuple)):
+        raise RequestError(f"prompts must be {forms}, got {_short(prompts)}")
+    batch = [prompts] if prompts and _is_token_id(prompts[0]) else list(prompts)
+    for i, p in enumerate(batch):
+        if isinstance(p, str):
+            continue
+        if not (isinstance(p, (list, tuple)) or (isinstance(p, np.ndarray) and p.ndim == 1)):
+            raise RequestError(f"prompt {i} of the batch must be a str or a list of token ids "
+                               f"(ints), got {_short(p)}")
+        for j, t in enumerate(p):
+            if not _is_token_id(t):
+                raise RequestError(
+                    f"prompt {i} of the batch: token {j} is {_short(t)}, not an int token id"
+                    + (" (texts and token-id lists are separate prompts: [[1, 2], 'text'])"
+                       if isinstance(t, str) else ""))
+    return batch
 
 
 def iter_stream(engine: LLMEngine, request_id: int) -> Iterable[RequestOutput]:

@@ -21,12 +21,51 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 # joins the EOS set: chat models stop on the turn end (e.g. SmolLM2's "<|im_end|>").
 TURN_END_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|eom_id|>")
 _META_FILE = "jaxinfer_tokenizer.json"
+# Message roles a conversation may use (OpenAI's / vLLM's chat roles, less the newer
+# "developer" that templates do not know); others are rejected before the template runs.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 _SPECIAL_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
                 "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
 
 
 class TokenizerError(ValueError):
     """A tokenizer cannot be built, or cannot do what was asked (e.g. no chat template)."""
+
+
+def check_messages(messages: Any) -> None:
+    """Check a conversation before a chat template renders it.
+
+    ``messages`` must be a non-empty list of dicts, each with a ``role`` in
+    :data:`CHAT_ROLES` and a str ``content`` (an assistant message with ``tool_calls`` may
+    have none). Other keys (``name``, ``tool_calls``, ``tool_call_id``) pass to the template.
+
+    Raises:
+      TokenizerError: naming the message (``messages[i]``), the field and what is allowed.
+    """
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise TokenizerError(f"chat messages must be a non-empty list of "
+                             f"{{'role': ..., 'content': ...}} dicts, got {_short(messages)}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise TokenizerError(f"messages[{i}] must be a dict with 'role' and 'content', "
+                                 f"got {_short(m)}")
+        role = m.get("role")
+        if "role" not in m:
+            raise TokenizerError(f"messages[{i}] has no 'role' (one of {', '.join(CHAT_ROLES)})")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise TokenizerError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; "
+                                 f"got {role!r}")
+        content = m.get("content")
+        if isinstance(content, str) or (content is None and role == "assistant"
+                                        and m.get("tool_calls")):
+            continue
+        if "content" not in m:
+            raise TokenizerError(f"messages[{i}] ({role}) has no 'content' (a string)")
+        raise TokenizerError(f"messages[{i}].content must be a string, got {_short(content)}")
+
+
+def _short(v: object) -> str:
+    return f"{type(v).__name__} {v!r:.40}"
 
 
 class Tokenizer:
@@ -84,15 +123,25 @@ class Tokenizer:
                             add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template.
 
-        ``messages`` is ``[{"role": "user", "content": "..."}, ...]``. The rendered text is encoded
-        without adding special tokens (the template writes them), as transformers does.
-        Raises TokenizerError when the model has no chat template.
+        ``messages`` is ``[{"role": "user", "content": "..."}, ...]`` (see
+        :func:`check_messages`). The rendered text is encoded without adding special tokens
+        (the template writes them), as transformers does.
+
+        Raises:
+          TokenizerError: the model has no chat template; malformed messages (naming the
+            message and the field); or the template refused the conversation (its own
+            message, e.g. roles that do not alternate).
         """
         if self.chat_template is None:
             raise TokenizerError(f"the tokenizer of {self.source or 'this model'} has no chat "
                                  "template (not an instruction-tuned model?); use a plain prompt")
-        text = self.hf.apply_chat_template(messages, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+        check_messages(messages)
+        try:
+            text = self.hf.apply_chat_template(messages, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # jinja2's TemplateError (raise_exception in the template) ...
+            raise TokenizerError(f"the chat template of {self.source or 'this model'} cannot "
+                                 f"render these messages: {type(e).__name__}: {e}") from e
         return self.encode(text, add_special_tokens=False)
 
     # ----------------------------------------------------------------- persistence

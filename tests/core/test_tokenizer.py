@@ -114,6 +114,35 @@ def test_turn_end_tokens_join_eos_only_when_the_template_uses_them() -> None:
     assert tok.apply_chat_template([{"role": "user", "content": "hello world"}]) == [3, 4, 2]
 
 
+_ROLE_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s>{% endfor %}"
+
+
+@pytest.mark.parametrize("messages, needle", [
+    ([{"role": "user"}], r"messages\[0\] \(user\) has no 'content'"),
+    ([{"role": "user", "content": "hello"}, {"role": "robot", "content": "world"}],
+     r"messages\[1\]\.role must be one of system, user, assistant, tool; got 'robot'"),
+    ([{"content": "hello"}], r"messages\[0\] has no 'role'"),
+    ([{"role": "user", "content": ["hello"]}], r"messages\[0\]\.content must be a string"),
+    ([{"role": "user", "content": "hello"}, "world"], r"messages\[1\] must be a dict"),
+    ({"role": "user", "content": "hello"}, r"non-empty list of .* got dict"),
+    ([], r"non-empty list of .* got list \[\]"),
+])
+def test_malformed_chat_messages_are_tokenizer_errors(messages, needle: str) -> None:
+    tok = _tiny_tokenizer(_ROLE_TEMPLATE)
+    with pytest.raises(TokenizerError, match=needle):
+        tok.apply_chat_template(messages)
+
+
+def test_a_template_refusing_a_conversation_is_a_tokenizer_error() -> None:
+    # As Gemma's template does for roles that do not alternate.
+    tok = _tiny_tokenizer("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first "
+                          "message must be the user') }}{% endif %}{{ messages[0]['content'] }}")
+    assert tok.apply_chat_template([{"role": "user", "content": "hello"}]) == [3]
+    with pytest.raises(TokenizerError, match=r"chat template of tiny cannot render these "
+                                             r"messages: .*first message must be the user"):
+        tok.apply_chat_template([{"role": "assistant", "content": "hello"}])
+
+
 def test_save_and_reload_round_trip(smollm: Tokenizer, tmp_path: Path) -> None:
     smollm.save(tmp_path)
     again = Tokenizer.from_pretrained(tmp_path)

@@ -156,3 +156,60 @@ def test_generate_rejecting_a_later_prompt_leaves_nothing_queued() -> None:
     assert not llm.engine.has_unfinished_requests()
     out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
     assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.fixture(scope="module")
+def llama_llm() -> LLM:
+    return _llm("llama")
+
+
+@pytest.mark.parametrize("prompts, needle", [
+    (None, r"prompts must be a str, a list of token ids \(ints\), or a list of those, "
+           r"got NoneType None"),
+    (5, r"prompts must be .* got int 5"),
+    ({"a": 1}, r"prompts must be .* got dict \{'a': 1\}"),
+    ([None], r"prompt 0 of the batch must be a str or a list of token ids \(ints\), "
+             r"got NoneType None"),
+    ([[3, 4], 5], r"prompt 1 of the batch must be a str or a list of token ids .* got int 5"),
+    ([b"\x03\x04"], r"prompt 0 of the batch must be .* got bytes"),
+    ([3, "hello"], r"prompt 0 of the batch: token 1 is str 'hello', not an int token id "
+                   r"\(texts and token-id lists are separate prompts"),
+    ([[3, 4], [[5, 6]]], r"prompt 1 of the batch: token 0 is list \[5, 6\], not an int"),
+    ([[3, True]], r"prompt 0 of the batch: token 1 is bool True"),
+    ([[3, 4], [5, 500]], r"prompt 1 of the batch: prompt token id 500 is not in \[0, 96\)"),
+])
+def test_prompts_of_the_wrong_type_are_request_errors(llama_llm, prompts, needle):
+    with pytest.raises(RequestError, match=needle):
+        llama_llm.generate(prompts, GREEDY)
+    assert not llama_llm.engine.has_unfinished_requests()
+
+
+def test_sampling_params_must_be_samplingparams(llama_llm):
+    # vLLM takes no dict either; a dict used to be read as a list of its keys.
+    with pytest.raises(ParameterError, match=r"sampling_params must be SamplingParams or a "
+                                             r"list of them \(one per prompt\), got dict"):
+        llama_llm.generate([[3, 4]], {"temperature": 0.0, "max_tokens": 4})
+    with pytest.raises(ParameterError, match=r"sampling_params\[1\] must be SamplingParams, "
+                                             r"got dict"):
+        llama_llm.generate([[3, 4], [5]], [GREEDY, {"temperature": 0.0}])
+    assert not llama_llm.engine.has_unfinished_requests()
+
+
+def test_chat_rejects_malformed_conversations(monkeypatch, llama_llm):
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    monkeypatch.setattr(llama_llm.engine, "tokenizer", _tiny_tokenizer(_ROLE_TEMPLATE))
+    user = {"role": "user", "content": "hello"}
+    for messages, needle in [
+        (None, r"messages must be a non-empty list of message dicts .* got NoneType"),
+        ({"role": "user", "content": "hi"}, r"messages must be a non-empty list .* got dict"),
+        ("hello", r"messages must be a non-empty list .* got str 'hello'"),
+        ([user, {"role": "robot", "content": "x"}], r"messages\[1\]\.role must be one of "
+                                                     r"system, user, assistant, tool"),
+        ([[user], [{"role": "user"}]], r"conversation 1: messages\[0\] \(user\) has no "
+                                       r"'content'"),
+        ([[user], "hello"], r"conversation 1: chat messages must be a non-empty list"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            llama_llm.chat(messages, GREEDY)
+    assert not llama_llm.engine.has_unfinished_requests()

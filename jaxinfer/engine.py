@@ -200,6 +200,10 @@ class LLMEngine:
         if params.stop_strings and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer; this model has none "
                                "(use stop_token_ids)")
+        V = self.model_config.vocab_size
+        if outside := [t for t in params.stop_token_ids if t >= V]:
+            raise RequestError(f"stop_token_ids {outside} are not in the vocabulary: ids must "
+                               f"be in [0, {V}) (vocab size {V})")
         limit = self.config.max_model_len
         if len(ids) >= limit:
             raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is {limit} "

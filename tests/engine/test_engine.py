@@ -213,3 +213,14 @@ def test_chat_rejects_malformed_conversations(monkeypatch, llama_llm):
         with pytest.raises(ValueError, match=needle):
             llama_llm.chat(messages, GREEDY)
     assert not llama_llm.engine.has_unfinished_requests()
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_rejected_at_admission(llama_llm):
+    V = llama_llm.engine.model_config.vocab_size
+    with pytest.raises(RequestError, match=rf"prompt 1 of the batch: stop_token_ids \[{V}, "
+                                           rf"{V + 7}\] are not in the vocabulary: ids must be "
+                                           rf"in \[0, {V}\) \(vocab size {V}\)"):
+        llama_llm.generate([[3, 4], [5]], [GREEDY, SamplingParams(stop_token_ids=[2, V, V + 7])])
+    with pytest.raises(RequestError, match="stop_token_ids"):
+        llama_llm.engine.add_request([3, 4], SamplingParams(stop_token_ids=[V]))
+    assert not llama_llm.engine.has_unfinished_requests()

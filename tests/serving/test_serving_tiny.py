@@ -183,6 +183,8 @@ def _bad_requests() -> list[tuple[str, pb.GenerateRequest, str]]:
         ("logprobs", build_request(token_ids=[5], logprobs=21), "logprobs"),
         ("prompt_logprobs", build_request(token_ids=[5], prompt_logprobs=-1), "prompt_logprobs"),
         ("stop without tokenizer", build_request(token_ids=[5], stop=["x"]), "stop"),
+        ("stop id out of vocab", build_request(token_ids=[5], stop_token_ids=[7, 500], **ok),
+         "stop_token_ids [500] are not in the vocabulary: ids must be in [0, 96)"),
         ("text without tokenizer", build_request("hello", **ok), "tokenizer"),
         ("empty chat", build_request(messages=[], **ok), "chat.messages is empty"),
         ("chat without role", build_request(messages=[{"role": "", "content": "hi"}], **ok),

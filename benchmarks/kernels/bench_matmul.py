@@ -207,6 +207,30 @@ def plan_decode(ms, shapes):
     return first + xla + grid + prefill
 
 
+def plan_w8a8(ms, shapes):
+    """Decode-shape W8A8 candidates (session 4, call 2): the Triton kernel with swap-AB and
+    the FP8 tensor-core dot at 16 tokens (x quantized per token in the same jit), the Mosaic
+    GPU swap-AB kernel, against XLA W8A16 / bf16 (the engine's paths) in the same run."""
+    jobs, xla = [], []
+    for sname in shapes:
+        K, N, gu = SHAPES[sname]
+        n_out = N // 2 if gu else N
+        for M in ms:
+            bm = min(64, max(16, 1 << (M - 1).bit_length()))
+            for kind in ("bf16", "w8a16"):
+                xla.append((sname, M, f"xla_{kind}", kind, "xla", None))
+            for bn, bk, st, wp in ((64, 256, 4, 4), (128, 256, 4, 4), (64, 512, 3, 4),
+                                   (128, 128, 5, 4), (128, 256, 3, 8)):
+                if bm == 64 and bk == 512:
+                    continue
+                jobs.append((sname, M, "tri_w8a8_swap", "w8a8", "triton",
+                             tri(bm, bn, bk, K, n_out, M, "w8a8", gu, warps=wp, stages=st,
+                                 fp8_dot=True, swap_ab=True)))
+            if M <= 128:
+                jobs.append((sname, M, "mdec_w8a8", "w8a8", "mgpu_decode", None))
+    return jobs + xla
+
+
 def plan(ms, shapes, smoke=False, safe=False):
     """(shape, M, family, kind, backend, cfg) jobs in priority order (the deadline cuts the tail).
 
@@ -283,7 +307,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
-    ap.add_argument("--plan", choices=("full", "decode"), default="full",
+    ap.add_argument("--plan", choices=("full", "decode", "w8a8"), default="full",
                     help="decode: the session-4 W8A16 candidates first (plan_decode)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, interpret mode (CPU)")
     args = ap.parse_args()
@@ -298,8 +322,8 @@ def main() -> None:
         read_TBps=1.0, copy_TBps=1.0, bf16_TFLOPs=1.0, fp8_TFLOPs=1.0)
     ms = [int(m) for m in args.ms.split(",")]
     shapes = args.shapes.split(",")
-    jobs = (plan_decode(ms, shapes) if args.plan == "decode"
-            else plan(ms, shapes, args.smoke, args.safe))
+    jobs = {"decode": plan_decode, "w8a8": plan_w8a8}.get(
+        args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
     weights, xs, nrep = {}, {}, {}
     for sname in shapes:
         K, N, _ = SHAPES[sname]
@@ -407,7 +431,7 @@ def main() -> None:
             log(f"cfg {sname} M={M} {fam}: {c}")
     fams = ["xla_bf16", "tri_bf16", "tri_bf16_swap", "mdec_bf16", "mgpu_bf16", "xla_w8a16",
             "tri_w8a16", "tri_w8a16_swap", "tri_w8a16_fast", "tri_w8a16_swap_fast",
-            "xla_w8a8", "tri_w8a8", "mdec_w8a8", "mgpu_w8a8"]
+            "xla_w8a8", "tri_w8a8", "tri_w8a8_swap", "mdec_w8a8", "mgpu_w8a8"]
     fams = [f for f in fams if any(k[2] == f for k in best)]
     print("\nµs per call (weight TB/s for M<=256, TFLOP/s above); floor = max(bytes/read_bw,"
           f" flops/peak); read {ceil['read_TBps']:.2f} TB/s, copy {ceil['copy_TBps']:.2f} TB/s,"

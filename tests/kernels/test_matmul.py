@@ -119,10 +119,14 @@ def test_triton_swap_ab_and_fast_dequant_gate_up_stacked(swap_ab, fast):
         assert out.shape == (M, F) and rel_err(out, ref) < 1e-5
 
 
-def test_triton_fp8_dot_path():
-    M, K, N = 64, 256, 64
+@pytest.mark.parametrize("M,cfg", [
+    (64, TritonConfig(bm=64, bn=32, bk=128, fp8_dot=True)),
+    # swap-AB puts the tokens on the MMA's N side, so the FP8 dot runs at 16 tokens
+    (5, TritonConfig(bm=16, bn=32, bk=64, split_k=2, swap_ab=True, fp8_dot=True)),
+])
+def test_triton_fp8_dot_path(M, cfg):
+    K, N = 256, 64
     x, w, ws, xs = operands(7, M, K, N, "w8a8")
-    cfg = TritonConfig(bm=64, bn=32, bk=128, fp8_dot=True)
     out = triton_linear(x, w, ws, xs, config=cfg, out_dtype=F32, interpret=True)
     assert rel_err(out, linear_ref(x, w, ws, xs, out_dtype=F32)) < 1e-5
 

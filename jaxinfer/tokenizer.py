@@ -186,7 +186,8 @@ class Tokenizer:
 
         Mirrors ``transformers.integrations.gguf.gguf_tokenizer_mapping.get_gguf_tokenizer``
         (which imports torch through its reader) using the ``gguf`` package's reader instead.
-        Raises TokenizerError when the file has no vocabulary or an unsupported tokenizer type.
+        Raises TokenizerError when the file cannot be read (truncated, corrupt), has no
+        vocabulary or an unsupported tokenizer type.
         """
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (
             GGUF_TOKENIZER_MAPPING,
@@ -194,9 +195,12 @@ class Tokenizer:
         )
 
         if isinstance(reader_or_path, (str, Path)):
-            import gguf
+            from jaxinfer.loading.gguf_loader import open_gguf  # (it imports this module)
 
-            reader = gguf.GGUFReader(str(reader_or_path))
+            try:  # a missing, truncated or corrupt file: the loader's message
+                reader = open_gguf(reader_or_path)
+            except ValueError as e:
+                raise TokenizerError(str(e)) from e
             source = str(reader_or_path)
         else:
             reader = reader_or_path

@@ -67,17 +67,50 @@ def open_gguf(path: str | Path) -> gguf.GGUFReader:
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"GGUF file {p} does not exist")
+    size = p.stat().st_size
     try:
         reader = gguf.GGUFReader(str(p))
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors ...
-        raise CheckpointError(f"cannot read GGUF file {p} (truncated or corrupt?): "
-                              f"{type(e).__name__}: {e}") from e
-    size = p.stat().st_size
+        raise CheckpointError(_why_unreadable(p, size, e)) from e
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
             raise CheckpointError(f"GGUF file {p} is truncated: tensor {t.name!r} needs bytes "
                                   f"up to {t.data_offset + t.n_bytes}, file has {size}")
     return reader
+
+
+class _HeaderReader(gguf.GGUFReader):
+    """A GGUF's header only: each tensor's name and byte range ``extents``, its data not
+    mapped (so a file cut inside the tensor data still parses; ``open_gguf`` uses it to say
+    what a truncated file lacks). Overrides the reader's tensor-building step."""
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        self.extents: list[tuple[str, int, int]] = []
+        for f in fields:
+            _, name, _, dims, raw_dtype, offset = f.parts
+            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(raw_dtype[0]))]
+            start = int(start_offs + offset[0])
+            end = start + int(np.prod(dims)) * type_size // block
+            self.extents.append((bytes(name).decode("utf-8", "replace"), start, end))
+
+
+def _why_unreadable(p: Path, size: int, err: Exception) -> str:
+    """The message for a GGUF file the reader failed on (``err``): which tensors a file cut
+    inside the tensor data lacks, else that the header is cut or corrupt."""
+    detail = f"{type(err).__name__}: {err}"
+    try:
+        extents = _HeaderReader(str(p)).extents
+    except Exception:
+        return (f"cannot read GGUF file {p} ({size} bytes): its header (metadata and tensor "
+                f"table) is truncated or corrupt: {detail}")
+    cut = sorted((start, name, end) for name, start, end in extents if end > size)
+    if not cut:
+        return f"cannot read GGUF file {p} (corrupt?): {detail}"
+    start, name, end = cut[0]
+    need = max(e for _, _, e in cut)
+    return (f"GGUF file {p} is truncated: it has {size} bytes, its tensor data needs {need}; "
+            f"{len(cut)} of {len(extents)} tensors are cut off, from {name!r} (bytes "
+            f"{start}..{end}) on (re-download or re-convert the file)")
 
 
 def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:

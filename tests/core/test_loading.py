@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -222,6 +223,36 @@ def test_truncated_and_foreign_gguf_files(tmp_path: Path) -> None:
     other.write_bytes(b"PK\x03\x04" + bytes(100))
     with pytest.raises(CheckpointError, match="not a GGUF file"):
         load_model(str(other), use_cache=False, progress=False)
+
+
+def test_gguf_cut_in_the_tensor_data_names_what_is_missing(tmp_path: Path) -> None:
+    from jaxinfer.tokenizer import Tokenizer, TokenizerError
+
+    full = write_tiny_gguf(tmp_path / "full.gguf", hf_weights())
+    tensors = sorted(gguf.GGUFReader(str(full)).tensors, key=lambda t: t.data_offset)
+    data = full.read_bytes()
+    need = max(t.data_offset + t.n_bytes for t in tensors)
+    for k in (0, len(tensors) // 2, len(tensors) - 1):  # the first, a middle and the last
+        t = tensors[k]
+        cut = tmp_path / f"cut{k}.gguf"
+        cut.write_bytes(data[:t.data_offset + t.n_bytes // 2])  # half of tensor k is there
+        with pytest.raises(CheckpointError) as e:
+            load_model(str(cut), use_cache=False, progress=False)
+        msg = str(e.value)
+        assert (f"GGUF file {cut} is truncated: it has {t.data_offset + t.n_bytes // 2} "
+                f"bytes, its tensor data needs {need}; {len(tensors) - k} of {len(tensors)} "
+                f"tensors are cut off, from {t.name!r} (bytes {t.data_offset}.."
+                f"{t.data_offset + t.n_bytes}) on") in msg, msg
+        assert "reshape" not in msg and "dtype" not in msg  # no numpy detail
+    with pytest.raises(TokenizerError, match=rf"GGUF file {re.escape(str(cut))} is truncated"):
+        Tokenizer.from_gguf(cut)
+    head = tmp_path / "head.gguf"
+    head.write_bytes(data[:200])  # inside the metadata
+    where = re.escape(str(head))
+    with pytest.raises(CheckpointError, match=rf"cannot read GGUF file {where} \(200 bytes\): "
+                                              r"its header \(metadata and tensor table\) is "
+                                              r"truncated or corrupt"):
+        load_model(str(head), use_cache=False, progress=False)
 
 
 # ------------------------------------------------------------------ real GGUF files

@@ -36,11 +36,20 @@ def _engine_args(ns: argparse.Namespace) -> dict:
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    """``"1,2,4"`` -> (1, 2, 4), for the bucket-set options."""
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    """``"1,2,4"`` -> (1, 2, 4), for the bucket-set and bench list options.
+
+    Raises argparse.ArgumentTypeError naming the bad item, an empty one too (``16,,32`` or
+    ``16,`` is a typo, not a shorter list).
+    """
+    vals = []
+    for i, v in enumerate(text.split(","), 1):
+        why = "is empty" if not v.strip() else f"({v.strip()!r}) is not an integer"
+        try:
+            vals.append(int(v))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got "
+                                             f"{text!r}: item {i} {why}") from None
+    return tuple(vals)
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:

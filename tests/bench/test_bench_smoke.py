@@ -155,4 +155,16 @@ def test_bad_options_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> 
     assert "--input-len has 2 values; give 1 or 3 (one per workload)" in capsys.readouterr().err
     assert main(["bench", "serve", *TINY, "--random-range-ratio", "1.5"]) == 2
     assert "--random-range-ratio must be in [0, 1)" in capsys.readouterr().err
+    for argv, needle in [
+        (["bench", "offline", *TINY, "--input-len", "16,,32"], "argument --input-len: expected "
+         "comma-separated integers, got '16,,32': item 2 is empty"),
+        (["bench", "offline", *TINY, "--num-prompts", "4,"], "argument --num-prompts: expected "
+         "comma-separated integers, got '4,': item 2 is empty"),
+        (["bench", "latency", *TINY, "--prompt-lens", ",16"], "item 1 is empty"),
+        (["generate", "--decode-buckets", "1,x"], "argument --decode-buckets: expected "
+         "comma-separated integers, got '1,x': item 2 ('x') is not an integer"),
+    ]:
+        with pytest.raises(SystemExit) as e:  # argparse: usage and one error line
+            main(argv)
+        assert e.value.code == 2 and needle in capsys.readouterr().err, argv
     assert os.environ.get("JAX_PLATFORMS") == "cpu"

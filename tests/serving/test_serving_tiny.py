@@ -219,6 +219,25 @@ def test_bad_requests_get_invalid_argument_and_server_keeps_serving(tiny_server,
     wait_until(lambda: _all_free(st))
 
 
+def test_chat_with_an_unknown_role_gets_invalid_argument(tiny_server, monkeypatch):
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    st, prompts, params, ref = tiny_server
+    with grpc.insecure_channel(st.target) as ch:
+        stub = pb_grpc.InferenceStub(ch)
+        with monkeypatch.context() as m:  # a chat template for the server's check only: the
+            m.setattr(st.engine, "tokenizer", _tiny_tokenizer(_ROLE_TEMPLATE))  # request
+            with pytest.raises(grpc.RpcError) as e:  # fails before reaching the engine
+                stub.GenerateUnary(build_request(messages=[{"role": "robot", "content": "hi"}],
+                                                 max_tokens=2), timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert ("chat: messages[0].role must be one of system, user, assistant, tool; got "
+                "'robot'") in e.value.details()
+        good = stub.GenerateUnary(build_request(token_ids=prompts[0], **_sampling(params[0])),
+                                  timeout=30)
+        assert list(good.token_ids) == ref[0].outputs[0].token_ids
+
+
 def test_full_queue_gives_resource_exhausted(tiny_server):
     st = tiny_server[0]
     wait_until(lambda: _all_free(st))

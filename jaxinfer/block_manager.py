@@ -149,14 +149,23 @@ class BlockManager:
         return -(-num_tokens // self.page_size)
 
     # ------------------------------------------------------------------ allocation
+    def has_room(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether ``seq``'s block table already holds ``seq.num_computed_tokens +
+        num_new_tokens`` tokens: then ``pages_needed`` is 0 and ``allocate`` takes nothing.
+        Unchecked (the scheduler asks it for every decoding sequence every step)."""
+        return len(seq.block_table) * self.page_size >= seq.num_computed_tokens + num_new_tokens
+
     def pages_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """Extra pages ``seq`` needs so its block table holds
-        ``seq.num_computed_tokens + num_new_tokens`` tokens (0 if it already does)."""
+        ``seq.num_computed_tokens + num_new_tokens`` tokens (0 if it already does:
+        ``has_room``)."""
         if num_new_tokens < 0:
             raise ValueError(f"sequence {seq.seq_id}: num_new_tokens must be >= 0, "
                              f"got {num_new_tokens}")
-        total = seq.num_computed_tokens + num_new_tokens
-        return max(0, self.pages_for_tokens(total) - len(seq.block_table))
+        if self.has_room(seq, num_new_tokens):
+            return 0
+        return self.pages_for_tokens(seq.num_computed_tokens + num_new_tokens) - len(
+            seq.block_table)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Whether enough pages are free for ``allocate(seq, num_new_tokens)``."""

@@ -6,12 +6,12 @@ step. Mixed steps (vLLM v1 packs decodes and prefill chunks into one token budge
 possible here: prefill and decode are separate compiled programs (token buckets vs batch
 buckets), so the policy chooses which of the two runs next:
 
-1. Prefill, unless the alternation rule below asks for a decode step. Prefill work is
-   (a) sequences already running but only partly prefilled continue their chunks, oldest
-   first; then (b) waiting sequences are admitted in arrival order, stopping at the first that
-   does not fit (no skipping ahead). Limits: ``max_num_batched_tokens`` computed tokens in all,
-   ``max_prefill_seqs`` chunks, ``max_num_seqs`` running sequences. With chunked prefill a
-   prompt longer than the token budget left is cut to fit and continues next step; without
+1. Prefill, unless the alternation rule below asks for a decode step (planned by
+   ``prefill_plan.plan_prefill``): (a) sequences already running but only partly prefilled
+   continue their chunks, oldest first; then (b) waiting sequences are admitted in arrival
+   order, stopping at the first that does not fit (no skipping ahead), within
+   ``max_num_batched_tokens``, ``max_prefill_seqs`` and ``max_num_seqs``. With chunked prefill
+   a prompt longer than the token budget left is cut to fit and continues next step; without
    it a prompt is scheduled whole or not at all. A waiting sequence is admitted only when the
    pages for its whole prompt are free now (beyond the pages still owed to earlier partial
    prefills), though pages are allocated chunk by chunk as tokens are scheduled.
@@ -64,7 +64,8 @@ import itertools
 from collections import deque
 from typing import TYPE_CHECKING
 
-from jaxinfer.block_manager import NO_MATCH, BlockManager, PageCopy
+from jaxinfer.block_manager import BlockManager, PageCopy
+from jaxinfer.prefill_plan import plan_prefill
 from jaxinfer.scheduler_types import (
     DuplicateRequestError,
     QueueFullError,
@@ -80,7 +81,6 @@ from jaxinfer.sequence import Sequence, SequenceGroup, SequenceStatus
 
 if TYPE_CHECKING:
     from collections.abc import Sequence as Seq
-
 
 
 class Scheduler:
@@ -198,18 +198,6 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
-    def _places(self, seq: Sequence) -> int:
-        """Places among max_num_seqs that ``seq`` holds: all n samples before its fork."""
-        return seq.group.n if seq.fork_pending else 1
-
-    def _owed(self, seq: Sequence) -> int:
-        """Pages ``seq`` still needs until all its samples hold their prompt: the rest of
-        its prompt, and a page per sample still to fork (its copy of a partial last page,
-        or its page for the last prompt token)."""
-        bm = self.block_manager
-        return (bm.pages_needed(seq, seq.num_tokens - seq.num_computed_tokens)
-                + (seq.group.n - 1 if seq.fork_pending else 0))
-
     # ---------------------------------------------------------------- planning a step
     def schedule(self) -> SchedulerOutput:
         """Plan the next step and allocate its pages (see the module docstring).
@@ -239,7 +227,8 @@ class Scheduler:
             chunks = self._schedule_decode(preempted)
             if chunks:
                 return SchedulerOutput(False, chunks, preempted)
-        chunks = self._schedule_prefill(preempted)
+        chunks = plan_prefill(self.cfg, self.block_manager, self.running, self.waiting,
+                              preempted)
         if chunks:
             return SchedulerOutput(True, chunks, preempted)
         chunks = self._schedule_decode(preempted)
@@ -247,65 +236,8 @@ class Scheduler:
             return SchedulerOutput(False, chunks, preempted)
         return None
 
-    def _schedule_prefill(self, preempted: list[Sequence]) -> list[ScheduledChunk]:
-        cfg, bm = self.cfg, self.block_manager
-        budget = cfg.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
-        promised = 0  # pages partial prefills (and their forks) still need
-        places = 0  # of max_num_seqs, held by running sequences and their unforked samples
-        for seq in self.running:  # (a) continue partial prefills, oldest first
-            pending = seq.fork_pending
-            places += self._places(seq)
-            # An unforked sample 0 stops before its last prompt token (its decode forks).
-            remaining = seq.num_tokens - seq.num_computed_tokens - pending
-            if remaining < 1 or (remaining == 1 and not pending):
-                if pending:  # ready to fork: keep its samples' pages
-                    promised += self._owed(seq)
-                continue  # decoding
-            n = 0
-            if len(chunks) < cfg.max_prefill_seqs:
-                fit = (len(seq.block_table) + bm.num_free_pages) * bm.page_size
-                n = min(remaining, budget, fit - seq.num_computed_tokens)
-            if n > 0:
-                bm.allocate(seq, n)
-                chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
-                budget -= n
-            promised += self._owed(seq)
-        while (self.waiting and budget > 0 and len(chunks) < cfg.max_prefill_seqs
-               and places < cfg.max_num_seqs):  # (b) admit, FCFS
-            seq = self.waiting[0]
-            if self.running and any(seq is p for p in preempted):
-                break  # not back in the step that preempted it
-            if places + self._places(seq) > cfg.max_num_seqs:
-                break
-            match = bm.match_prefix(seq) if cfg.enable_prefix_caching else NO_MATCH
-            # The cached prefix costs no budget; an unforked sample 0 stops before its
-            # last prompt token (it may then have nothing to prefill: its decode forks).
-            n = seq.num_tokens - match.num_tokens - seq.fork_pending
-            if n > budget:
-                if not cfg.enable_chunked_prefill:
-                    break
-                n = budget
-            forks = seq.group.n - 1 if seq.fork_pending else 0  # one page per new sample
-            if (bm.pages_to_admit(seq, match, seq.num_tokens) + forks + promised
-                    > bm.num_free_pages):
-                break
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            places += self._places(seq)
-            bm.take_prefix(seq, match)
-            seq.num_computed_tokens = seq.num_cached_tokens = match.num_tokens
-            bm.allocate(seq, n)
-            if n:
-                chunks.append(ScheduledChunk(seq, match.num_tokens, n))
-            budget -= n
-            promised += self._owed(seq)
-        return chunks
-
     def _schedule_decode(self, preempted: list[Sequence]) -> list[ScheduledChunk]:
         bm = self.block_manager
-        ps = bm.page_size
         chunks: list[ScheduledChunk] = []
         i = 0
         # By index: a fork inserts its new samples right after sample 0, and they decode
@@ -318,7 +250,7 @@ class Scheduler:
                 continue  # mid-prefill
             if seq.fork_pending and not self._fork(seq, preempted):
                 continue  # preempted while making room for the fork
-            if len(seq.block_table) * ps >= n:  # its pages hold the fed token: none needed
+            if bm.has_room(seq, 1):  # its pages hold the fed token: none needed
                 chunks.append(ScheduledChunk(seq, n - 1, 1))
                 continue
             while not bm.can_allocate(seq, 1):

@@ -70,6 +70,23 @@ def test_allocate_exact_pages_and_free() -> None:
     check_pages(bm, [s])
 
 
+@pytest.mark.parametrize("page_size", [1, 3, 4])
+def test_has_room_is_pages_needed_zero(page_size: int) -> None:
+    # The scheduler's decode step asks has_room instead of the allocator when a sequence's
+    # block table already holds the fed token: both must be the block manager's one rule.
+    bm = BlockManager(num_pages=40, page_size=page_size)
+    for computed in range(0, 13):
+        for held in range(0, 6):
+            s = Sequence(1, list(range(1, 14)))
+            bm.allocate(s, held * page_size)
+            s.num_computed_tokens = computed
+            for new in range(0, 6):
+                need = bm.pages_needed(s, new)
+                assert bm.has_room(s, new) == (need == 0), (computed, held, new)
+                assert bm.has_room(s, new) == (held * page_size >= computed + new)
+            bm.free(s)
+
+
 def test_out_of_pages_is_all_or_nothing() -> None:
     bm = BlockManager(num_pages=4, page_size=2)  # 3 usable pages = 6 slots
     a, b = Sequence(1, [5] * 4), Sequence(2, [6] * 4)

@@ -24,7 +24,7 @@ def _engine_args(ns: argparse.Namespace) -> dict:
         args["max_model_len"] = ns.max_model_len
     for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
                  "prefill_buckets", "page_buckets", "prefill_seq_buckets", "quantization",
-                 "kv_cache_dtype"):  # None: the default
+                 "kv_cache_dtype", "matmul_backend"):  # None: the default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
     if ns.scan_layers is not None:
@@ -74,6 +74,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["fp8"], default=None,
                    help="quantize the projection weights on load (FP8 e4m3, per channel; "
                         "reads a copy made by `jaxinfer convert --quantization fp8` if cached)")
+    p.add_argument("--matmul-backend", choices=["auto", "xla", "pallas"], default=None,
+                   help="GEMMs of FP8 projections: auto = the Pallas kernels on GPU (W8A8 at "
+                        "decode and prefill sizes), XLA elsewhere; bf16 GEMMs always run XLA")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3"], default=None,
                    help="KV cache dtype: auto = the model dtype; fp8 / fp8_e4m3 = e4m3 with "
                         "per-layer scales (half the bytes: twice the tokens of bf16)")

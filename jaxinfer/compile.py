@@ -131,13 +131,13 @@ def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:
     from jaxinfer.kv_sizing import resolve_kv_dtype
     from jaxinfer.layers.attention import get_backend
     from jaxinfer.models.params import param_shapes
-    from jaxinfer.models.transformer import CausalLM
+    from jaxinfer.models.transformer import CausalLM, model_options
     from jaxinfer.runner import ModelRunner
 
     dtype = _resolve_dtype(ec.dtype)
     shapes = {k: jax.ShapeDtypeStruct(s, dtype) for k, s in param_shapes(model_config).items()}
-    net = nnx.eval_shape(lambda p: CausalLM(model_config, p, dtype, scan_layers=ec.scan_layers,
-                                            quantization=ec.quantization), shapes)
+    net = nnx.eval_shape(lambda p: CausalLM(model_config, p, dtype, **model_options(ec)),
+                         shapes)
     return ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
                        attention=get_backend(ec.attention_backend),
                        kv_dtype=resolve_kv_dtype(ec.kv_cache_dtype, dtype),

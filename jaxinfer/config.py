@@ -157,7 +157,12 @@ class EngineConfig:
         scanned weight slices, measured 13.2 vs 7.5 ms per 8B decode step on an H200 and
         42.8 vs 30.4 ms per SmolLM2 step on a 2-core CPU (benchmarks/cpu_layer_loop.py).
       quantization: None, or "fp8" to quantize the projection weights on load to
-        float8_e4m3fn with per-output-channel scales (W8A16 GEMMs).
+        float8_e4m3fn with per-output-channel scales.
+      matmul_backend: "auto" (the Pallas GEMMs for FP8 projections on GPU, XLA elsewhere),
+        "xla", or "pallas" (on CPU: interpret mode, for tests). With the Pallas GEMMs FP8
+        projections run W8A8 (activations quantized per token) at decode (<= 64 rows) and
+        prefill (>= 512 rows) sizes and W8A16 on XLA between
+        (pallas_kernels.matmul.api.fp8_engine_plan); bf16 projections always run on XLA.
       kv_cache_dtype: dtype of the paged KV cache (vLLM's ``--kv-cache-dtype``): "auto" (the
         model dtype) or "fp8" / "fp8_e4m3" (float8_e4m3fn with one K and one V scale per
         layer, half the bytes of bf16, so twice the tokens fit; see
@@ -185,6 +190,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     scan_layers: bool | None = None
     quantization: str | None = None
+    matmul_backend: str = "auto"
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
@@ -241,6 +247,9 @@ class EngineConfig:
             raise ConfigError("the largest prefill_seq_bucket must hold max_prefill_seqs")
         if self.quantization not in (None, "fp8"):
             raise ConfigError(f"quantization must be None or 'fp8', got {self.quantization!r}")
+        if self.matmul_backend not in ("auto", "xla", "pallas"):
+            raise ConfigError("matmul_backend must be 'auto', 'xla' or 'pallas', got "
+                              f"{self.matmul_backend!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             hint = (" (e5m2 is not implemented: the attention kernels read e4m3)"
                     if self.kv_cache_dtype == "fp8_e5m2" else "")

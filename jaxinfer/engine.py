@@ -26,7 +26,7 @@ from jaxinfer.input_batch import InputBatch
 from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend, resolve_backend_name
 from jaxinfer.models.params import fp8_names
-from jaxinfer.models.transformer import CausalLM
+from jaxinfer.models.transformer import CausalLM, model_options
 from jaxinfer.outputs import (
     Logprobs,
     RequestOutput,
@@ -126,8 +126,7 @@ class LLMEngine:
         self.config = engine_config_for(self.model_config, engine_args)
         cfg, ec = self.model_config, self.config
         self.dtype = _resolve_dtype(ec.dtype)
-        net = CausalLM(cfg, loaded.params, self.dtype, scan_layers=ec.scan_layers,
-                       quantization=ec.quantization)
+        net = CausalLM(cfg, loaded.params, self.dtype, **model_options(ec))
         del loaded
         jax.block_until_ready(nnx.state(net))
         t2 = time.perf_counter()

@@ -73,14 +73,45 @@ def _as(name: str, value, dtype) -> jax.Array:
     return value.astype(dtype)
 
 
-def _proj(h: jax.Array, w: dict[str, jax.Array], name: str) -> jax.Array:
-    """``h @ w[name]``; FP8 weights are widened to h's dtype in the GEMM (W8A16, the fastest
-    FP8 decode path measured on an H200 through XLA) and scaled per channel after it, or per
-    group of input rows (block-FP8 checkpoints; jaxinfer.quantization.fp8_weight_linear)."""
+def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = False,
+          interpret: bool = False) -> jax.Array:
+    """``h @ w[name]``. FP8 weights: with ``kernels`` and a per-channel scale the weight is
+    held as ``[N, K]`` and runs on the Pallas GEMMs the measured policy picks for the row
+    count (pallas_kernels.matmul.api.fp8_engine_linear: W8A8 on the kernels at decode and
+    prefill sizes, W8A16 on XLA between); otherwise it is widened to h's dtype in an XLA
+    GEMM (W8A16) and scaled per channel after it, or per group of input rows (block-FP8
+    checkpoints; jaxinfer.quantization.fp8_weight_linear)."""
     scale = w.get(name + "_scale")
     if scale is None:
         return h @ w[name]
+    if kernels and scale.ndim == 1:
+        from pallas_kernels.matmul.api import fp8_engine_linear
+
+        return fp8_engine_linear(h, w[name], scale, interpret=interpret)
     return fp8_weight_linear(h, w[name], scale)
+
+
+def _to_kernel_layout(weights: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """FP8 projections with per-channel scales ``[K, N]`` -> ``[N, K]`` (the layout the
+    Pallas GEMMs stream: rows of K contiguous bytes; pallas_kernels.matmul.api)."""
+    out = dict(weights)
+    for name, value in weights.items():
+        scale = weights.get(name + "_scale")
+        if value.dtype == jnp.float8_e4m3fn and scale is not None and scale.ndim == 1:
+            out[name] = jnp.swapaxes(value, -1, -2)
+    return out
+
+
+def model_options(ec) -> dict:
+    """CausalLM keyword arguments from an EngineConfig: layer loop, quantization and the
+    GEMM backend, ``matmul_backend="auto"`` resolved for this machine (the Pallas GEMMs on a
+    GPU, XLA elsewhere; "pallas" off a GPU runs them in interpret mode)."""
+    on_gpu = jax.default_backend() == "gpu"
+    mm = ec.matmul_backend
+    if mm == "auto":
+        mm = "pallas" if on_gpu else "xla"
+    return {"scan_layers": ec.scan_layers, "quantization": ec.quantization,
+            "matmul_backend": mm, "interpret": mm == "pallas" and not on_gpu}
 
 
 class CausalLM(nnx.Module):
@@ -94,16 +125,23 @@ class CausalLM(nnx.Module):
         (jaxinfer.quantization.quantize_params_fp8). Params that already carry FP8
         projections with scales (an FP8 checkpoint) run as they are with either value: the
         projections it left in float (its ignore list) stay float, as in vLLM.
+      matmul_backend: "xla" (every GEMM through XLA) or "pallas" (FP8 projections with
+        per-channel scales run on the Pallas GEMMs, see ``_proj``; bf16 ones stay on XLA,
+        which measured faster than ours); ``interpret`` runs those kernels in Pallas
+        interpret mode (CPU tests).
     Raises:
       WeightError: if a tensor is missing, extra or mis-shaped.
     """
 
     def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray],
                  dtype: jnp.dtype = jnp.float32, scan_layers: bool | None = None,
-                 quantization: str | None = None):
+                 quantization: str | None = None, matmul_backend: str = "xla",
+                 interpret: bool = False):
         check_params(cfg, params)
         if quantization not in (None, "fp8"):
             raise ConfigError(f"quantization must be None or 'fp8', got {quantization!r}")
+        if matmul_backend not in ("xla", "pallas"):
+            raise ConfigError(f"matmul_backend must be 'xla' or 'pallas', got {matmul_backend!r}")
         self.cfg = cfg
         self.dtype = dtype
         if scan_layers is None:  # XLA copies each scanned weight slice: unroll (see above)
@@ -115,6 +153,8 @@ class CausalLM(nnx.Module):
         elif quantization == "fp8":  # quantize on load
             params = quantize_params_fp8(params, FP8_PROJECTIONS)
         self.quantization = quantization
+        self.fp8_kernels = matmul_backend == "pallas" and quantization == "fp8"
+        self.interpret = interpret
         stacked = {n: v for n, v in params.items() if n.startswith("layers.")}
         for name, value in params.items():
             if name not in stacked:
@@ -127,7 +167,10 @@ class CausalLM(nnx.Module):
             per_layer = ((f"layer{i}__", {n: _as(n, v[i], dtype) for n, v in stacked.items()})
                          for i in range(cfg.num_layers))
         for prefix, weights in per_layer:
-            for name, value in fuse_projections(weights).items():
+            weights = fuse_projections(weights)
+            if self.fp8_kernels:
+                weights = _to_kernel_layout(weights)
+            for name, value in weights.items():
                 setattr(self, prefix + name[len("layers."):], nnx.Param(value))
 
     def _layer_weights(self, prefix: str = "layers__") -> dict[str, jax.Array]:
@@ -188,8 +231,10 @@ class CausalLM(nnx.Module):
         cfg = self.cfg
         T = x.shape[0]
         eps = cfg.rms_norm_eps
+        kern = (self.fp8_kernels, self.interpret)
         h = rms_norm(x, w["attn_norm"], eps)
-        q, k, v = jnp.split(_proj(h, w, "wqkv"), [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
+        q, k, v = jnp.split(_proj(h, w, "wqkv", *kern),
+                            [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
         if cfg.attention_bias:
             q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
         q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -200,18 +245,18 @@ class CausalLM(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o, cache = attn(q, k, v, cache, c["index"], md, scale=cfg.attn_scale,
                         window=c["window"])
-        o = _proj(o.reshape(T, cfg.q_size), w, "wo")
+        o = _proj(o.reshape(T, cfg.q_size), w, "wo", *kern)
         if cfg.post_norms:
             o = rms_norm(o, w["post_attn_norm"], eps)
         x = x + o
 
         h = rms_norm(x, w["ffn_norm"], eps)
-        gate, up = jnp.split(_proj(h, w, "w_gate_up"), 2, axis=-1)
+        gate, up = jnp.split(_proj(h, w, "w_gate_up", *kern), 2, axis=-1)
         if cfg.hidden_act == "silu":
             act = jax.nn.silu(gate)
         else:
             act = jax.nn.gelu(gate, approximate=True)
-        f = _proj(act * up, w, "w_down")
+        f = _proj(act * up, w, "w_down", *kern)
         if cfg.post_norms:
             f = rms_norm(f, w["post_ffn_norm"], eps)
         return x + f, cache

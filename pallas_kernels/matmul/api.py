@@ -231,3 +231,66 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
         out = _xla_linear(x_in, w_nk, scale, x_scale,
                           out_dtype if not w.gate_up else jnp.float32)
     return silu_mul_ref(out, out_dtype) if w.gate_up else out
+
+
+# ----------------------------------------------------------------------------- engine policy
+# The engine's FP8 projections on GPU, chosen by the program's static row count M from the
+# H200 runs of benchmarks/kernels/bench_matmul.py (NOTES_matmul.md, session 4):
+# * M >= FP8_PREFILL_MIN_M: W8A8 (x quantized per token) on the Mosaic GPU wgmma kernel,
+#   1,013-1,428 TFLOP/s at M = 2048 on the Llama-3.1-8B / 70B projections (XLA bf16 <= 826);
+# * M <= FP8_DECODE_MAX_M: W8A8 on the Triton kernel with swap-AB and the FP8 tensor-core dot
+#   (the weight tile is the MMA's 64-row side, tokens padded to 16 on the other): W8A16 in
+#   any form measured held to 1.2-2.6 TB/s of FP8 bytes (the per-element upcast and MMA
+#   work), the FP8 dot consumes the bytes as they are (8B qkv M = 1: 12.9 µs vs XLA W8A16
+#   19.3 µs);
+# * between: XLA W8A16 (the weight widened inside the dot), as before.
+FP8_PREFILL_MIN_M = 512
+FP8_DECODE_MAX_M = 64
+
+
+def fp8_decode_config(M: int, K: int, N: int) -> triton_gemm.TritonConfig:
+    """Swap-AB FP8-dot tiles for ``M <= FP8_DECODE_MAX_M`` tokens: 64 weight rows x 256 K
+    per step, tokens padded to a power of two >= 16, split-K until ~2 waves of 132 SMs."""
+    bm = min(64, max(16, 1 << max(M - 1, 0).bit_length()))
+    bn, bk = 64, 256
+    while bk > 16 and K % bk:
+        bk //= 2
+    programs = pl_cdiv(N, bn) * pl_cdiv(M, bm)
+    split = 1
+    while programs * split < 264 and K % (split * 2 * bk) == 0 and K // (split * 2) >= 1024:
+        split *= 2
+    cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
+                                   num_stages=4, fp8_dot=True, swap_ab=True)
+    return triton_gemm.fit_smem(cfg, K, FP8, FP8)
+
+
+def pl_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
+    """``(backend, act_quant)`` of the engine's FP8 projection ``[M, K] x [N, K]ᵀ`` on GPU
+    (module comment above): ``("mgpu", True)``, ``("triton", True)`` or ``("xla", False)``."""
+    if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
+        return "mgpu", True
+    if M <= FP8_DECODE_MAX_M and K % 16 == 0:
+        return "triton", True
+    return "xla", False
+
+
+def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
+                      interpret: bool = False) -> jax.Array:
+    """The engine's FP8 projection: ``x [M, K]`` bf16 times an FP8 weight ``w_nk [N, K]``
+    with per-output-channel ``w_scale [N]`` f32 -> ``[M, N]`` in ``x.dtype``, on the kernel
+    :func:`fp8_engine_plan` picks for M (W8A8 with per-token activation scales on the
+    kernels, W8A16 on XLA).
+
+    Raises:
+      LinearError: mismatched shapes (see :func:`linear`).
+    """
+    M, K = x.shape
+    N = w_nk.shape[0]
+    backend, act_quant = fp8_engine_plan(M, K, N)
+    tc = fp8_decode_config(M, K, N) if backend == "triton" else None
+    return linear(x, PreparedWeight(w_nk, w_scale), act_quant=act_quant, backend=backend,
+                  interpret=interpret, triton_config=tc)

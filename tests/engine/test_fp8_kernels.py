@@ -1,0 +1,87 @@
+"""The engine's FP8 projections on the Pallas GEMMs (matmul_backend="pallas", interpret mode
+on CPU): the measured policy per row count, and the model wiring (kernel layout, scales)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.config import ConfigError, EngineConfig
+from pallas_kernels.matmul import api, linear_ref, quantize_rows_fp8
+from tests.conftest import tiny_loaded
+from tests.kernels.cuda_lowering import lower_for_cuda
+
+F32 = jnp.float32
+
+
+@pytest.mark.parametrize("M,want", [(1, ("triton", True)), (37, ("triton", True)),
+                                    (128, ("xla", False)), (512, ("mgpu", True))])
+def test_fp8_engine_linear_follows_the_plan(M, want):
+    K, N = 256, 512
+    x = jax.random.normal(jax.random.key(M), (M, K), F32).astype(jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(M + 1), (N, K), F32) / 16
+    wq, ws = quantize_rows_fp8(w)
+    assert api.fp8_engine_plan(M, K, N) == want
+    backend, act_quant = want
+    out = api.fp8_engine_linear(x, wq, ws, interpret=True)
+    if act_quant:
+        xq, xs = quantize_rows_fp8(x)
+        ref = linear_ref(xq, wq, ws, xs, out_dtype=F32)
+    else:
+        ref = linear_ref(x, wq, ws, out_dtype=F32)
+    out = np.asarray(out, np.float64)
+    assert out.shape == (M, N) and np.isfinite(out).all()
+    ref = np.asarray(ref, np.float64)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2  # bf16 output rounding
+    # which kernel the H200 program holds (lowered for CUDA on this CPU)
+    text = lower_for_cuda(api.fp8_engine_linear, *(jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                                   for a in (x, wq, ws)))
+    assert ("skinny_gemm" in text) == (backend == "triton")
+    assert ("mosaic_gpu" in text) == (backend == "mgpu")
+
+
+def test_matmul_backend_is_validated():
+    with pytest.raises(ConfigError, match="matmul_backend"):
+        EngineConfig(matmul_backend="cutlass")
+
+
+def _llm(mm: str) -> LLM:
+    kw = dict(max_model_len=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=128,
+              decode_buckets=(4,), prefill_buckets=(128,), page_buckets=(4,))
+    return LLM(tiny_loaded("llama", head_dim=16), quantization="fp8", matmul_backend=mm, **kw)
+
+
+def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch):
+    """matmul_backend="pallas": the weights are held [N, K] and decode runs the Triton W8A8
+    kernel; the reference is the same plan on XLA's W8A8 (x quantized per token, FP8 dot)."""
+    prompts = [[5, 6, 7], [9] * 9, list(range(10, 27))]
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
+    pal = _llm("pallas")
+    assert pal.engine.runner.graphdef is not None
+    w = pal.engine.runner.state
+    flat = {"/".join(map(str, k)): v for k, v in jax.tree_util.tree_leaves_with_path(w)}
+    qkv = [v for k, v in flat.items() if "layer0__wqkv" in k and "scale" not in k]
+    assert qkv and qkv[0].dtype == jnp.float8_e4m3fn
+    cfg = pal.engine.model_config
+    assert qkv[0].shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)  # [N, K]
+    got = pal.generate(prompts, sp)
+
+    real_plan = api.fp8_engine_plan
+    monkeypatch.setattr(api, "fp8_engine_plan",
+                        lambda M, K, N: ("xla", real_plan(M, K, N)[1]))
+    ref = _llm("pallas").generate(prompts, sp)
+    for g, r in zip(got, ref):
+        assert g.outputs[0].token_ids == r.outputs[0].token_ids
+        lp_g = [d[t] for d, t in zip(g.outputs[0].logprobs, g.outputs[0].token_ids)]
+        lp_r = [d[t] for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
+        np.testing.assert_allclose(lp_g, lp_r, atol=1e-4)
+    # and the kernels' W8A8 is not the XLA W8A16 path (the test can tell them apart)
+    xla = _llm("xla").generate(prompts, sp)
+    lp_x = [d[t] for o in xla for d, t in zip(o.outputs[0].logprobs,
+                                                      o.outputs[0].token_ids)]
+    lp_g = [d[t] for o in got for d, t in zip(o.outputs[0].logprobs,
+                                                      o.outputs[0].token_ids)]
+    assert not np.allclose(lp_x, lp_g, atol=1e-6, rtol=0)

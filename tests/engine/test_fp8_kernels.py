@@ -85,3 +85,30 @@ def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch):
     lp_g = [d[t] for o in got for d, t in zip(o.outputs[0].logprobs,
                                                       o.outputs[0].token_ids)]
     assert not np.allclose(lp_x, lp_g, atol=1e-6, rtol=0)
+
+
+def test_prefill_program_lowers_each_kernel_shape_once(monkeypatch):
+    """The unrolled layers' FP8 GEMMs of one shape share one lowered function: the Mosaic
+    GPU kernel bodies in an H200 prefill program do not grow with depth (lowering them per
+    layer took ~130 s per 8B prefill program)."""
+    from jaxinfer.batch import Bucket
+    from jaxinfer.compile import abstract_runner
+    import jaxinfer.models.transformer as T
+    from tests.conftest import tiny_config
+
+    options = T.model_options
+    monkeypatch.setattr(T, "model_options", lambda ec: {**options(ec), "interpret": False})
+    ec = EngineConfig(max_model_len=64, block_size=16, max_num_seqs=4, num_kv_pages=8,
+                      max_num_batched_tokens=512, prefill_buckets=(512,), decode_buckets=(4,),
+                      max_prefill_seqs=1, quantization="fp8", matmul_backend="pallas",
+                      attention_backend="reference", dtype="bfloat16")
+    counts = {}
+    for layers in (2, 4):  # every projection here meets mgpu's tile rules (N % 256, K % 128)
+        cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
+                          num_kv_heads=2, head_dim=64, num_layers=layers)
+        runner = abstract_runner(cfg, ec)
+        args = runner._abstract_args(Bucket("prefill", 512, 1, 4))
+        text = lower_for_cuda(lambda *a: runner._jitted["sample"](*a), *args)
+        counts[layers] = text.count("mosaic_gpu")
+    assert counts[2] > 0
+    assert counts[4] == counts[2]

@@ -55,6 +55,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
   | tee "$OUT/logs/nvidia-smi.txt"
 # shellcheck disable=SC2086  # ENGINE is a list of options
 go compile-$SUITE 200 compile $ENGINE --modes sample --jobs "$JOBS"
+[ -n "${ONLY_COMPILE:-}" ] && exit 0  # ONLY_COMPILE=1: the suite's compile step alone
 OFF="bench offline $ENGINE --out $OUT/records --time-limit $LIMIT"
 case $SUITE in
   bf16)

@@ -1,7 +1,7 @@
 """FP8 weight quantization accuracy on the real models: top-1 agreement and mean KL.
 
     .venv/bin/python benchmarks/fp8_accuracy.py [--models smollm2-135m gemma3-270m]
-        [--variants fp8-channel fp8-g128 ...]
+        [--variants fp8-channel fp8-g128 ...] [--w8a8]
 
 Text: the first --positions tokens of Python's own reference documentation
 (``pydoc_data.topics``: real English prose, present in every CPython), in independent
@@ -26,11 +26,29 @@ in float32, or the bf16 engine for ``*-vs-bf16``):
                        (still exact; the grid sits elsewhere for the other weights): an
                        equally good realization of the scheme. Their spread is the resolution
                        of any comparison between layouts.
+
+The ``fp8-*`` variants are W8A16 (the weight widened inside an XLA GEMM). Two more prefixes
+run the same per-channel weights as W8A8, the math of the GPU engine's Pallas GEMMs
+(``pallas_kernels.matmul.api.fp8_engine_linear``: each activation row quantized to e4m3 with
+absmax/448 scale by ``quantize_rows_fp8``, FP8 x FP8 dot with float32 accumulation, both
+scales after) computed by XLA on the CPU: the engine runs with ``matmul_backend="pallas"``
+and ``api.fp8_engine_plan`` patched to answer the ``"xla"`` backend:
+
+* ``w8a8-channel[...]``   every projection W8A8, at every row count (per-token scales make
+                       each row's result independent of the others: what decode computes);
+* ``gpuplan-channel[...]`` the activation format the real ``fp8_engine_plan`` picks per GEMM
+                       (W8A8 at <= 64 rows and at >= 512 where the Mosaic kernel takes
+                       N, K; else W8A16), with the prefill in programs of the engine's default
+                       ``max_num_batched_tokens`` (512) rows: a teacher-forced prefill of each
+                       window as the GPU engine runs it. Its records carry ``config.gemm_plan``.
+
+``--w8a8`` runs the W8A16 / W8A8 side-by-side set (``W8A8_VARIANTS``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -42,7 +60,11 @@ from benchmarks.common import record  # noqa: E402
 DEFAULT_VARIANTS = ["bf16-weights", "bf16", "fp8-tensor", "fp8-channel", "fp8-g128", "fp8-g32",
                     "fp8-channel-bf16-vs-bf16"] + [f"fp8-{layout}~{seed}" for layout in
                                                    ("channel", "g128", "g32") for seed in (0, 1)]
+W8A8_VARIANTS = ["bf16"] + [f"{a}-channel{s}" for s in ("", "~0", "~1")
+                             for a in ("fp8", "w8a8")] + \
+    ["gpuplan-channel"] + [f"{a}-channel-bf16-vs-bf16" for a in ("fp8", "w8a8", "gpuplan")]
 GROUPS = {"fp8-tensor": "tensor", "fp8-channel": None, "fp8-g128": 128, "fp8-g32": 32}
+ACTS = {"w8a8": "all", "gpuplan": "plan"}  # variant prefix -> activation mode (else W8A16)
 
 
 def _text() -> str:
@@ -79,16 +101,52 @@ def _quantize(w: np.ndarray, layout: int | str | None, seed: int | None):
     return jnp.clip(w / full, -FP8_MAX, FP8_MAX).astype(FP8), s
 
 
+@contextlib.contextmanager
+def act_quant(mode: str | None, plan_log: dict[str, str]):
+    """Within: the FP8 projections of an engine built with ``matmul_backend="pallas"`` run on
+    XLA, W8A8 for mode ``"all"``, as the real ``fp8_engine_plan`` says for ``"plan"``; each
+    traced GEMM is logged as ``plan_log["MxKxN"] = "W8A8" | "W8A16"``. JAX's trace caches
+    are cleared on entry and exit: the engine's FP8 GEMMs sit under a module-level ``jit``
+    (transformer._fp8_kernel_linear), whose traces would outlive the patch."""
+    if mode is None:
+        yield
+        return
+    import jax
+
+    from pallas_kernels.matmul import api
+
+    real = api.fp8_engine_plan
+
+    def plan(M: int, K: int, N: int) -> tuple[str, bool]:
+        aq = mode == "all" or real(M, K, N)[1]
+        plan_log[f"{M}x{K}x{N}"] = "W8A8" if aq else "W8A16"
+        return "xla", aq
+
+    jax.clear_caches()
+    api.fp8_engine_plan = plan
+    try:
+        yield
+    finally:
+        api.fp8_engine_plan = real
+        jax.clear_caches()
+
+
 def variant_model(loaded, variant: str):
-    """(LoadedModel, engine dtype, baseline) for a variant name (see the module docstring)."""
+    """(LoadedModel, engine dtype, baseline, activation mode) for a variant name (see the
+    module docstring; mode ``None``: W8A16)."""
     import ml_dtypes
 
     from jaxinfer.loading import LoadedModel
     from jaxinfer.models.params import FP8_PROJECTIONS
 
     name, _, seed = variant.partition("~")
+    act = ACTS.get(name.partition("-")[0])
+    if act is not None:
+        name = "fp8-" + name.partition("-")[2]
+        if isinstance(GROUPS[name.removesuffix("-bf16-vs-bf16")], int):
+            raise ValueError(f"{variant}: W8A8 runs per-channel scales only (the kernels')")
     if name == "bf16":
-        return loaded, "bfloat16", "float32"
+        return loaded, "bfloat16", "float32", None
     params = dict(loaded.params)
     if name == "bf16-weights":
         for k in FP8_PROJECTIONS + ("embed",):
@@ -102,36 +160,58 @@ def variant_model(loaded, variant: str):
             params[k + "_scale"] = np.stack([np.asarray(s) for _, s in qs])
     dtype = "bfloat16" if name.endswith("-bf16-vs-bf16") else "float32"
     base = "bfloat16" if name.endswith("-vs-bf16") else "float32"
-    return LoadedModel(loaded.config, params, loaded.tokenizer, loaded.source), dtype, base
+    return LoadedModel(loaded.config, params, loaded.tokenizer, loaded.source), dtype, base, act
 
 
 def evaluate(model: str, variants: list[str], positions: int, window: int):
     """Yield (variant, baseline, metrics) for each variant."""
-    from jaxinfer import LLM
     from jaxinfer.loading import load_model
 
     loaded = load_model(model, progress=False)
     ids = loaded.tokenizer.encode(_text())[:positions]
-    kw = dict(max_model_len=window, max_num_seqs=1, max_num_batched_tokens=256)
+    yield from compare(loaded, ids, variants, window)
 
-    def logprobs(m, dtype: str) -> np.ndarray:
-        llm = LLM(m, dtype=dtype, **kw)
-        return np.concatenate([
-            _log_softmax(llm.engine.prompt_logits(ids[s:s + window]).astype(np.float64))
-            .astype(np.float32) for s in range(0, len(ids), window)])
+
+def compare(loaded, ids: list[int], variants: list[str], window: int):
+    """Yield (variant, baseline, metrics) for each variant on the token ids ``ids``."""
+    from jaxinfer import LLM
+    from jaxinfer.config import EngineConfig
+
+    def logprobs(m, dtype: str, act: str | None = None, plan_log=None) -> np.ndarray:
+        chunk = EngineConfig.max_num_batched_tokens if act == "plan" else 256
+        kw = dict(max_model_len=window, max_num_seqs=1, max_num_batched_tokens=chunk)
+        with act_quant(act, plan_log):
+            llm = LLM(m, dtype=dtype, **kw, **({"matmul_backend": "pallas"} if act else {}))
+            out = np.concatenate([
+                _log_softmax(llm.engine.prompt_logits(ids[s:s + window]).astype(np.float64))
+                .astype(np.float32) for s in range(0, len(ids), window)])
+        if act and not plan_log:  # the hook must have seen every FP8 GEMM
+            raise RuntimeError("fp8_engine_plan was never called: W8A8 not measured")
+        return out
 
     bases: dict[str, np.ndarray] = {}
     for v in variants:
-        m, dtype, base = variant_model(loaded, v)
+        m, dtype, base, act = variant_model(loaded, v)
         if base not in bases:
             bases[base] = logprobs(loaded, base)
-        a, b = bases[base], logprobs(m, dtype)
+        plan_log: dict[str, str] = {}
+        a, b = bases[base], logprobs(m, dtype, act, plan_log)
         kl = np.concatenate([(np.exp(x) * (x - y)).sum(-1) for x, y in
                              zip(np.split(a.astype(np.float64), range(128, len(a), 128)),
                                  np.split(b.astype(np.float64), range(128, len(b), 128)))])
         yield v, base, {"positions": len(a),
                         "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()),
-                        "mean_kl": float(kl.mean()), "p99_kl": float(np.quantile(kl, 0.99))}
+                        "mean_kl": float(kl.mean()), "p99_kl": float(np.quantile(kl, 0.99)),
+                        **({"gemm_plan": plan_log} if act == "plan" else {})}
+
+
+def _activations(variant: str) -> str:
+    act = ACTS.get(variant.partition("-")[0])
+    if act == "all":
+        return "fp8 e4m3 per token (W8A8)"
+    if act == "plan":
+        return "fp8_engine_plan per GEMM (W8A8 at <= 64 and >= 512 rows where the kernel fits)"
+    return "float (W8A16)" if variant.startswith("fp8") else "float"
 
 
 def main() -> None:
@@ -140,13 +220,19 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
     ap.add_argument("--positions", type=int, default=1024)
     ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--w8a8", action="store_true",
+                    help="run W8A8_VARIANTS (W8A16 and W8A8 side by side) instead")
     ns = ap.parse_args()
+    if ns.w8a8:
+        ns.variants = W8A8_VARIANTS
     print(f"{'model':>14} {'variant':>26} {'baseline':>8} {'positions':>9} {'top-1':>7} "
           f"{'mean KL':>9} {'p99 KL':>8}", flush=True)
     for m in ns.models:
         for v, base, r in evaluate(m, ns.variants, ns.positions, ns.window):
             cfg = {"model": m, "variant": v, "positions": r["positions"], "window": ns.window,
-                   "baseline": f"checkpoint weights, {base} engine", "text": "pydoc_data.topics"}
+                   "baseline": f"checkpoint weights, {base} engine", "text": "pydoc_data.topics",
+                   "activations": _activations(v), **({"gemm_plan": r["gemm_plan"]}
+                                                      if "gemm_plan" in r else {})}
             record("fp8_top1_agreement", r["top1_agreement"], "fraction", cfg)
             record("fp8_mean_kl", r["mean_kl"], "nats", {**cfg, "p99_kl": r["p99_kl"]})
             print(f"{m:>14} {v:>26} {base:>8} {r['positions']:>9} {r['top1_agreement']:>7.4f}"

@@ -54,7 +54,7 @@ def _llm(mm: str) -> LLM:
     return LLM(tiny_loaded("llama", head_dim=16), quantization="fp8", matmul_backend=mm, **kw)
 
 
-def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch):
+def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch, request):
     """matmul_backend="pallas": the weights are held [N, K] and decode runs the Triton W8A8
     kernel; the reference is the same plan on XLA's W8A8 (x quantized per token, FP8 dot)."""
     prompts = [[5, 6, 7], [9] * 9, list(range(10, 27))]
@@ -72,6 +72,10 @@ def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch):
     real_plan = api.fp8_engine_plan
     monkeypatch.setattr(api, "fp8_engine_plan",
                         lambda M, K, N: ("xla", real_plan(M, K, N)[1]))
+    # The kernel GEMM is a module-level jit whose traces would outlive the patch: drop them
+    # (here and after the test) so the reference engine really runs the patched plan.
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)
     ref = _llm("pallas").generate(prompts, sp)
     for g, r in zip(got, ref):
         assert g.outputs[0].token_ids == r.outputs[0].token_ids

@@ -101,11 +101,13 @@ def run_peer(path: str, batches: list[int], ctx: int, steps: int, out: Path) -> 
     return json.loads(j.read_text()) if j.exists() else []
 
 
-def decode_replay(eng, b: int, ctx: int):
+def decode_replay(eng, b: int, ctx: int, distinct: bool = False):
     """A callable that replays eng's compiled decode program for batch b at context ctx.
 
-    Fixed inputs (every row at position ctx, pages 1.. in order), no host work: the device time
-    of one decode step. The KV cache is threaded through as the engine does (donated).
+    Fixed inputs (every row at position ctx, pages 1.. in order; with ``distinct`` each row
+    reads its own pages, so the KV bytes are the batch's, not one sequence's out of L2), no
+    host work: the device time of one decode step. The KV cache is threaded through as the
+    engine does (donated).
     """
     import jax
 
@@ -117,7 +119,10 @@ def decode_replay(eng, b: int, ctx: int):
     md = args[3]
     zeros = lambda s: jax.numpy.zeros(s.shape, s.dtype)  # noqa: E731
     bt = np.zeros((b, bucket.max_pages), np.int32)
-    bt[:, : (ctx + 1) // 16 + 1] = np.arange(1, (ctx + 1) // 16 + 2)
+    n = (ctx + 1) // 16 + 1
+    bt[:, :n] = np.arange(1, n + 1)
+    if distinct:
+        bt[:, :n] += n * np.arange(b)[:, None]
     md_arr = type(md)(positions=jax.numpy.full((b,), ctx, "int32"),
                       slot_mapping=jax.numpy.full((b,), 16 + ctx % 16, "int32"),
                       seq_ids=jax.numpy.arange(b, dtype="int32"),

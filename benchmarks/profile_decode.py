@@ -131,6 +131,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--scan-layers", choices=["auto", "true", "false"], default="auto")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="no prompts: compile the decode bucket and replay it with each row at "
+                         "--ctx on its own pages (KV contents random); device-only phase only")
     ns = ap.parse_args()
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,15 +149,24 @@ def main() -> None:
     eng = make_engine(ns.model, ns.backend, [b], ns.ctx, 4 * ns.steps + 8, scan)
     rng = np.random.default_rng(0)
     sp = SamplingParams(temperature=0.0, max_tokens=4 * ns.steps, ignore_eos=True)
-    for _ in range(b):
-        eng.add_request(rng.integers(0, eng.model_config.vocab_size, ns.ctx).tolist(), sp)
-    while not all(s.num_output_tokens > 2 for s in eng.scheduler.running) \
-            or len(eng.scheduler.running) < b:
-        eng.step()  # prefill + first decode steps: everything compiled
+    if ns.synthetic:
+        from jaxinfer.batch import Bucket
+
+        pages = eng.config.page_buckets[-1]
+        if b * ((ns.ctx + 1) // 16 + 1) >= eng.kv_sizing.num_pages:
+            raise SystemExit(f"--synthetic: {b} rows x {ns.ctx} tokens exceed the KV pool")
+        eng.runner.executable(Bucket("decode", b, b, pages))
+        print(f"[{time.perf_counter():.0f}] decode bucket compiled", flush=True)
+    else:
+        for _ in range(b):
+            eng.add_request(rng.integers(0, eng.model_config.vocab_size, ns.ctx).tolist(), sp)
+        while not all(s.num_output_tokens > 2 for s in eng.scheduler.running) \
+                or len(eng.scheduler.running) < b:
+            eng.step()  # prefill + first decode steps: everything compiled
     report, summary = [], {"config": vars(ns), "device": jax.devices()[0].device_kind}
-    replay = decode_replay(eng, b, ns.ctx)
+    replay = decode_replay(eng, b, ns.ctx, distinct=ns.synthetic)
     jax.block_until_ready(replay())
-    for phase in ("device-only", "engine"):
+    for phase in ("device-only",) if ns.synthetic else ("device-only", "engine"):
         d = tempfile.mkdtemp(prefix="trace_")
         with jax.profiler.trace(d, create_perfetto_trace=True):
             t0 = time.perf_counter()

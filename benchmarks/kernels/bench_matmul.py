@@ -38,17 +38,13 @@ import jax.numpy as jnp
 
 from jaxinfer.bench.records import make_record
 from pallas_kernels.matmul import api, gate_up_ref, linear_ref, quantize_rows_fp8
-from pallas_kernels.matmul.mgpu_gemm import MgpuConfig
-from pallas_kernels.matmul.triton_gemm import TritonConfig, default_config, fit_smem
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from matmul_plans import SHAPES, plan, plan_decode, plan_w8a8  # noqa: E402
 
 FP8 = jnp.float8_e4m3fn
 T0 = time.time()
 RECORDS: list[dict] = []
-SHAPES = {  # name: (K, N rows of the weight, fused gate+up)
-    "8b_qkv": (4096, 6144, False), "8b_o": (4096, 4096, False),
-    "8b_gate_up": (4096, 28672, True), "8b_down": (14336, 4096, False),
-    "70b_up": (8192, 28672, False), "70b_o": (8192, 8192, False),
-}
 
 
 def log(*a) -> None:
@@ -155,147 +151,6 @@ def ref_out(kind, gate_up, x, w):
         return f(x, w["q_nk"], w["ws"])
     xq, xs = quantize_rows_fp8(x)
     return f(xq, w["q_nk"], w["ws"], xs, out_dtype=jnp.bfloat16)
-
-
-def tri(bm, bn, bk, K, N_out, M, kind, gate_up, warps=4, stages=4, fp8_dot=False,
-        swap_ab=False, fast_dequant=False, waves=2):
-    """A TritonConfig with split-K chosen to fill ``waves`` waves of 132 SMs, fitted to smem."""
-    wdt = jnp.bfloat16 if kind == "bf16" else FP8
-    xdt = FP8 if kind == "w8a8" else jnp.bfloat16
-    programs = -(-N_out // bn) * -(-M // bm)
-    split = 1
-    while (programs * split < 132 * waves and K % (split * 2 * bk) == 0
-           and K // (split * 2) >= 1024):
-        split *= 2
-    c = TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=warps, num_stages=stages,
-                     fp8_dot=fp8_dot, swap_ab=swap_ab, fast_dequant=fast_dequant)
-    return fit_smem(c, K, xdt, wdt, gate_up)
-
-
-def plan_decode(ms, shapes):
-    """Decode-shape W8A16 / bf16 candidates (session 4): swap-AB (weight as wgmma's register
-    A operand) and Marlin-style FP8 dequantization, against XLA in the same run; then the
-    Mosaic GPU prefill jobs of :func:`plan` (never run on a GPU before)."""
-    first, grid, xla = [], [], []
-    for sname in shapes:
-        K, N, gu = SHAPES[sname]
-        n_out = N // 2 if gu else N
-        for M in ms:
-            if M > 256:
-                continue
-            bm = max(16, 1 << (M - 1).bit_length())
-            bm = min(bm, 64)
-            for kind in ("bf16", "w8a16"):
-                xla.append((sname, M, f"xla_{kind}", kind, "xla", None))
-            def add(lst, fam, kind, **kw):
-                lst.append((sname, M, fam, kind, "triton", tri(bm, K=K, N_out=n_out, M=M,
-                                                               kind=kind, gate_up=gu, **kw)))
-            add(first, "tri_w8a16_swap_fast", "w8a16", bn=64, bk=256, swap_ab=True,
-                fast_dequant=True)
-            add(first, "tri_w8a16_swap", "w8a16", bn=64, bk=256, swap_ab=True)
-            add(first, "tri_w8a16_fast", "w8a16", bn=64, bk=256, fast_dequant=True)
-            add(first, "tri_bf16_swap", "bf16", bn=64, bk=128, swap_ab=True)
-            if M in (1, 16, 64):
-                for bn, bk, st, wp in ((128, 256, 4, 4), (64, 512, 3, 4), (128, 128, 5, 4),
-                                       (64, 256, 4, 8), (128, 256, 3, 8)):
-                    add(grid, "tri_w8a16_swap_fast", "w8a16", bn=bn, bk=bk, stages=st,
-                        warps=wp, swap_ab=True, fast_dequant=True)
-                add(grid, "tri_w8a16_swap_fast", "w8a16", bn=64, bk=256, swap_ab=True,
-                    fast_dequant=True, waves=4)
-                add(grid, "tri_w8a16", "w8a16", bn=64, bk=256)
-    prefill = [j for j in plan([m for m in ms if m >= 512], shapes) if j[4] != "xla"]
-    return first + xla + grid + prefill
-
-
-def plan_w8a8(ms, shapes):
-    """Decode-shape W8A8 candidates (session 4): the Triton kernel with swap-AB and the FP8
-    tensor-core dot at 16 tokens (x quantized per token in the same jit), against XLA W8A16 /
-    bf16 (the engine's other paths) in the same run."""
-    jobs, xla = [], []
-    for sname in shapes:
-        K, N, gu = SHAPES[sname]
-        n_out = N // 2 if gu else N
-        for M in ms:
-            bm = min(64, max(16, 1 << (M - 1).bit_length()))
-            for kind in ("bf16", "w8a16"):
-                xla.append((sname, M, f"xla_{kind}", kind, "xla", None))
-            for bn, bk, st, wp in ((64, 256, 4, 4), (128, 256, 4, 4), (64, 512, 3, 4),
-                                   (128, 128, 5, 4), (128, 256, 3, 8)):
-                if bm == 64 and bk == 512:
-                    continue
-                jobs.append((sname, M, "tri_w8a8_swap", "w8a8", "triton",
-                             tri(bm, bn, bk, K, n_out, M, "w8a8", gu, warps=wp, stages=st,
-                                 fp8_dot=True, swap_ab=True)))
-    # mgpu_decode (Mosaic swap-AB) left out: its first GPU run (call 2, M = 1) faulted with a
-    # misaligned address and poisoned the CUDA context for every later job.
-    return jobs + xla
-
-
-def plan(ms, shapes, smoke=False, safe=False):
-    """(shape, M, family, kind, backend, cfg) jobs in priority order (the deadline cuts the tail).
-
-    Run 1 (2026-11-29) measured XLA and the default Triton tiles at M = 1, 8, 64; this plan
-    puts prefill (Mosaic GPU, never run before), then new decode candidates first.
-    """
-    P = {i: [] for i in range(6)}
-    for sname in shapes:
-        K, N, gu = SHAPES[sname]
-        n_out = N // 2 if gu else N
-        for M in ms:
-            bm = 16 if M <= 16 else (32 if M <= 32 else 64)
-            if M >= 512:
-                for kind in ("bf16", "w8a8"):
-                    P[0].append((sname, M, f"xla_{kind}", kind, "xla", None))
-                    if safe:
-                        continue
-                    cfgs = mgpu_cfgs(kind)
-                    P[0].append((sname, M, f"mgpu_{kind}", kind, "mgpu", cfgs[0]))
-                    if M == min(m for m in ms if m >= 512) and sname in ("8b_gate_up", "70b_up"):
-                        P[1] += [(sname, M, f"mgpu_{kind}", kind, "mgpu", c) for c in cfgs[1:]]
-                continue
-            if M in (1, 32, 64):
-                if not safe:
-                    for kind in ("bf16", "w8a8"):
-                        P[1].append((sname, M, f"mdec_{kind}", kind, "mgpu_decode", None))
-                    P[1].append((sname, M, "tri_w8a8", "w8a8", "triton",
-                                 tri(64, 64, 256, K, n_out, M, "w8a8", gu, fp8_dot=True)))
-                    if M == 64:
-                        P[1].append((sname, M, "tri_w8a8", "w8a8", "triton",
-                                     tri(64, 128, 128, K, n_out, M, "w8a8", gu, fp8_dot=True)))
-                P[1].append((sname, M, "tri_w8a16", "w8a16", "triton",
-                             tri(bm, 64, 256, K, n_out, M, "w8a16", gu)))
-                if M == 1:
-                    P[1].append((sname, M, "tri_bf16", "bf16", "triton",
-                                 tri(bm, 64, 128, K, n_out, M, "bf16", gu)))
-            if M in (128, 256):
-                for kind in ("bf16", "w8a16", "w8a8"):
-                    wdt = jnp.bfloat16 if kind == "bf16" else FP8
-                    xdt = FP8 if kind == "w8a8" else jnp.bfloat16
-                    c = default_config(M, K, n_out, wdt, xdt, gu)
-                    if safe and c.fp8_dot:
-                        continue
-                    P[2].append((sname, M, f"tri_{kind}", kind, "triton", c))
-                if not safe:
-                    for kind in ("bf16", "w8a8"):
-                        if M == 128:
-                            P[2].append((sname, M, f"mdec_{kind}", kind, "mgpu_decode", None))
-                        P[2].append((sname, M, f"mgpu_{kind}", kind, "mgpu", mgpu_cfgs(kind)[0]))
-                for kind in ("bf16", "w8a16", "w8a8"):
-                    P[3].append((sname, M, f"xla_{kind}", kind, "xla", None))
-            if M in (8,) and not safe:
-                for kind in ("bf16", "w8a8"):
-                    P[4].append((sname, M, f"mdec_{kind}", kind, "mgpu_decode", None))
-            if M in (1, 8, 32, 64):
-                for kind in ("bf16", "w8a16", "w8a8"):
-                    P[5 if M != 32 else 3].append((sname, M, f"xla_{kind}", kind, "xla", None))
-    return [j for i in sorted(P) for j in P[i]]
-
-
-def mgpu_cfgs(kind):
-    tk = 64 if kind == "bf16" else 128
-    return [MgpuConfig(tile_k=tk),
-            MgpuConfig(tile_k=tk, grid_minor_n=False, grid_tile_width=16),
-            MgpuConfig(tile_k=tk, tile_n=64, max_concurrent_steps=6 if tk == 128 else 5)]
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""On-device sampling from per-row parameter arrays (inside the compiled step).
+"""On-device sampling from per-row parameter arrays (a small compiled program per step).
 
 Parameters are arrays (:class:`~jaxinfer.batch.SamplingArrays`), not trace-time constants,
 so rows with different parameters share one compiled program. The pipeline per row follows
@@ -31,19 +31,24 @@ present in the prompt. The step adds each sampled token to its row; the engine (
 row from the host with :func:`load_token_history` when a sequence with penalties is admitted
 (its prompt may come from the prefix cache and was never fed through a step).
 
-Work no row of the batch needs is skipped, decided in one of two ways (same results):
+Work no row of the batch needs is skipped by static flags (:class:`SamplerNeeds`: penalties,
+temperature and draw, top-k search, top-p search, logprobs), so the compiled sampler has no
+conditional. The runner (``runner.py``) runs the sampler as its own small program after the
+model program, the logits staying on the device: it reads the batch's needs on the host from
+the numpy parameters (``SamplerNeeds.of``, as vLLM decides ``all_greedy``, ``no_penalties``
+and ``max_num_logprobs`` on the host) and rounds them up to one of the few compiled variants
+of :data:`SAMPLER_VARIANTS` (:func:`sampler_variant`). A flag that is on where no row needs
+it changes no row's token, nor the logprobs of a row that asked (neutral parameters leave a
+row bit for bit as it was), so any covering variant, and ``SamplerNeeds()`` (all on), gives
+the same results.
 
-* ``needs=None``: on the device, by batch-wide ``lax.cond``s (all greedy: no temperature,
-  filters or draw; no penalties: no gather of count rows; no logprobs: no log-softmax; no
-  top-k: no k-th value search; no top-p: no nucleus search). On XLA:GPU every ``lax.cond`` copies its predicate to the host and blocks until the
-  stream reaches it (xla ``backends/gpu/runtime/conditional_thunk.cc``: ``Memcpy`` then
-  ``BlockHostUntilDone``; command buffers, which could keep it on the device, leave
-  ``CONDITIONAL`` out of ``--xla_gpu_enable_command_buffer``'s default set), so the call does
-  not return before the device has run everything queued ahead of the cond.
-* ``needs=SamplerNeeds.of(host arrays, V)``: on the host, from the numpy parameters, as
-  static flags: the program has no conditional at all (vLLM decides ``all_greedy``,
-  ``no_penalties`` and ``max_num_logprobs`` on the host the same way). One program per flag
-  combination; ``SamplerNeeds()`` (all True) is one program for every batch.
+``needs=None`` decides on the device instead, by batch-wide ``lax.cond``s; kept as the
+baseline of ``benchmarks/sampling_cost.py``, the runner never uses it. On XLA:GPU every
+``lax.cond`` copies its predicate to the host and blocks until the stream reaches it (xla
+``backends/gpu/runtime/conditional_thunk.cc``: ``Memcpy`` then ``BlockHostUntilDone``;
+command buffers, which could keep it on the device, leave ``CONDITIONAL`` out of
+``--xla_gpu_enable_command_buffer``'s default set), so the call does not return before the
+device has run everything queued ahead of the cond, and each cond splits the command buffers.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.batch import SamplingArrays
+from jaxinfer.batch import Bucket, SamplingArrays
 from jaxinfer.sampling_filters import (
     TOPK_FAST,
     kth_largest,
@@ -64,8 +69,9 @@ from jaxinfer.sampling_filters import (
 )
 from jaxinfer.sampling_params import MAX_LOGPROBS
 
-__all__ = ["COUNT_MASK", "PROMPT_FLAG", "TOPK_FAST", "SampleOutput", "SamplerNeeds",
-           "apply_penalties", "load_token_history", "sample", "sample_rows"]
+__all__ = ["COUNT_MASK", "PROMPT_FLAG", "SAMPLER_VARIANTS", "TOPK_FAST", "SampleOutput",
+           "SamplerNeeds", "apply_penalties", "load_token_history", "sample", "sample_rows",
+           "sampler_bucket", "sampler_variant"]
 
 NEG_INF = -jnp.inf
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
@@ -135,9 +141,64 @@ class SamplerNeeds(NamedTuple):
 
     @classmethod
     def of(cls, sp: SamplingArrays, vocab_size: int) -> SamplerNeeds:
-        """The flags of a batch from its host (numpy) parameter arrays."""
-        sp = SamplingArrays(*map(np.asarray, sp))
-        return cls(**{k: bool(v) for k, v in _needs(np, sp, vocab_size).items()})
+        """The flags of a batch from its host (numpy) parameter arrays, each [S].
+
+        Runs on the host every sample step, on the arrays the step was built with: at most
+        a dozen numpy calls on [S] arrays, no per-row Python (5-11 us at S = 16-256 on the
+        2-core CPU). Equal to ``_needs(np, ...)``, the definition the device-side conds
+        use (tested).
+        """
+        a, nz = np.asarray, np.count_nonzero  # count_nonzero: cheaper than .any() here
+        rp = a(sp.repetition_penalty)
+        penalties = bool(nz((rp != 1.0) & (rp > 0.0)) or nz(a(sp.presence_penalty))
+                         or nz(a(sp.frequency_penalty)))
+        rows = a(sp.temperature) > 0.0
+        sampling = bool(nz(rows))
+        top_k = top_p = False
+        if sampling:
+            k = a(sp.top_k)
+            top_k = bool(nz(rows & (k > 0) & (k < vocab_size)))
+            top_p = bool(nz(rows & (a(sp.top_p) < 1.0)))
+        return cls(penalties, sampling, top_k, top_p, bool(nz(a(sp.want_logprobs))))
+
+
+# The sampler programs the runner compiles for each row count S, cheapest first. A step runs
+# the first variant whose flags cover its batch's SamplerNeeds (flags are only ever turned
+# on, which changes no row's result). Why these, from the H200 costs per call at vocab 128k
+# (benchmarks/RESULTS.md, "Sampling cost"; B=1 / B=256): greedy 7.5 / 38 us; temperature
+# 15 / 240 us; top-p search 114 / 1,370 us; top-k + top-p 203 / 2,424 us; logprobs 334 /
+# 849 us; penalties only add ~2 / ~30 us to a program. So the chain follows the common
+# requests: greedy, temperature (the OpenAI default), + top-p, + top-k; penalties are cheap,
+# so the sampling variants carry them (a batch with a repetition penalty does not fall back to
+# the all-True program, 3.3 ms at B=256; a greedy one takes "temperature", its draw wasted);
+# logprobs are not cheap, and take the all-True program, the universal fallback that serves
+# any batch. Each variant is one more program per S (top-k alone takes "top_k_top_p").
+SAMPLER_VARIANTS: dict[str, SamplerNeeds] = {
+    "greedy": SamplerNeeds(False, False, False, False, False),
+    "temperature": SamplerNeeds(True, True, False, False, False),
+    "top_p": SamplerNeeds(True, True, False, True, False),
+    "top_k_top_p": SamplerNeeds(True, True, True, True, False),
+    "full": SamplerNeeds(),
+}
+# Every flag combination -> the first variant covering it (32 entries).
+_COVER = {SamplerNeeds(*(bool(i >> b & 1) for b in range(5))): next(
+    name for name, v in SAMPLER_VARIANTS.items()
+    if all(have or not (i >> b & 1) for b, have in enumerate(v))) for i in range(32)}
+
+
+def sampler_variant(sp: SamplingArrays, vocab_size: int) -> str:
+    """Name in :data:`SAMPLER_VARIANTS` of the cheapest program that serves a batch: its
+    ``SamplerNeeds.of`` rounded up (a flag a row needs is never off)."""
+    return _COVER[SamplerNeeds.of(sp, vocab_size)]
+
+
+def sampler_bucket(num_seqs: int, variant: str) -> Bucket:
+    """Bucket of the sampler program of ``variant`` for ``num_seqs`` rows:
+    Bucket(variant, S, S, 0), run in mode ``runner.SAMPLER``. Raises KeyError for an unknown
+    variant."""
+    if variant not in SAMPLER_VARIANTS:
+        raise KeyError(f"unknown sampler variant {variant!r}; one of {list(SAMPLER_VARIANTS)}")
+    return Bucket(variant, num_seqs, num_seqs, 0)
 
 
 def _row_key(seed: jax.Array, index: jax.Array) -> jax.Array:
@@ -217,9 +278,10 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
       logits: [S, V] raw logits (any float dtype; computed in float32).
       sp: per-row parameters, each [S] ([S, 2] uint32 seeds); see ``batch.SamplingArrays``.
       counts: [N + 1, V] int32 packed token counts (module docstring); row N is scratch.
-      needs: static flags of the parts the batch needs (``SamplerNeeds.of``), or None to
+      needs: static flags covering the parts the batch needs (``SamplerNeeds.of``, or a
+        variant of ``SAMPLER_VARIANTS`` covering it: what the runner passes), or None to
         decide on the device with ``lax.cond`` (module docstring: each one is a host sync on
-        XLA:GPU). Either way every row gets the same result.
+        XLA:GPU). Every covering choice gives every row the same result.
     Returns:
       (SampleOutput, updated counts). Rows whose slot is < 0 or >= N use the scratch row.
     """

@@ -106,10 +106,13 @@ def decode_replay(eng, b: int, ctx: int, distinct: bool = False):
 
     Fixed inputs (every row at position ctx, pages 1.. in order; with ``distinct`` each row
     reads its own pages, so the KV bytes are the batch's, not one sequence's out of L2), no
-    host work: the device time of one decode step. The KV cache is threaded through as the
+    host work: the device time of one decode step, the model program then the greedy sampler
+    program (runner.py). The KV cache and the penalty counts are threaded through as the
     engine does (donated).
     """
     import jax
+
+    from jaxinfer.batch import SamplingArrays
 
     runner = eng.runner
     bucket = [k for k in runner.compiled_buckets if k[1].kind == "decode"
@@ -117,7 +120,6 @@ def decode_replay(eng, b: int, ctx: int, distinct: bool = False):
     exe = runner.executable(bucket)
     args = runner._abstract_args(bucket)
     md = args[3]
-    zeros = lambda s: jax.numpy.zeros(s.shape, s.dtype)  # noqa: E731
     bt = np.zeros((b, bucket.max_pages), np.int32)
     n = (ctx + 1) // 16 + 1
     bt[:, :n] = np.arange(1, n + 1)
@@ -129,12 +131,12 @@ def decode_replay(eng, b: int, ctx: int, distinct: bool = False):
                       block_tables=jax.numpy.asarray(bt),
                       seq_lens=jax.numpy.full((b,), ctx + 1, "int32"),
                       logits_indices=jax.numpy.arange(b, dtype="int32"), is_prefill=False)
-    rest = [zeros(a) for a in args[4:]]
     toks = jax.numpy.zeros((b,), "int32")
+    sp = SamplingArrays(*map(jax.numpy.asarray, SamplingArrays.neutral(b)))  # greedy rows
 
-    def replay():  # the cache and the penalty counts (last argument) are donated: thread them
-        (out, rest[-1]), runner.cache = exe(runner.state, runner.cache, toks, md_arr, *rest)
-        return out
+    def replay():  # runner.cache and runner.counts are donated: the runner threads them
+        logits, runner.cache = exe(runner.state, runner.cache, toks, md_arr)
+        return runner.sample(logits, sp, "greedy")
 
     return replay
 

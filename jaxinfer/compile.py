@@ -1,7 +1,8 @@
 """Ahead-of-time compilation of a configuration's bucket set (``jaxinfer compile``).
 
 Every device program the engine can run has a fixed shape (a bucket, see ``batch.Bucket``) and
-a mode (``"sample"`` or ``"logits"``). :func:`enumerate_programs` lists them for an
+a mode (``"sample"`` or ``"logits"``; a sample step also runs a ``"sampler"`` program, see
+``runner.py``). :func:`enumerate_programs` lists them for an
 :class:`EngineConfig`; :func:`compile_bucket_set` compiles each from abstract shapes (no
 weights are read or allocated, so 70B-shaped programs compile on a small host) into a compile
 cache directory (see :mod:`jaxinfer.compile_cache`). A later start with the same configuration
@@ -56,7 +57,11 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
     ``page_buckets``; prefill ("logits", used by ``prompt_logits``): the same with
     S = 1; decode ("sample" only): S = T in ``decode_buckets`` x pages; with "sample" also
     the page-copy program of ``n > 1`` requests (mode "copy", Bucket("kv", max_num_seqs, 1,
-    0), the runner's ``copy_bucket``). Buckets no step can
+    0), the runner's ``copy_bucket``), the penalty-history program (mode "history",
+    Bucket("history", max_model_len, 1, 0): the engine pads a sequence's tokens to
+    max_model_len for ``runner.load_history``) and the sampler programs (mode "sampler",
+    ``sampling.sampler_bucket(S, variant)``): every variant of
+    ``sampling.SAMPLER_VARIANTS`` for every row count S of the sample programs. Buckets no step can
     reach are left out: more rows than tokens or than running sequences (the scheduler's
     prefill chunks belong to at most max_num_seqs running sequences), or too few pages for
     the tokens.
@@ -88,6 +93,13 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
         out += [Program("sample", Bucket("decode", B, B, P))
                 for B in ec.decode_buckets for P in ec.page_buckets]
         out.append(Program("copy", Bucket("kv", max(1, ec.max_num_seqs), 1, 0)))
+        out.append(Program("history", Bucket("history", ec.max_model_len, 1, 0)))
+        from jaxinfer.runner import SAMPLER
+        from jaxinfer.sampling import SAMPLER_VARIANTS, sampler_bucket
+
+        rows = sorted({p.bucket.num_seqs for p in out if p.mode == "sample"})
+        out += [Program(SAMPLER, sampler_bucket(S, name)) for S in rows
+                for name in SAMPLER_VARIANTS]
     return out
 
 
@@ -321,9 +333,16 @@ def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Progr
     kv = kv_pool_bytes(mc, ec, dtype)
     scales = kv_scale_bytes(mc, kv_dtype)
     n_params = sum(math.prod(s) for s in param_shapes(mc).values())
+    from jaxinfer.runner import SAMPLER
+
     counts: dict[str, int] = {}
+    rows: dict[str, set[int]] = {}  # sampler variant -> its row counts
     for p in programs:
-        counts[f"{p.bucket.kind} {p.mode}"] = counts.get(f"{p.bucket.kind} {p.mode}", 0) + 1
+        key = p.mode if p.bucket.kind == p.mode else f"{p.bucket.kind} {p.mode}"
+        if p.mode == SAMPLER:  # one count for all variants
+            key = SAMPLER
+            rows.setdefault(p.bucket.kind, set()).add(p.bucket.num_seqs)
+        counts[key] = counts.get(key, 0) + 1
     lines = [
         (f"model {model}: {mc.num_layers} layers, {mc.num_kv_heads} KV heads x {mc.head_dim}, "
          f"{n_params / 1e6:,.1f} M params ({_gib(n_params * dtype.itemsize)} in {dtype.name})"),
@@ -339,6 +358,9 @@ def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Progr
          + (f" + {scales} B scales" if scales else "") + f" = {kv:,} bytes ({_gib(kv)})"),
         f"programs: {len(programs)} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")",
     ]
+    if rows:
+        lines.append("sampling variants x rows: " + ", ".join(
+            f"{name} {sorted(r)}" for name, r in rows.items()))
     return "\n".join(lines)
 
 
@@ -348,12 +370,12 @@ def bucket_table(programs: list[Program], seconds: dict[Program, float] | None =
     for p in programs:
         b = p.bucket
         rows.setdefault((p.mode, b.kind, b.num_tokens, b.num_seqs), []).append(p)
-    lines = [f"{'mode':7} {'kind':8} {'tokens':>6} {'seqs':>5}  pages"
+    lines = [f"{'mode':7} {'kind':11} {'tokens':>6} {'seqs':>5}  pages"
              + ("  (compile seconds)" if seconds is not None else "")]
     for (mode, kind, T, S), ps in rows.items():
         cells = [str(p.bucket.max_pages) + (f" ({seconds[p]:.2f})" if seconds and p in seconds
                                             else "") for p in ps]
-        lines.append(f"{mode:7} {kind:8} {T:>6} {S:>5}  " + "  ".join(cells))
+        lines.append(f"{mode:7} {kind:11} {T:>6} {S:>5}  " + "  ".join(cells))
     return "\n".join(lines)
 
 

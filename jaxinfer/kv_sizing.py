@@ -182,13 +182,16 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
 
 
 def profile_activation_bytes(net: Any, ec: EngineConfig, dtype: Any) -> int:
-    """Temporary bytes XLA needs for the largest prefill and decode buckets of ``ec``
-    (max of the two), compiled against a 2-page pool of ``ec``'s KV dtype (``dtype``: the
-    model's). Costs two compilations; called only when the pool is sized from device
-    memory."""
+    """Device bytes a step needs besides weights and KV pool, for the largest prefill and
+    decode buckets of ``ec`` (max of the two), compiled against a 2-page pool of ``ec``'s KV
+    dtype (``dtype``: the model's): the model program's temporaries plus the [S, V] float32
+    logits it hands to the sampler, or the all-True sampler program's temporaries plus those
+    logits, whichever is larger (see runner.py). Costs three compilations; called only when
+    the pool is sized from device memory."""
     from jaxinfer.batch import Bucket
     from jaxinfer.layers.attention import get_backend
-    from jaxinfer.runner import ModelRunner
+    from jaxinfer.runner import SAMPLE, SAMPLER, ModelRunner
+    from jaxinfer.sampling import sampler_bucket
 
     probe = ModelRunner(net, num_pages=2, page_size=ec.block_size,
                         attention=get_backend(ec.attention_backend),
@@ -196,11 +199,15 @@ def profile_activation_bytes(net: Any, ec: EngineConfig, dtype: Any) -> int:
     P = ec.page_buckets[-1]
     buckets = [Bucket("prefill", ec.prefill_buckets[-1], ec.prefill_seq_buckets[-1], P),
                Bucket("decode", ec.decode_buckets[-1], ec.decode_buckets[-1], P)]
+    S = max(b.num_seqs for b in buckets)
+    programs = [(b, SAMPLE) for b in buckets] + [(sampler_bucket(S, "full"), SAMPLER)]
     temps = []
-    for b in buckets:
-        stats = probe.lower(b).compile().memory_analysis()
-        temps.append(int(getattr(stats, "temp_size_in_bytes", 0) or 0))
-        log.info("activation probe %s: %.1f MiB temporaries", b, temps[-1] / 2**20)
+    for b, mode in programs:
+        stats = probe.lower(b, mode).compile().memory_analysis()
+        logits = b.num_seqs * net.cfg.vocab_size * 4  # returned by one, read by the other
+        temps.append(int(getattr(stats, "temp_size_in_bytes", 0) or 0) + logits)
+        log.info("activation probe %s %s: %.1f MiB temporaries + logits", mode, b,
+                 temps[-1] / 2**20)
     return max(temps)
 
 

@@ -6,10 +6,22 @@ XLA so tests can assert that serving compiles nothing after warm-up; ``num_loade
 programs loaded instead (from a ``jaxinfer compile`` cache set as ``program_store``, or from
 JAX's persistent compilation cache).
 
+A sample step is two programs, dispatched back to back (no host round trip between them):
+the model program of the step's bucket, which returns the [S, V] float32 logits of the rows
+that sample (``md.logits_indices``), and a sampler program of S rows, which samples them
+(``sampling.sample_rows``). The sampler is compiled in a few variants
+(``sampling.SAMPLER_VARIANTS``), each with static flags for the parts it runs, so neither
+program has a device-side conditional (on XLA:GPU each ``lax.cond`` blocks the host until the
+device reaches it, and splits command buffers); each step the runner picks the variant from
+the host copy of the step's parameters (``sampling.sampler_variant``). Building the model
+program of a sample bucket also builds every sampler variant of its S, so a step compiles
+nothing that an earlier step of the same bucket did not, whatever its parameters.
+
 Besides the KV pool the runner holds the sampling penalty state, ``counts`` [num_slots + 1, V]
-int32 (see ``sampling.py``), donated to every sample step like the pool, a small "history"
-program that loads one slot's row from a sequence's tokens, and a "copy" program that copies
-KV pages for the copy-on-write of forked ``n > 1`` samples (``layers/page_copy.py``).
+int32 (see ``sampling.py``), donated to every sampler program like the pool to the model
+program, a small "history" program that loads one slot's row from a sequence's tokens, and a
+"copy" program that copies KV pages for the copy-on-write of forked ``n > 1`` samples
+(``layers/page_copy.py``).
 """
 
 from __future__ import annotations
@@ -28,15 +40,25 @@ from jaxinfer.compile_cache import xla_compilations
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, allocate_kv_cache
 from jaxinfer.layers.page_copy import copy_pages
 from jaxinfer.models.transformer import CausalLM
-from jaxinfer.sampling import SampleOutput, load_token_history, sample_rows
+from jaxinfer.sampling import (
+    SAMPLER_VARIANTS,
+    SampleOutput,
+    SamplerNeeds,
+    load_token_history,
+    sample_rows,
+    sampler_bucket,
+    sampler_variant,
+)
 
 log = logging.getLogger(__name__)
 
-# Modes of a compiled step: sample one token per row, or return every token's logits
-# (research / parity checks / prompt logprobs). HISTORY is not a step: it loads one slot of
-# the penalty state (``load_history``); its bucket is Bucket("history", L, 1, 0). COPY is not
-# a step either: it copies KV pages (``copy_pages``); its bucket is ``copy_bucket``.
-SAMPLE, LOGITS, HISTORY, COPY = "sample", "logits", "history", "copy"
+# Modes of a compiled step: sample one token per row (the model program, then a SAMPLER
+# program), or return every token's logits (research / parity checks / prompt logprobs).
+# SAMPLER programs have buckets ``sampling.sampler_bucket(S, variant)``. HISTORY is not a
+# step: it loads one slot of the penalty state (``load_history``); its bucket is
+# Bucket("history", L, 1, 0). COPY is not a step either: it copies KV pages (``copy_pages``);
+# its bucket is ``copy_bucket``.
+SAMPLE, LOGITS, SAMPLER, HISTORY, COPY = "sample", "logits", "sampler", "history", "copy"
 
 
 class SampleResult(NamedTuple):
@@ -54,7 +76,6 @@ class SampleResult(NamedTuple):
     top_logprobs: np.ndarray | None = None
 
 
-
 # XLA:GPU's rematerialization pass budgets a program 80 % of device memory (times
 # xla_gpu_memory_limit_slop_factor, 95 %) and counts its parameters. The KV pool is sized to
 # fill memory, so weights + pool exceed that budget by design: the pass cannot free anything
@@ -62,6 +83,17 @@ class SampleResult(NamedTuple):
 # 8B decode profile, "Can't reduce memory use below ..." warnings) and spends compile time.
 # Temporaries are budgeted by kv_sizing's activation probe instead.
 COMPILER_OPTIONS = {"xla_gpu_memory_limit_slop_factor": 1000}
+
+
+def _make_sampler(needs: SamplerNeeds):
+    """The jitted sampler program of static ``needs``: (logits, *SamplingArrays fields,
+    counts) -> (SampleOutput, counts), counts donated."""
+
+    def run(logits, *rest):
+        return sample_rows(logits, SamplingArrays(*rest[:-1]), rest[-1], needs)
+
+    return jax.jit(run, donate_argnums=(1 + len(SamplingArrays._fields),))
+
 
 class ModelRunner:
     """Runs padded steps of ``model`` against a paged KV pool of ``num_pages`` pages.
@@ -106,33 +138,36 @@ class ModelRunner:
         self.program_store: Any = None  # a compile_cache.ProgramStore, set by the engine
         self.compile_seconds: dict[tuple[str, Bucket], float] = {}
         self._executables: dict[tuple[str, Bucket], Any] = {}
+        self._samplers: dict[tuple[int, str], Any] = {}  # (S, variant) -> program, per step
         self._jitted = {SAMPLE: self._make_step(SAMPLE), LOGITS: self._make_step(LOGITS),
                         HISTORY: jax.jit(load_token_history, donate_argnums=(0,)),
                         COPY: jax.jit(copy_pages, donate_argnums=(0,))}
+        self._jitted_samplers = {name: _make_sampler(needs)
+                                 for name, needs in SAMPLER_VARIANTS.items()}
 
     # ----------------------------------------------------------------- programs
     def _make_step(self, mode: str):
         graphdef, attention = self.graphdef, self.attention
 
-        # Arguments: (state, cache, token_ids, md, *SamplingArrays fields, counts). Returns
-        # SAMPLE: ((SampleOutput, counts), cache); LOGITS: ([T, V] logits, cache).
-        def step(state, cache, token_ids, md, *rest):
+        # Arguments: (state, cache, token_ids, md). Returns (logits, cache): SAMPLE [S, V]
+        # float32, the rows of md.logits_indices; LOGITS [T, V] float32, every token's.
+        def step(state, cache, token_ids, md):
             model = nnx.merge(graphdef, state)
             hidden, cache = model(token_ids, cache, md, attention)
-            if mode == LOGITS:
-                return model.logits(hidden), cache
-            sp, counts = SamplingArrays(*rest[:-1]), rest[-1]
-            logits = model.logits(hidden[md.logits_indices])
-            return sample_rows(logits, sp, counts), cache
+            if mode == SAMPLE:
+                hidden = hidden[md.logits_indices]
+            return model.logits(hidden), cache
 
-        n_args = 4 + len(SamplingArrays._fields) + 1
-        return jax.jit(step, donate_argnums=(1, n_args - 1) if mode == SAMPLE else (1,))
+        return jax.jit(step, donate_argnums=(1,))
 
     def _abstract_args(self, bucket: Bucket) -> tuple:
         T, S, P = bucket.num_tokens, bucket.num_seqs, bucket.max_pages
         i32, f32 = jnp.int32, jnp.float32
         sds = jax.ShapeDtypeStruct
         counts = sds(self.counts.shape, self.counts.dtype)
+        if bucket.kind in SAMPLER_VARIANTS:  # sampler(logits [S, V], *SamplingArrays, counts)
+            sp = (sds(a.shape, a.dtype) for a in SamplingArrays.neutral(S))
+            return (sds((S, self.model_config.vocab_size), f32), *sp, counts)
         if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt)
             return (counts, sds((), i32), sds((T,), i32), sds((), i32))
         if bucket.kind == "kv":  # copy_pages(cache, src [C], dst [C], count)
@@ -144,27 +179,26 @@ class ModelRunner:
                                is_prefill=bucket.kind == "prefill")
         state = jax.tree.map(lambda a: sds(a.shape, a.dtype), self.state)
         cache = jax.tree.map(lambda a: sds(a.shape, a.dtype), self.cache)
-        sp = SamplingArrays(
-            temperature=sds((S,), f32), top_k=sds((S,), i32), top_p=sds((S,), f32),
-            min_p=sds((S,), f32), repetition_penalty=sds((S,), f32),
-            presence_penalty=sds((S,), f32), frequency_penalty=sds((S,), f32),
-            seeds=sds((S, 2), jnp.uint32), sample_index=sds((S,), i32), slots=sds((S,), i32),
-            want_logprobs=sds((S,), jnp.bool_))
-        return (state, cache, sds((T,), i32), md, *sp, counts)
+        return (state, cache, sds((T,), i32), md)
 
     def lower(self, bucket: Bucket, mode: str = SAMPLE) -> jax.stages.Lowered:
-        """Trace and lower the program of ``bucket`` from abstract shapes."""
+        """Trace and lower the program of ``bucket`` from abstract shapes (mode SAMPLER:
+        ``bucket`` is a ``sampling.sampler_bucket``). Raises KeyError for an unknown mode
+        or sampler variant."""
+        if mode == SAMPLER:
+            return self._jitted_samplers[bucket.kind].lower(*self._abstract_args(bucket))
         return self._jitted[mode].lower(*self._abstract_args(bucket))
 
     def executable(self, bucket: Bucket, mode: str = SAMPLE):
         """The program for ``bucket``: loaded from ``program_store`` if it has it, else
-        compiled now (once; later calls return the same program)."""
+        compiled now (once; later calls return the same program). The first call for a
+        SAMPLE bucket of S rows also builds every sampler variant of S (``sampler``)."""
         key = (mode, bucket)
         exe = self._executables.get(key)
         if exe is None:
             t0 = time.perf_counter()
-            # jaxinfer compile does not build the history program, nor the copy program
-            # without --modes sample: load them only if present.
+            # jaxinfer compile builds neither the history nor the copy program without
+            # --modes sample: load them only if present.
             if self.program_store is not None and (
                     mode not in (HISTORY, COPY) or (mode, bucket) in self.program_store.entries):
                 exe = self.program_store.load(mode, bucket)
@@ -179,6 +213,20 @@ class ModelRunner:
             log.info("%s %s %s in %.2f s", "compiled" if compiled else "loaded", mode, bucket,
                      self.compile_seconds[key])
             self._executables[key] = exe
+            if mode == SAMPLE:
+                for name in SAMPLER_VARIANTS:
+                    self.executable(sampler_bucket(bucket.num_seqs, name), SAMPLER)
+        return exe
+
+    def sampler(self, num_seqs: int, variant: str):
+        """The sampler program of ``variant`` (a key of ``sampling.SAMPLER_VARIANTS``) for
+        ``num_seqs`` rows, built as ``executable`` builds programs. Called as
+        ``exe(logits [S, V] float32, *SamplingArrays fields, counts)`` (counts donated); it
+        returns (SampleOutput, counts). Raises KeyError for an unknown variant."""
+        exe = self._samplers.get((num_seqs, variant))
+        if exe is None:
+            exe = self._samplers[num_seqs, variant] = self.executable(
+                sampler_bucket(num_seqs, variant), SAMPLER)
         return exe
 
     @property
@@ -193,7 +241,9 @@ class ModelRunner:
 
     # ----------------------------------------------------------------- running
     def execute(self, inputs: StepInputs, mode: str = SAMPLE) -> Any:
-        """Run one padded step.
+        """Run one padded step: mode "sample" runs the model program of ``inputs.bucket``,
+        then the sampler program of ``sampling.sampler_variant(inputs.sampling, V)`` on its
+        logits (on the device, dispatched back to back).
 
         Returns:
           mode "sample": a :class:`SampleResult` (tokens [S] int32, padding rows garbage;
@@ -201,22 +251,37 @@ class ModelRunner:
           mode "logits": [T, V] float32 logits of every token (numpy).
         """
         exe = self.executable(inputs.bucket, mode)
-        # The host arrays go to the program as they are: the compiled call transfers its
+        # The host arrays go to the programs as they are: the compiled call transfers its
         # numpy arguments itself, ~0.6 ms a step cheaper than a jax.device_put of the 18
         # arrays first (CPU, batch 256). ``inputs`` must not change while the step runs.
-        token_ids, sp = inputs.token_ids, tuple(inputs.sampling)
         md = AttentionMetadata(inputs.positions, inputs.slot_mapping, inputs.seq_ids,
                                inputs.block_tables, inputs.seq_lens, inputs.logits_indices,
                                is_prefill=inputs.bucket.kind == "prefill")
+        logits, self.cache = exe(self.state, self.cache, inputs.token_ids, md)
         if mode == LOGITS:
-            logits, self.cache = exe(self.state, self.cache, token_ids, md, *sp, self.counts)
             return np.asarray(logits)
-        out: SampleOutput
-        (out, self.counts), self.cache = exe(self.state, self.cache, token_ids, md, *sp,
-                                             self.counts)
-        if not np.any(inputs.sampling.want_logprobs):
+        sa = inputs.sampling
+        out = self.sample(logits, sa)
+        if not sa.want_logprobs.any():
             return SampleResult(np.asarray(out.tokens))
         return SampleResult(*jax.device_get(tuple(out)))
+
+    def sample(self, logits: Any, sa: SamplingArrays, variant: str | None = None
+               ) -> SampleOutput:
+        """Sample [S, V] float32 ``logits`` (a model program's, on the device) with the
+        sampler program of ``variant`` for S rows, updating the penalty state ``counts``.
+
+        Args:
+          sa: the rows' parameters, each [S] ([S, 2] seeds); numpy unless ``variant`` given.
+          variant: a key of ``sampling.SAMPLER_VARIANTS`` covering the rows' needs; None:
+            ``sampling.sampler_variant(sa, V)``, the cheapest that does.
+        Returns:
+          the SampleOutput, on the device (dispatched, not waited for).
+        """
+        if variant is None:
+            variant = sampler_variant(sa, self.model_config.vocab_size)
+        out, self.counts = self.sampler(len(sa.temperature), variant)(logits, *sa, self.counts)
+        return out
 
     def load_history(self, slot: int, token_ids: np.ndarray, num_prompt: int) -> None:
         """Overwrite penalty-state row ``slot`` with the counts of one sequence's tokens.

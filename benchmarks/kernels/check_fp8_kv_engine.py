@@ -112,7 +112,7 @@ def decode_step_time(eng, batch: int, ctx: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from jaxinfer.batch import Bucket
+    from jaxinfer.batch import Bucket, SamplingArrays
 
     P = ctx // PAGE
     t0 = time.perf_counter()
@@ -130,12 +130,12 @@ def decode_step_time(eng, batch: int, ctx: int) -> dict:
                                  jnp.int32),
         seq_lens=jnp.full((batch,), ctx, jnp.int32),
         logits_indices=jnp.arange(batch, dtype=jnp.int32), is_prefill=False)
-    rest = [jnp.zeros(a.shape, a.dtype) for a in args[4:]]
     toks = jnp.zeros((batch,), jnp.int32)
+    sp = SamplingArrays(*map(jnp.asarray, SamplingArrays.neutral(batch)))  # greedy rows
 
-    def replay():  # cache and penalty counts (last argument) are donated: thread them
-        (out, rest[-1]), runner.cache = exe(runner.state, runner.cache, toks, md, *rest)
-        return out
+    def replay():  # runner.cache and runner.counts are donated: the runner threads them
+        logits, runner.cache = exe(runner.state, runner.cache, toks, md)
+        return runner.sample(logits, sp, "greedy")  # the model program, then the sampler's
 
     t = median_time(replay, n=20)
     s = eng.kv_sizing

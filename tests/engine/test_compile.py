@@ -30,13 +30,15 @@ from jaxinfer.compile_cache import (
 from jaxinfer.config import EngineConfig
 from jaxinfer.llm import LLM
 from jaxinfer.loading import DUMMY_CONFIGS
-from jaxinfer.runner import LOGITS, SAMPLE
+from jaxinfer.runner import LOGITS, SAMPLE, SAMPLER
+from jaxinfer.sampling import SAMPLER_VARIANTS, sampler_bucket, sampler_variant
 from jaxinfer.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "dummy:tiny-llama"
-# Small bucket set: prefill T 16 x S {1, 2} x 4 pages (+ logits T 16), decode B {1, 2}, and
-# the page-copy program of n > 1 requests.
+# Small bucket set: prefill T 16 x S {1, 2} x 4 pages (+ logits T 16), decode B {1, 2}, the
+# page-copy program of n > 1 requests, the penalty-history program, and the 5 sampler
+# variants for S {1, 2}.
 ENGINE = {"max_model_len": 64, "block_size": 16, "max_num_seqs": 2,
           "max_num_batched_tokens": 16, "max_prefill_seqs": 2}
 CLI_ENGINE = ["--max-model-len", "64", "--block-size", "16", "--max-num-seqs", "2",
@@ -44,6 +46,11 @@ CLI_ENGINE = ["--max-model-len", "64", "--block-size", "16", "--max-num-seqs", "
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
                              27, 28, 29, 30]]  # the second needs two prefill chunks
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+# Eight parameter sets that need different parts of the sampler (as keyword arguments).
+EIGHT = [{}, {"temperature": 0.8}, {"temperature": 1.0, "top_p": 0.9},
+         {"temperature": 0.7, "top_k": 5, "top_p": 0.8}, {"repetition_penalty": 1.3},
+         {"temperature": 0.9, "min_p": 0.1, "frequency_penalty": 0.5}, {"logprobs": 2},
+         {"temperature": 1.2, "top_k": 7, "presence_penalty": 0.3, "logprobs": 1}]
 
 # A fresh process: no conftest, so no JAX persistent cache; only the compile cache can help.
 RUN = textwrap.dedent("""
@@ -53,25 +60,39 @@ RUN = textwrap.dedent("""
     from jaxinfer.llm import LLM
     from jaxinfer.sampling_params import SamplingParams
     engine, prompts, cache = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+    params = [SamplingParams(max_tokens=6, ignore_eos=True, seed=i, **kw)
+              for i, kw in enumerate(json.loads(sys.argv[4]))] if len(sys.argv) > 4 else (
+              SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     llm = LLM("dummy:tiny-llama", compile_cache_dir=cache or None, compile_cache_strict=True,
               **engine)
-    before = xla_compilations()
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
-    logits = llm.engine.prompt_logits(prompts[1])
     r = llm.engine.runner
+    variants, sampler = set(), r.sampler
+
+    def spy(S, variant):
+        variants.add(variant)
+        return sampler(S, variant)
+
+    r.sampler = spy
+    before = xla_compilations()
+    outs = llm.generate(prompts, params)
+    logits = llm.engine.prompt_logits(prompts[1])
     print(json.dumps({"tokens": [o.outputs[0].token_ids for o in outs],
+                      "cumulative_logprobs": [o.outputs[0].cumulative_logprob for o in outs],
                       "logits_argmax": np.argmax(logits, -1).tolist(),
+                      "variants": sorted(variants),
                       "compiled": r.num_compilations, "loaded": r.num_loaded,
                       "xla_while_running": xla_compilations() - before}))
 """)
 
 
-def _fresh_process(cache: Path | str) -> dict:
+def _fresh_process(cache: Path | str, prompts: list = PROMPTS,
+                   params: list[dict] | None = None) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    out = subprocess.run([sys.executable, "-c", RUN, json.dumps(ENGINE), json.dumps(PROMPTS),
-                          str(cache)], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=600, check=False)
+    extra = [json.dumps(params)] if params is not None else []
+    out = subprocess.run([sys.executable, "-c", RUN, json.dumps(ENGINE), json.dumps(prompts),
+                          str(cache), *extra], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -86,6 +107,7 @@ def cache_dir(tmp_path_factory) -> Path:
 
 def test_modes_are_the_runners():
     assert MODES == (SAMPLE, LOGITS)
+    assert SAMPLER not in MODES  # sampler programs come with "sample"
 
 
 def test_enumeration_holds_every_bucket_a_step_can_use():
@@ -103,8 +125,11 @@ def test_enumeration_holds_every_bucket_a_step_can_use():
     assert len(prefill) < full, "unreachable buckets should be pruned"
     assert max(b.num_seqs for b in prefill) == 4  # rows beyond max_num_seqs never run
 
+    samplers = {p.bucket for p in programs if p.mode == SAMPLER}
+    assert samplers == {sampler_bucket(S, v) for S in {b.num_seqs for b in sample}
+                        for v in SAMPLER_VARIANTS}
     rng = np.random.default_rng(0)
-    seen = set()
+    seen, seen_samplers = set(), set()
     for _ in range(3000):
         decode = rng.random() < 0.3
         n_seq = int(rng.integers(1, ec.max_num_seqs + 1))
@@ -117,9 +142,10 @@ def test_enumeration_holds_every_bucket_a_step_can_use():
         chunks = []
         for i, n in enumerate(sizes):
             end = int(rng.integers(n, ec.max_model_len + 1))
+            params = SamplingParams(**EIGHT[int(rng.integers(len(EIGHT)))])
             seq = SimpleNamespace(seq_id=i, block_table=list(range(1, -(-end // 16) + 1)),
                                   all_token_ids=[3] * end, num_prompt_tokens=end,
-                                  sampling_params=GREEDY)
+                                  sampling_params=params)
             chunks.append(SimpleNamespace(seq=seq, start=end - n, num_tokens=n))
         step = build_step(chunks, is_prefill=not decode, page_size=ec.block_size,
                           token_buckets=ec.decode_buckets if decode else ec.prefill_buckets,
@@ -127,7 +153,11 @@ def test_enumeration_holds_every_bucket_a_step_can_use():
                           page_buckets=ec.page_buckets, request_seeds={})
         assert step.bucket in sample, step.bucket
         seen.add(step.bucket)
+        variant = sampler_variant(step.sampling, DUMMY_CONFIGS["tiny-llama"].vocab_size)
+        assert sampler_bucket(step.bucket.num_seqs, variant) in samplers
+        seen_samplers.add(sampler_bucket(step.bucket.num_seqs, variant))
     assert len(seen) > len(sample) // 2  # the random steps exercise much of the set
+    assert len(seen_samplers) > len(samplers) // 2
 
 
 def test_kv_pool_bytes_is_the_runners_pool():
@@ -154,14 +184,17 @@ def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
     ec = EngineConfig(**ENGINE)
     kv = kv_pool_bytes(DUMMY_CONFIGS["tiny-llama"], ec, jnp.float32)
     assert f"= {kv:,} bytes" in out
-    assert ("programs: 6 (prefill sample 2, prefill logits 1, decode sample 2, kv copy 1)"
-            in out)
+    assert ("programs: 17 (prefill sample 2, prefill logits 1, decode sample 2, kv copy 1, "
+            "history 1, sampler 10)" in out)
+    assert ("sampling variants x rows: greedy [1, 2], temperature [1, 2], top_p [1, 2], "
+            "top_k_top_p [1, 2], full [1, 2]" in out)
     rows = [ln.split() for ln in out.splitlines()
-            if ln.startswith(("sample ", "logits ", "copy "))]
+            if ln.startswith(("sample ", "logits ", "copy ", "history ", "sampler "))]
     assert sorted((r[0], r[1], int(r[2]), int(r[3])) for r in rows) == sorted(
         [("sample", "prefill", 16, 1), ("sample", "prefill", 16, 2),
          ("logits", "prefill", 16, 1), ("sample", "decode", 1, 1), ("sample", "decode", 2, 2),
-         ("copy", "kv", 2, 1)])
+         ("copy", "kv", 2, 1), ("history", "history", 64, 1)]
+        + [("sampler", v, S, S) for v in SAMPLER_VARIANTS for S in (1, 2)])
 
 
 def test_xla_counter_excludes_persistent_cache_hits():
@@ -195,7 +228,7 @@ def test_programs_from_jax_persistent_cache_are_never_stored():
 
 def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
     manifest = json.loads((cache_dir / "manifest.json").read_text())
-    assert len(manifest["programs"]) == 6
+    assert len(manifest["programs"]) == 17
     assert all(p["compile_seconds"] > 0 and (cache_dir / p["file"]).is_file()
                for p in manifest["programs"])
     fp = manifest["fingerprint"]
@@ -204,12 +237,30 @@ def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
 
     warm = _fresh_process(cache_dir)
     assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
-    assert warm["loaded"] == 5  # prefill S=1 and S=2, decode B=1 and B=2, logits (n = 1: no copy)
+    # prefill S=1 and S=2, decode B=1 and B=2, logits (n = 1: no copy, no penalties: no
+    # history), and with the first program of each S every sampler variant of it (5 x 2)
+    assert warm["loaded"] == 5 + 10
+    assert warm["variants"] == ["greedy"]
 
     ref = LLM(MODEL, **ENGINE)
     outs = ref.generate(PROMPTS, GREEDY)
     assert warm["tokens"] == [o.outputs[0].token_ids for o in outs]
     assert warm["logits_argmax"] == np.argmax(ref.engine.prompt_logits(PROMPTS[1]), -1).tolist()
+
+
+def test_eight_parameter_sets_compile_nothing_in_a_fresh_process(cache_dir):
+    """Eight requests, each with its own sampling parameters, run several sampler variants
+    from the compile cache: nothing is compiled, and the tokens and logprobs equal those of
+    an engine that compiled its programs itself."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(2, 200, int(rng.integers(3, 12))).tolist() for _ in EIGHT]
+    warm = _fresh_process(cache_dir, prompts, EIGHT)
+    assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
+    assert len(warm["variants"]) >= 3, warm["variants"]
+    ref = LLM(MODEL, **ENGINE).generate(prompts, [
+        SamplingParams(max_tokens=6, ignore_eos=True, seed=i, **kw) for i, kw in enumerate(EIGHT)])
+    assert warm["tokens"] == [o.outputs[0].token_ids for o in ref]
+    assert warm["cumulative_logprobs"] == [o.outputs[0].cumulative_logprob for o in ref]
 
 
 @pytest.mark.parametrize("change, expect", [
@@ -278,7 +329,7 @@ def test_parallel_compile_writes_loadable_programs(tmp_path):
         p.file for p in enumerate_programs(EngineConfig(**ENGINE), ["sample"]))
     warm = _fresh_process_sample_only(d)
     assert warm["compiled"] == 1  # only the logits program was not cached
-    assert warm["loaded"] == 4
+    assert warm["loaded"] == 4 + 10  # + the sampler variants of S 1 and 2
 
 
 def _fresh_process_sample_only(cache: Path) -> dict:

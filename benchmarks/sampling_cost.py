@@ -2,19 +2,20 @@
 
     .venv/bin/python benchmarks/sampling_cost.py                 # vocab 128256, batch 1 and 256
     .venv/bin/python benchmarks/sampling_cost.py --smoke         # tiny shapes: checks it runs
-    python benchmarks/sampling_cost.py --step-ms-b1 5.6 --step-ms-b256 12.0 --modes host cond
+    python benchmarks/sampling_cost.py --step-ms-b1 5.6 --step-ms-b256 12.0 --modes variant cond
     git show REV:jaxinfer/sampling.py > /tmp/old.py
     python benchmarks/sampling_cost.py --sampler-file /tmp/old.py   # A/B: an older sampler
 
-Times ``jaxinfer.sampling.sample_rows`` (what the compiled decode step runs after the LM head)
-for parameter mixes that take different paths: all greedy (argmax only), temperature, top-k /
+Times ``jaxinfer.sampling.sample_rows`` (the engine's sampler program, which runs on the model
+program's logits every sample step) for parameter mixes that take different paths: all greedy
+(argmax only), temperature, top-k /
 top-p, min-p, penalties (gather of [B, V] count rows), logprobs (log-softmax and top-20),
 everything at once, and half greedy / half everything. The penalty state is donated as in the
 engine. Columns, per (mode, mix, batch):
 
 * device us: kernel time per call, from a JAX profiler trace of ``--trace-iters`` calls (the
   union of kernel intervals on the device's streams: ``benchmarks/profile_decode.py``'s
-  ``summarise_trace``). This is what the sampler adds inside the engine's compiled step. XLA:CPU
+  ``summarise_trace``). This is what the sampler program adds to an engine step. XLA:CPU
   traces have no device: there the column repeats the wall time, marked ``*``.
 * kernels: kernel launches per call (from the same trace).
 * wall us: median of ``--iters`` standalone calls, each waited for: dispatch, the kernels, the
@@ -26,10 +27,13 @@ engine. Columns, per (mode, mix, batch):
 * sort/cond: sort and conditional instructions left in the compiled (optimised) program.
 * % step: device us over ``--step-ms-b1`` (batch 1) or ``--step-ms-b256`` (batch 256).
 
-Modes: ``host`` (``SamplerNeeds.of``: the batch's needs decided on the host, no conditional),
-``cond`` (``needs=None``: batch-wide ``lax.cond`` on the device, what the runner calls today),
-``all`` (``SamplerNeeds()``: one program for every batch, no conditional). ``--sampler-file``
-times ``sample_rows`` of that file instead, called as the runner calls it (mode ``file``).
+Modes: ``variant`` (the program the runner runs: the batch's ``SamplerNeeds.of`` rounded up to
+a variant of ``sampling.SAMPLER_VARIANTS``, named in the ``variant`` column; the mixes reach
+every variant), ``host`` (``SamplerNeeds.of`` exactly, no rounding), ``cond`` (``needs=None``:
+batch-wide ``lax.cond`` on the device, what the one-program step ran before the sampler got its
+own programs), ``all`` (``SamplerNeeds()``: the all-True variant for every batch). None but
+``cond`` has a conditional. ``--sampler-file`` times ``sample_rows`` of that file instead, called
+with device-side conds as the runner called it before the split (mode ``file``).
 One record per row in benchmarks/results/ (value: device us; config: the other columns).
 """
 
@@ -65,7 +69,7 @@ MIXES: dict[str, dict] = {
     "all": ALL,
     "half_greedy_half_all": {k: ("half", v) for k, v in ALL.items()},
 }
-MODES = ("host", "cond", "all")
+MODES = ("variant", "host", "cond", "all")
 
 
 def params(B: int, mix: dict):
@@ -108,12 +112,14 @@ class Case:
         import jax.numpy as jnp
 
         from jaxinfer.batch import SamplingArrays
-        from jaxinfer.sampling import SamplerNeeds
+        from jaxinfer.sampling import SAMPLER_VARIANTS, SamplerNeeds, sampler_variant
 
         rng = np.random.default_rng(0)
         self.logits = jnp.asarray(rng.standard_normal((B, V)) * 3, dtype)
         host = params(B, mix)
-        needs = {"host": SamplerNeeds.of(host, V), "all": SamplerNeeds()}.get(mode)
+        self.variant = sampler_variant(host, V)
+        needs = {"variant": SAMPLER_VARIANTS[self.variant], "host": SamplerNeeds.of(host, V),
+                 "all": SamplerNeeds()}.get(mode)
         self.sas = [SamplingArrays(*map(jnp.asarray, host._replace(
             sample_index=host.sample_index + i))) for i in range(calls)]
         self.counts = jnp.zeros((B + 1, V), jnp.int32).at[:B, : V // 8].set(1)  # history
@@ -188,7 +194,7 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
-    ap.add_argument("--modes", nargs="+", default=["host", "cond"], choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=["variant"], choices=MODES)
     ap.add_argument("--sampler-file", type=Path, default=None,
                     help="time sample_rows from this file (mode 'file') instead of modes")
     ap.add_argument("--iters", type=int, default=20, help="wall-time calls per case")
@@ -214,8 +220,8 @@ def main() -> int:
     print(f"device {jax.devices()[0].device_kind} ({jax.default_backend()}), vocab {a.vocab}, "
           f"logits {a.dtype}, busy {busy[2] * 1e3:.1f} ms"
           + (f", sampler {a.sampler_file}" if a.sampler_file else ""))
-    print(f"{'mode':5} {'mix':21} {'B':>4} {'device us':>10} {'kernels':>7} {'wall us':>9} "
-          f"{'host us':>9} {'sort/cond':>9} {'% step':>7}")
+    print(f"{'mode':7} {'mix':21} {'variant':11} {'B':>4} {'device us':>10} {'kernels':>7} "
+          f"{'wall us':>9} {'host us':>9} {'sort/cond':>9} {'% step':>7}")
     cpu_note, cache = False, {}
     t_start = time.perf_counter()
     for mode in modes:
@@ -226,7 +232,7 @@ def main() -> int:
                 r = measure(case, a.iters, a.trace_iters, busy)
                 pct = (100 * r["device_us"] / (1e3 * step_ms[B])) if B in step_ms else None
                 cpu_note |= not r["device_measured"]
-                print(f"{mode:5} {name:21} {B:>4} {r['device_us']:>9.1f}"
+                print(f"{mode:7} {name:21} {case.variant:11} {B:>4} {r['device_us']:>9.1f}"
                       f"{' ' if r['device_measured'] else '*'} "
                       f"{'-' if r['kernels'] is None else str(round(r['kernels'])):>7} "
                       f"{r['wall_us']:>9.1f} {r['host_us']:>9.1f} "
@@ -234,7 +240,8 @@ def main() -> int:
                       f"{'-' if pct is None else f'{pct:.1f}':>7}", flush=True)
                 if not a.smoke:
                     record(f"sampling_cost_{mode}_{name}_b{B}", r["device_us"], "us",
-                           {"vocab": a.vocab, "batch": B, "mode": mode, "mix": MIXES[name] and
+                           {"vocab": a.vocab, "batch": B, "mode": mode,
+                            "variant": case.variant, "mix": MIXES[name] and
                             {k: str(v) for k, v in MIXES[name].items()}, "iters": a.iters,
                             "trace_iters": a.trace_iters, "logits_dtype": a.dtype,
                             "sampler_file": a.sampler_file and str(a.sampler_file),

@@ -100,6 +100,34 @@ def test_eight_parameter_sets_share_one_compiled_step():
     assert outs[0].prompt_logprobs is not None and len(outs[0].prompt_logprobs) == 3
 
 
+def test_new_parameters_compile_nothing_after_greedy_warm_up():
+    """Each step runs the sampler variant its parameters need (runner.py); the first program
+    of a bucket builds them all. After a greedy warm-up, a batch of 8 requests with 8
+    different parameter sets runs several variants and compiles nothing."""
+    llm = _llm()
+    runner = llm.engine.runner
+    # Rows end one after another, so later steps need fewer parts (the same buckets each run).
+    lens = [6, 3, 4, 5, 6, 2, 2, 6]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens]
+    # One repetition penalty: it loads the penalty-history program, not a sampler program.
+    greedy[4] = _with(greedy[4], repetition_penalty=1.2)
+    llm.generate(_prompts(8, 1), greedy)
+    built = runner.num_compilations + runner.num_loaded
+    used, sampler = [], runner.sampler
+
+    def spy(S, variant):
+        used.append(variant)
+        return sampler(S, variant)
+
+    runner.sampler = spy
+    params = [_with(sp, prompt_logprobs=None, max_tokens=n)  # no logits program
+              for sp, n in zip(_eight(200), lens)]
+    outs = llm.generate(_prompts(8, 2), params)
+    assert runner.num_compilations + runner.num_loaded == built
+    assert set(used) == {"full", "top_k_top_p", "top_p", "temperature"}, used
+    assert [len(o.outputs[0].token_ids) for o in outs] == lens
+
+
 def test_seeded_outputs_do_not_depend_on_batch_bucket_timing_or_preemption():
     prompts, params = _prompts(8, 3), _eight(300, max_tokens=10)
     alone = [_ids(_llm().generate([p], sp))[0] for p, sp in zip(prompts, params)]

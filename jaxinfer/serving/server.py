@@ -59,7 +59,9 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
     Runs one 8-token greedy request to its second token (the smallest prefill bucket and the
     B=1 decode program), then, with ``decode_buckets``, compiles the decode program of every
     batch bucket at the narrowest block table and the page-copy program of ``n > 1``
-    requests. With a compile cache every precompiled program is loaded first; otherwise
+    requests. Each sample program comes with the sampler programs of its row count, every
+    variant (runner.py), so no sampling parameters compile anything later. With a compile
+    cache every precompiled program is loaded first; otherwise
     prefill programs of other token counts compile on first use (``runner.num_compilations``
     counts them).
     """

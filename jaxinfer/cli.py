@@ -27,6 +27,8 @@ def _engine_args(ns: argparse.Namespace) -> dict:
                  "kv_cache_dtype", "matmul_backend"):  # None: the default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
+    if getattr(ns, "async_scheduling", False):
+        args["async_scheduling"] = True
     if ns.scan_layers is not None:
         args["scan_layers"] = ns.scan_layers == "true"
     if ns.cache_dir:
@@ -82,6 +84,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "per-layer scales (half the bytes: twice the tokens of bf16)")
     p.add_argument("--seed", type=int, default=0,
                    help="engine seed: draws the sampling seeds of requests without their own")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="overlap host scheduling with the device: decode steps dispatched one "
+                        "ahead, tokens read back one step late (outputs unchanged)")
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
     b.add_argument("--max-num-batched-tokens", type=int, help="most tokens in a prefill step")
     b.add_argument("--max-prefill-seqs", type=int, help="most sequences in a prefill step")

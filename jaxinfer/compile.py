@@ -61,7 +61,9 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
     Bucket("history", max_model_len, 1, 0): the engine pads a sequence's tokens to
     max_model_len for ``runner.load_history``) and the sampler programs (mode "sampler",
     ``sampling.sampler_bucket(S, variant)``): every variant of
-    ``sampling.SAMPLER_VARIANTS`` for every row count S of the sample programs. Buckets no step can
+    ``sampling.SAMPLER_VARIANTS`` for every row count S of the sample programs, and the
+    token-gather program of async scheduling (mode "gather", ``runner.gather_bucket(B)``)
+    for every decode batch bucket B. Buckets no step can
     reach are left out: more rows than tokens or than running sequences (the scheduler's
     prefill chunks belong to at most max_num_seqs running sequences), or too few pages for
     the tokens.
@@ -98,6 +100,9 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
         from jaxinfer.sampling import SAMPLER_VARIANTS, sampler_bucket
 
         rows = sorted({p.bucket.num_seqs for p in out if p.mode == "sample"})
+        from jaxinfer.runner import GATHER, gather_bucket
+
+        out += [Program(GATHER, gather_bucket(B)) for B in ec.decode_buckets]
         out += [Program(SAMPLER, sampler_bucket(S, name)) for S in rows
                 for name in SAMPLER_VARIANTS]
     return out

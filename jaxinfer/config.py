@@ -174,6 +174,10 @@ class EngineConfig:
       max_queue_len: most waiting requests; ``add_request`` beyond it raises
         ``scheduler.QueueFullError``. None = unbounded.
       seed: base seed for requests that do not set their own.
+      async_scheduling: overlap the host with the device (vLLM's ``--async-scheduling``):
+        a pure-decode step is dispatched before the previous step's tokens are read back,
+        its input tokens gathered from that step's device output (see engine_async.py for
+        which steps pipeline). Outputs equal the synchronous engine's.
     """
 
     max_model_len: int = 2048
@@ -197,6 +201,7 @@ class EngineConfig:
     max_consecutive_prefills: int | None = 1
     max_queue_len: int | None = None
     seed: int = 0
+    async_scheduling: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

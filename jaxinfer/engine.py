@@ -13,15 +13,16 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Any, Sequence as Seq
+from typing import Any, NamedTuple, Sequence as Seq
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxinfer.batch import SlotTable, build_step
+from jaxinfer.batch import SlotTable, StepInputs, build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
+from jaxinfer.engine_async import plan_next_decode
 from jaxinfer.input_batch import InputBatch
 from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend, resolve_backend_name
@@ -34,7 +35,7 @@ from jaxinfer.outputs import (
     logprobs_entry,
     prompt_logprobs_from_logits,
 )
-from jaxinfer.runner import LOGITS, ModelRunner
+from jaxinfer.runner import LOGITS, ModelRunner, SampleResult
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
 from jaxinfer.sequence import Sequence
@@ -42,6 +43,14 @@ from jaxinfer.sequence import Sequence
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
+
+
+class _Launched(NamedTuple):
+    """A dispatched sample step: its plan, host inputs and device output (not read yet)."""
+
+    out: SchedulerOutput
+    inputs: StepInputs
+    result: Any  # sampling.SampleOutput on the device
 
 
 class RequestError(ValueError):
@@ -161,6 +170,8 @@ class LLMEngine:
         self._rows = InputBatch(self._slots, page_size=ec.block_size,
                                 max_pages=ec.page_buckets[-1])  # decode steps' host rows
         self._first_token_time: dict[int, float] = {}
+        self._pending: _Launched | None = None  # async scheduling: the step in flight
+        self.num_pipelined_steps = 0  # steps dispatched before the previous was read
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
                  self.kv_sizing.describe(ec.max_model_len))
 
@@ -248,12 +259,15 @@ class LLMEngine:
             self._forget(seq.seq_id)
 
     # ------------------------------------------------------------------ stepping
-    def _inputs(self, chunks, is_prefill: bool):
+    def _inputs(self, chunks, is_prefill: bool, token_on_device: bool = False):
         ec = self.config
         if not is_prefill:  # vectorized from per-slot rows; None: build it row by row
+            on_device = {"token_on_device": True} if token_on_device else {}
             inputs = self._rows.build_decode(chunks, seq_buckets=ec.decode_buckets,
                                              page_buckets=ec.page_buckets,
-                                             request_seeds=self._seeds)
+                                             request_seeds=self._seeds, **on_device)
+            if token_on_device:
+                return inputs
             if inputs is not None:
                 return inputs
         return build_step(chunks, is_prefill=is_prefill, page_size=ec.block_size,
@@ -284,12 +298,46 @@ class LLMEngine:
                 self.runner.load_history(slot, toks, seq.num_prompt_tokens)
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; returns outputs of requests that advanced or finished."""
-        out = self.scheduler.schedule()
-        if out.is_empty:
-            return []
-        self._prepare_device(out)
-        res = self.runner.execute(self._inputs(out.chunks, out.is_prefill))
+        """Run one scheduled step; returns outputs of requests that advanced or finished.
+
+        With ``async_scheduling`` the step may already be in flight (dispatched by the last
+        call), and the next decode step is dispatched before this one's tokens are read
+        back (see engine_async.py); the outputs are those of the synchronous engine.
+        """
+        cur, self._pending = self._pending, None
+        if cur is None:
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                return []
+            self._prepare_device(out)
+            inputs = self._inputs(out.chunks, out.is_prefill)
+            if not self.config.async_scheduling:
+                return self._collect(out, self.runner.execute(inputs))
+            cur = self._launch(out, inputs)
+        self._pending = self._launch_next(cur)
+        want_logprobs = bool(cur.inputs.sampling.want_logprobs.any())
+        return self._collect(cur.out, self.runner.fetch(cur.result, want_logprobs))
+
+    def _launch(self, out: SchedulerOutput, inputs: StepInputs,
+                token_ids: Any = None) -> _Launched:
+        return _Launched(out, inputs, self.runner.launch(inputs, token_ids))
+
+    def _launch_next(self, cur: _Launched) -> _Launched | None:
+        """Dispatch the decode step after ``cur`` (in flight) if it pipelines; else None."""
+        ec = self.config
+        nxt = plan_next_decode(self.scheduler, cur.out, cur.inputs.bucket.num_seqs,
+                               ec.decode_buckets, ec.max_model_len)
+        if nxt is None:
+            return None
+        inputs = self._inputs(nxt.out.chunks, False, token_on_device=True)
+        if inputs is None or inputs.bucket.num_seqs != len(nxt.rows):
+            return None  # its pages stay allocated: the next synchronous plan uses them
+        self.num_pipelined_steps += 1
+        return self._launch(nxt.out, inputs, self.runner.gather_tokens(cur.result.tokens,
+                                                                       nxt.rows))
+
+    def _collect(self, out: SchedulerOutput, res: SampleResult) -> list[RequestOutput]:
+        """Record step ``out``'s sampled ``res``: append tokens, stop rules, outputs."""
         for c in out.chunks:  # before postprocess: a request may finish and free its pages
             seq = c.seq
             if (seq.sampling_params.prompt_logprobs is not None and c.samples

@@ -50,13 +50,17 @@ class InputBatch:
         self._generation = [0] * n  # ... and in which tenure of the slot
 
     def build_decode(self, chunks: Seq[Any], *, seq_buckets: Seq[int],
-                     page_buckets: Seq[int], request_seeds: Mapping[int, int]
-                     ) -> StepInputs | None:
+                     page_buckets: Seq[int], request_seeds: Mapping[int, int],
+                     token_on_device: bool = False) -> StepInputs | None:
         """The decode step of ``chunks``, equal to ``build_step(chunks, is_prefill=False,
         token_buckets=seq_buckets, slots=slots.mapping, ...)``; None when this path does not
         apply (then call ``build_step``, which also raises what that step raises): a chunk
         that is not a one-token sampling ``ScheduledChunk`` of a sequence holding a slot,
         a block table too short for the chunk, or more rows or pages than the buckets hold.
+
+        ``token_on_device`` (async scheduling): a chunk may feed the token one past the
+        sequence's known tokens (sampled by the step still in flight); its ``token_ids`` row
+        is then 0, to be replaced on the device (``ModelRunner.gather_tokens``).
         """
         if not chunks or len(chunks) > seq_buckets[-1]:
             return None
@@ -78,6 +82,8 @@ class InputBatch:
                 tok = prompt[start]
             elif start - n_prompt < len(seq.output_token_ids):
                 tok = seq.output_token_ids[start - n_prompt]
+            elif token_on_device and start - n_prompt == len(seq.output_token_ids):
+                tok = 0
             else:
                 return None
             if start // ps >= (n if n < width else width):  # no page for the token

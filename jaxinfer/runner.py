@@ -59,6 +59,20 @@ log = logging.getLogger(__name__)
 # Bucket("history", L, 1, 0). COPY is not a step either: it copies KV pages (``copy_pages``);
 # its bucket is ``copy_bucket``.
 SAMPLE, LOGITS, SAMPLER, HISTORY, COPY = "sample", "logits", "sampler", "history", "copy"
+# GATHER is not a step either: it takes a decode step's input tokens from the previous step's
+# sampled tokens on the device (``gather_tokens``, async scheduling); its bucket is
+# ``gather_bucket(S)``, one per decode batch bucket.
+GATHER = "gather"
+
+
+def gather_bucket(num_seqs: int) -> Bucket:
+    """Bucket of the token-gather program of a decode step of ``num_seqs`` rows."""
+    return Bucket(GATHER, num_seqs, num_seqs, 0)
+
+
+def _gather_tokens(tokens: jax.Array, rows: jax.Array) -> jax.Array:
+    """tokens [S] int32 (a step's samples), rows [S] int32 in [0, S) -> tokens[rows]."""
+    return jnp.take(tokens, rows, mode="clip")
 
 
 class SampleResult(NamedTuple):
@@ -93,6 +107,12 @@ def _make_sampler(needs: SamplerNeeds):
         return sample_rows(logits, SamplingArrays(*rest[:-1]), rest[-1], needs)
 
     return jax.jit(run, donate_argnums=(1 + len(SamplingArrays._fields),))
+
+
+def _metadata(inputs: StepInputs) -> AttentionMetadata:
+    return AttentionMetadata(inputs.positions, inputs.slot_mapping, inputs.seq_ids,
+                             inputs.block_tables, inputs.seq_lens, inputs.logits_indices,
+                             is_prefill=inputs.bucket.kind == "prefill")
 
 
 class ModelRunner:
@@ -141,7 +161,8 @@ class ModelRunner:
         self._samplers: dict[tuple[int, str], Any] = {}  # (S, variant) -> program, per step
         self._jitted = {SAMPLE: self._make_step(SAMPLE), LOGITS: self._make_step(LOGITS),
                         HISTORY: jax.jit(load_token_history, donate_argnums=(0,)),
-                        COPY: jax.jit(copy_pages, donate_argnums=(0,))}
+                        COPY: jax.jit(copy_pages, donate_argnums=(0,)),
+                        GATHER: jax.jit(_gather_tokens)}
         self._jitted_samplers = {name: _make_sampler(needs)
                                  for name, needs in SAMPLER_VARIANTS.items()}
 
@@ -170,6 +191,8 @@ class ModelRunner:
             return (sds((S, self.model_config.vocab_size), f32), *sp, counts)
         if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt)
             return (counts, sds((), i32), sds((T,), i32), sds((), i32))
+        if bucket.kind == GATHER:  # _gather_tokens(tokens [S], rows [S])
+            return (sds((S,), i32), sds((S,), i32))
         if bucket.kind == "kv":  # copy_pages(cache, src [C], dst [C], count)
             cache = jax.tree.map(lambda a: sds(a.shape, a.dtype), self.cache)
             return (cache, sds((T,), i32), sds((T,), i32), sds((), i32))
@@ -197,10 +220,11 @@ class ModelRunner:
         exe = self._executables.get(key)
         if exe is None:
             t0 = time.perf_counter()
-            # jaxinfer compile builds neither the history nor the copy program without
-            # --modes sample: load them only if present.
+            # jaxinfer compile builds neither the history, copy nor gather program without
+            # --modes sample (nor gather before it existed): load them only if present.
             if self.program_store is not None and (
-                    mode not in (HISTORY, COPY) or (mode, bucket) in self.program_store.entries):
+                    mode not in (HISTORY, COPY, GATHER)
+                    or (mode, bucket) in self.program_store.entries):
                 exe = self.program_store.load(mode, bucket)
             compiled = 0
             if exe is None:
@@ -240,6 +264,38 @@ class ModelRunner:
         return list(self._executables)
 
     # ----------------------------------------------------------------- running
+    def launch(self, inputs: StepInputs, token_ids: Any = None) -> SampleOutput:
+        """Dispatch one padded sample step (the model program, then the sampler program) and
+        return its SampleOutput on the device, not waited for (``fetch`` reads it back).
+
+        Args:
+          inputs: the step's host arrays; ``inputs.token_ids`` is ignored when ``token_ids``
+            is given.
+          token_ids: [S] int32 device array of the step's input tokens (``gather_tokens``).
+        """
+        exe = self.executable(inputs.bucket, SAMPLE)
+        # The host arrays go to the programs as they are: the compiled call transfers its
+        # numpy arguments itself, ~0.6 ms a step cheaper than a jax.device_put of the 18
+        # arrays first (CPU, batch 256). ``inputs`` must not change while the step runs.
+        toks = inputs.token_ids if token_ids is None else token_ids
+        logits, self.cache = exe(self.state, self.cache, toks, _metadata(inputs))
+        return self.sample(logits, inputs.sampling)
+
+    @staticmethod
+    def fetch(out: SampleOutput, want_logprobs: bool) -> SampleResult:
+        """Host copy of a launched step's output (waits for it); logprobs only if asked."""
+        if not want_logprobs:
+            return SampleResult(np.asarray(out.tokens))
+        return SampleResult(*jax.device_get(tuple(out)))
+
+    def gather_tokens(self, tokens: Any, rows: np.ndarray) -> Any:
+        """``tokens[rows]`` on the device: a decode step's input tokens taken from the
+        previous step's sampled ``tokens`` ([S] int32, device) by row, ``rows`` [S] int32 in
+        [0, S) (padding rows any valid index). The compiled program of ``gather_bucket(S)``;
+        dispatched, not waited for."""
+        exe = self.executable(gather_bucket(int(rows.shape[0])), GATHER)
+        return exe(tokens, np.asarray(rows, np.int32))
+
     def execute(self, inputs: StepInputs, mode: str = SAMPLE) -> Any:
         """Run one padded step: mode "sample" runs the model program of ``inputs.bucket``,
         then the sampler program of ``sampling.sampler_variant(inputs.sampling, V)`` on its
@@ -250,21 +306,11 @@ class ModelRunner:
             logprobs only when some row asked for them);
           mode "logits": [T, V] float32 logits of every token (numpy).
         """
+        if mode == SAMPLE:
+            return self.fetch(self.launch(inputs), bool(inputs.sampling.want_logprobs.any()))
         exe = self.executable(inputs.bucket, mode)
-        # The host arrays go to the programs as they are: the compiled call transfers its
-        # numpy arguments itself, ~0.6 ms a step cheaper than a jax.device_put of the 18
-        # arrays first (CPU, batch 256). ``inputs`` must not change while the step runs.
-        md = AttentionMetadata(inputs.positions, inputs.slot_mapping, inputs.seq_ids,
-                               inputs.block_tables, inputs.seq_lens, inputs.logits_indices,
-                               is_prefill=inputs.bucket.kind == "prefill")
-        logits, self.cache = exe(self.state, self.cache, inputs.token_ids, md)
-        if mode == LOGITS:
-            return np.asarray(logits)
-        sa = inputs.sampling
-        out = self.sample(logits, sa)
-        if not sa.want_logprobs.any():
-            return SampleResult(np.asarray(out.tokens))
-        return SampleResult(*jax.device_get(tuple(out)))
+        logits, self.cache = exe(self.state, self.cache, inputs.token_ids, _metadata(inputs))
+        return np.asarray(logits)
 
     def sample(self, logits: Any, sa: SamplingArrays, variant: str | None = None
                ) -> SampleOutput:

@@ -81,16 +81,17 @@ RUN = textwrap.dedent("""
                       "logits_argmax": np.argmax(logits, -1).tolist(),
                       "variants": sorted(variants),
                       "compiled": r.num_compilations, "loaded": r.num_loaded,
+                      "pipelined": llm.engine.num_pipelined_steps,
                       "xla_while_running": xla_compilations() - before}))
 """)
 
 
 def _fresh_process(cache: Path | str, prompts: list = PROMPTS,
-                   params: list[dict] | None = None) -> dict:
+                   params: list[dict] | None = None, engine: dict = ENGINE) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     extra = [json.dumps(params)] if params is not None else []
-    out = subprocess.run([sys.executable, "-c", RUN, json.dumps(ENGINE), json.dumps(prompts),
+    out = subprocess.run([sys.executable, "-c", RUN, json.dumps(engine), json.dumps(prompts),
                           str(cache), *extra], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -184,8 +185,8 @@ def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
     ec = EngineConfig(**ENGINE)
     kv = kv_pool_bytes(DUMMY_CONFIGS["tiny-llama"], ec, jnp.float32)
     assert f"= {kv:,} bytes" in out
-    assert ("programs: 17 (prefill sample 2, prefill logits 1, decode sample 2, kv copy 1, "
-            "history 1, sampler 10)" in out)
+    assert ("programs: 19 (prefill sample 2, prefill logits 1, decode sample 2, kv copy 1, "
+            "history 1, gather 2, sampler 10)" in out)
     assert ("sampling variants x rows: greedy [1, 2], temperature [1, 2], top_p [1, 2], "
             "top_k_top_p [1, 2], full [1, 2]" in out)
     rows = [ln.split() for ln in out.splitlines()
@@ -228,7 +229,7 @@ def test_programs_from_jax_persistent_cache_are_never_stored():
 
 def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
     manifest = json.loads((cache_dir / "manifest.json").read_text())
-    assert len(manifest["programs"]) == 17
+    assert len(manifest["programs"]) == 19  # + the token-gather programs of B {1, 2}
     assert all(p["compile_seconds"] > 0 and (cache_dir / p["file"]).is_file()
                for p in manifest["programs"])
     fp = manifest["fingerprint"]
@@ -261,6 +262,18 @@ def test_eight_parameter_sets_compile_nothing_in_a_fresh_process(cache_dir):
         SamplingParams(max_tokens=6, ignore_eos=True, seed=i, **kw) for i, kw in enumerate(EIGHT)])
     assert warm["tokens"] == [o.outputs[0].token_ids for o in ref]
     assert warm["cumulative_logprobs"] == [o.outputs[0].cumulative_logprob for o in ref]
+
+
+def test_async_scheduling_compiles_nothing_in_a_fresh_process(cache_dir):
+    """With async scheduling the pipelined steps' token-gather programs come from the compile
+    cache too (built without the option: it is not in the fingerprint), and the tokens equal
+    the synchronous engine's."""
+    warm = _fresh_process(cache_dir, engine=dict(ENGINE, async_scheduling=True))
+    assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
+    assert warm["pipelined"] > 0
+    assert warm["loaded"] > 5 + 10  # + gather programs, loaded like the others
+    ref = LLM(MODEL, **ENGINE).generate(PROMPTS, GREEDY)
+    assert warm["tokens"] == [o.outputs[0].token_ids for o in ref]
 
 
 @pytest.mark.parametrize("change, expect", [

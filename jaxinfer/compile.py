@@ -19,7 +19,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODES = ("sample", "logits")  # runner.SAMPLE, runner.LOGITS (tested equal)
+
+
+# ----------------------------------------------------------------------------- phase log
+def process_start_time() -> float:
+    """When this process started, as ``time.time()`` (Linux /proc; elsewhere: now)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+class PhaseLog:
+    """Seconds from process start to each phase of ``jaxinfer compile``, logged at INFO
+    (``-v``) as ``phase NAME: 12.34 s``; ``marks`` keeps them in order."""
+
+    def __init__(self) -> None:
+        self.t0 = process_start_time()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, name: str, at: float | None = None) -> None:
+        """Record phase ``name`` as reached now (or at the ``time.time()`` value ``at``)."""
+        self.marks[name] = (time.time() if at is None else at) - self.t0
+        log.info("phase %s: %.2f s", name, self.marks[name])
+
 
 # ----------------------------------------------------------------------------- bucket set
 def _reachable_prefill(T_prev: int, S: int, P: int, ec: EngineConfig) -> bool:
@@ -240,24 +266,162 @@ def _compile_program(runner: Any, program: Program) -> tuple[bytes, float]:
     return blob, seconds
 
 
+# Set in each worker process: its abstract runner, fingerprint and phase times.
 _worker: dict[str, Any] = {}
 
 
-def _worker_init(model_config: ModelConfig, ec: EngineConfig, fp: dict) -> None:
+def _worker_start(arrived: Any, configs: Any) -> None:
+    """Pool initializer: the imports and backend start-up, before any configuration is known
+    (so workers start with the command, while the parent reads the model's configuration);
+    ``arrived`` and ``configs`` are the pool's queues :func:`_worker_hold` uses."""
     import jax
 
-    from jaxinfer.compile_cache import CompileCacheError, diff_fingerprints, fingerprint
+    import jaxinfer.compile_cache
+    import jaxinfer.runner  # noqa: F401 - the heavy imports, done while the parent sets up
 
     jax.config.update("jax_enable_compilation_cache", False)  # see _compile_program
-    runner = abstract_runner(model_config, ec)
-    diffs = diff_fingerprints(fp, fingerprint(model_config, ec, runner))
+    jax.devices()
+    _worker.update(arrived=arrived, configs=configs, times={"imported": time.time()})
+
+
+def _worker_hold() -> tuple[int, dict, dict]:
+    """Say this worker is ready, then wait for the configuration and set up for it (see
+    :func:`_worker_setup`). Held, a worker takes no other task: a pool spawns a worker per
+    task submitted while none is idle, and the parent hands out the configurations only once
+    every held task has arrived, so each worker gets one."""
+    _worker["arrived"].put(os.getpid())
+    return _worker_setup(*_worker["configs"].get(timeout=3600))
+
+
+def _worker_setup(model_config: ModelConfig, ec: EngineConfig) -> tuple[int, dict, dict]:
+    """Build this worker's abstract runner and fingerprint for (model_config, ec) once;
+    returns (pid, phase times, fingerprint)."""
+    from jaxinfer.compile_cache import fingerprint
+
+    if _worker.get("config") != (model_config, ec):
+        runner = abstract_runner(model_config, ec)
+        _worker.update(config=(model_config, ec), runner=runner,
+                       fp=fingerprint(model_config, ec, runner))
+        _worker.setdefault("times", {})["ready"] = time.time()
+    return os.getpid(), _worker["times"], _worker["fp"]
+
+
+def _worker_compile(model_config: ModelConfig, ec: EngineConfig, fp: dict,
+                    program: Program) -> tuple[bytes, float]:
+    """Compile ``program`` in this worker. Raises CompileCacheError if the worker's
+    fingerprint differs from ``fp`` (the one the manifest records)."""
+    from jaxinfer.compile_cache import CompileCacheError, diff_fingerprints
+
+    _worker_setup(model_config, ec)
+    diffs = diff_fingerprints(fp, _worker["fp"])
     if diffs:
-        raise CompileCacheError(f"compile worker differs from its parent: {diffs}")
-    _worker["runner"] = runner
-
-
-def _worker_compile(program: Program) -> tuple[bytes, float]:
+        raise CompileCacheError(f"compile worker {os.getpid()} differs from the cache: {diffs}")
     return _compile_program(_worker["runner"], program)
+
+
+class CompilePool:
+    """Spawned worker processes that compile programs (tracing and lowering are Python-bound,
+    so threads would not help). Workers start importing JAX and jaxinfer when the pool is
+    made (``start`` of them, default ``jobs``; :meth:`setup` starts the rest it needs) and
+    :meth:`setup` gives them the configuration. Workers are spawned ("fork" is unsafe
+    with JAX's threads); ``JAXINFER_COMPILE_START=forkserver`` forks them instead from a server
+    that imported JAX once (one import instead of one per worker; an experiment: see
+    benchmarks/RESULTS.md, "Start-up (CPU)")."""
+
+    def __init__(self, jobs: int, phases: PhaseLog | None = None, start: int | None = None):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # Workers only compile: keep them from reserving accelerator memory.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        self.jobs = jobs
+        self.phases = phases or PhaseLog()
+        if os.environ.get("JAXINFER_COMPILE_START", "spawn") == "forkserver":
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["jax", "jaxinfer.runner", "jaxinfer.compile_cache"])
+        else:
+            ctx = multiprocessing.get_context("spawn")
+        self._arrived, self._configs = ctx.Queue(), ctx.Queue()
+        self.pool = ProcessPoolExecutor(jobs, ctx, initializer=_worker_start,
+                                        initargs=(self._arrived, self._configs))
+        self.config: tuple[ModelConfig, EngineConfig] | None = None
+        self.fp: dict | None = None
+        self.closed = False
+        self._held: list[Any] = []
+        self.grow(jobs if start is None else start)
+
+    def grow(self, n: int) -> None:
+        """Start workers until ``n`` of them (at most ``jobs``) run, all at once: the pool
+        spawns one per task submitted while none is idle, and held tasks keep them busy."""
+        n = min(n, self.jobs)
+        if self.config is not None or len(self._held) >= n:
+            return
+        while len(self._held) < n:
+            self._held.append(self.pool.submit(_worker_hold))
+        self.phases.mark(f"workers started: {n}")
+
+    def setup(self, model_config: ModelConfig, ec: EngineConfig, n: int) -> dict:
+        """Start workers up to ``n`` (at most ``jobs``), wait until every worker has imported,
+        have each build its abstract runner for (model_config, ec), and return their
+        fingerprint: no worker compiles while another still imports. Raises
+        CompileCacheError if two workers' fingerprints differ."""
+        import queue
+
+        from jaxinfer.compile_cache import CompileCacheError, diff_fingerprints
+
+        self.grow(max(1, n))
+        # No more workers from here on: the pool would spawn one per task submitted while
+        # its workers finish their held tasks (ProcessPoolExecutor keeps the limit there).
+        self.pool._max_workers = len(self._held)  # type: ignore[attr-defined]
+        self.config = (model_config, ec)
+        arrived = 0
+        while arrived < len(self._held):
+            try:
+                self._arrived.get(timeout=1.0)
+                arrived += 1
+            except queue.Empty:
+                for f in self._held:  # a held task ends early only if its worker failed
+                    if f.done():
+                        f.result()
+        for _ in self._held:
+            self._configs.put(self.config)
+        results = [f.result() for f in self._held]
+        for _, _, fp in results[1:]:
+            diffs = diff_fingerprints(results[0][2], fp)
+            if diffs:
+                raise CompileCacheError(f"compile workers differ: {diffs}")
+        times = {pid: t for pid, t, _ in results}.values()
+        for key in ("imported", "ready"):
+            stamps = [t[key] for t in times if key in t]
+            self.phases.mark(f"first worker {key}", min(stamps))
+            self.phases.mark(f"last worker {key}", max(stamps))
+        self.fp = results[0][2]
+        return self.fp
+
+    def compile(self, programs: list[Program]) -> Iterator[tuple[Program, tuple[bytes, float]]]:
+        """(program, (serialized program, compile seconds)) as each finishes."""
+        from concurrent.futures import as_completed
+
+        assert self.config is not None and self.fp is not None, "setup() first"
+        futures = {self.pool.submit(_worker_compile, *self.config, self.fp, p): p
+                   for p in programs}
+        self.phases.mark("compiles submitted")
+        for f in as_completed(futures):
+            yield futures[f], f.result()
+
+    def close(self) -> None:
+        """Stop the workers now: they hold nothing the parent needs once its results are in
+        (a graceful shutdown waits for each to tear JAX down)."""
+        if self.closed:
+            return
+        self.closed = True
+        procs = list(getattr(self.pool, "_processes", {}).values())
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.join()
+        self.phases.mark("workers stopped")
 
 
 def default_jobs() -> int:
@@ -267,15 +431,17 @@ def default_jobs() -> int:
 
 def compile_bucket_set(model_config: ModelConfig, ec: EngineConfig, programs: list[Program],
                        directory: str | Path, *, jobs: int = 1, force: bool = False,
-                       progress: bool = True) -> CompileReport:
+                       progress: bool = True, pool: CompilePool | None = None,
+                       phases: PhaseLog | None = None) -> CompileReport:
     """Compile ``programs`` from abstract shapes into the compile cache at ``directory``.
 
     Programs already in a cache of the same fingerprint are skipped (all recompiled with
-    ``force``). ``jobs`` > 1 compiles in that many spawned worker processes (tracing and
-    lowering are Python-bound, so threads would not help); so does ``jobs`` = 1 when this
-    process uses JAX's persistent compilation cache, whose executables cannot be stored (see
-    :func:`_compile_program`): workers turn it off. The manifest is rewritten after every
-    program, so an interrupted run keeps what it finished.
+    ``force``). ``jobs`` > 1 compiles in a :class:`CompilePool` of that many workers (``pool``
+    if given, started earlier; it is closed on return), whose fingerprint the manifest
+    records; so does ``jobs`` = 1 when this process uses JAX's persistent compilation cache,
+    whose executables cannot be stored (see :func:`_compile_program`): workers turn it off.
+    The manifest is rewritten after every program, so an interrupted run keeps what it
+    finished. ``phases`` logs the steps (see :class:`PhaseLog`).
     """
     import jax
     from tqdm.auto import tqdm
@@ -285,39 +451,39 @@ def compile_bucket_set(model_config: ModelConfig, ec: EngineConfig, programs: li
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     t_start = time.perf_counter()
-    runner = abstract_runner(model_config, ec)
-    fp = fingerprint(model_config, ec, runner)
-    store = ProgramStore.create(directory, fp, force=force)
-    todo = [p for p in programs if (p.mode, p.bucket) not in store.entries]
-    skipped = [p for p in programs if (p.mode, p.bucket) in store.entries]
-    seconds: dict[Program, float] = {}
-    bar = tqdm(total=len(todo), desc="compiling", unit="program", disable=not progress)
-
-    def done(p: Program, result: tuple[bytes, float]) -> None:
-        blob, s = result
-        store.save(p, blob, s)
-        seconds[p] = s
-        bar.set_postfix_str(f"{p.mode} {p.bucket} {s:.1f}s", refresh=False)
-        bar.update(1)
-
+    phases = pool.phases if pool is not None else phases or PhaseLog()
     persistent = (jax.config.jax_compilation_cache_dir is not None
                   and jax.config.jax_enable_compilation_cache)
-    if not todo or (jobs == 1 and not persistent):
-        for p in todo:
-            done(p, _compile_program(runner, p))
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        # Workers only compile: keep them from reserving accelerator memory.
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        with ProcessPoolExecutor(min(jobs, len(todo)), multiprocessing.get_context("spawn"),
-                                 initializer=_worker_init,
-                                 initargs=(model_config, ec, fp)) as pool:
-            futures = {pool.submit(_worker_compile, p): p for p in todo}
-            for f in as_completed(futures):
-                done(futures[f], f.result())
-    bar.close()
+    if pool is None and programs and (jobs > 1 or persistent):
+        pool = CompilePool(min(jobs, len(programs)), phases)
+    try:
+        if pool is not None:
+            fp = pool.setup(model_config, ec, len(programs))
+            runner = None
+        else:
+            runner = abstract_runner(model_config, ec)
+            phases.mark("abstract runner")
+            fp = fingerprint(model_config, ec, runner)
+        phases.mark("fingerprint")
+        store = ProgramStore.create(directory, fp, force=force)
+        todo = [p for p in programs if (p.mode, p.bucket) not in store.entries]
+        skipped = [p for p in programs if (p.mode, p.bucket) in store.entries]
+        seconds: dict[Program, float] = {}
+        bar = tqdm(total=len(todo), desc="compiling", unit="program", disable=not progress)
+        results = (pool.compile(todo) if pool is not None else
+                   ((p, _compile_program(runner, p)) for p in todo))
+        for p, (blob, s) in results:
+            store.save(p, blob, s)
+            seconds[p] = s
+            bar.set_postfix_str(f"{p.mode} {p.bucket} {s:.1f}s", refresh=False)
+            bar.update(1)
+            if len(seconds) == 1:
+                phases.mark("first compile done")
+        bar.close()
+        phases.mark("last compile done, manifest written")
+    finally:
+        if pool is not None:
+            pool.close()
     return CompileReport(store.directory, seconds, skipped, time.perf_counter() - t_start)
 
 
@@ -404,35 +570,53 @@ def add_compile_command(sub: Any) -> None:
 
 def cmd_compile(ns: Any) -> int:
     """``jaxinfer compile``: print the configuration; with ``--list`` the bucket table, else
-    compile into ``--cache-dir`` and print per-program seconds. Raises ConfigError,
-    CheckpointError (one-line CLI errors)."""
-    from jaxinfer import cli
-    from jaxinfer.compile_cache import MANIFEST
-    from jaxinfer.config import ConfigError
-    from jaxinfer.engine import engine_config_for
-
+    compile into ``--cache-dir`` and print per-program seconds. With ``--jobs`` > 1 the
+    workers start first and import JAX while this process reads the configuration. Logs its
+    phases at INFO (``-v``). Raises ConfigError, CheckpointError (one-line CLI errors)."""
+    phases = PhaseLog()
+    phases.mark("command parsed")
     # This process only compiles (its workers too): keep it from reserving accelerator memory.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    args = cli._engine_args(ns)
-    args.pop("compile_cache_dir", None)
-    args.pop("compile_cache_strict", None)
-    mc = model_config_of(ns.model)
-    ec = engine_config_for(mc, args)
-    if ec.num_kv_pages is None:
-        # The pool's shape is part of every program, so a compile cache fixes it; an engine
-        # started with the cache adopts it (LLMEngine) instead of sizing from free memory.
-        ec = dataclasses.replace(ec, num_kv_pages=ec.total_kv_pages)
-    programs = enumerate_programs(ec, [m.strip() for m in ns.modes.split(",") if m.strip()])
-    print(describe(ns.model, mc, ec, programs), flush=True)
-    if ns.list:
-        print(bucket_table(programs))
-        return 0
-    if not ns.cache_dir:
-        raise ConfigError("jaxinfer compile needs --cache-dir DIR (or --list)")
-    r = compile_bucket_set(mc, ec, programs, ns.cache_dir, jobs=ns.jobs, force=ns.force)
+    pool = None
+    if ns.jobs > 1 and ns.cache_dir and not ns.list:
+        # Workers import JAX while this process reads the configuration; as many as spare
+        # cores allow before the program count (and so the workers needed) is known.
+        pool = CompilePool(ns.jobs, phases, start=max(1, (os.cpu_count() or 2) - 2))
+    try:
+        from jaxinfer import cli
+        from jaxinfer.compile_cache import MANIFEST
+        from jaxinfer.config import ConfigError
+        from jaxinfer.engine import engine_config_for
+
+        args = cli._engine_args(ns)
+        args.pop("compile_cache_dir", None)
+        args.pop("compile_cache_strict", None)
+        mc = model_config_of(ns.model)
+        phases.mark("model config")
+        ec = engine_config_for(mc, args)
+        if ec.num_kv_pages is None:
+            # The pool's shape is part of every program, so a compile cache fixes it; an
+            # engine started with the cache adopts it (LLMEngine) instead of sizing from free
+            # memory.
+            ec = dataclasses.replace(ec, num_kv_pages=ec.total_kv_pages)
+        programs = enumerate_programs(ec, [m.strip() for m in ns.modes.split(",")
+                                           if m.strip()])
+        print(describe(ns.model, mc, ec, programs), flush=True)
+        phases.mark("configuration described")
+        if ns.list:
+            print(bucket_table(programs))
+            return 0
+        if not ns.cache_dir:
+            raise ConfigError("jaxinfer compile needs --cache-dir DIR (or --list)")
+        r = compile_bucket_set(mc, ec, programs, ns.cache_dir, jobs=ns.jobs, force=ns.force,
+                               pool=pool, phases=phases)
+    finally:
+        if pool is not None:
+            pool.close()
     print(bucket_table(programs, r.seconds))
     done = list(r.seconds.values())
     print(f"compiled {len(done)} programs, {len(r.skipped)} already cached; {sum(done):.1f} s of compile "
           f"time, max {max(done, default=0):.2f} s; wall {r.wall_seconds:.1f} s; "
           f"manifest {r.directory / MANIFEST}", file=sys.stderr)
+    phases.mark("done")
     return 0

@@ -102,3 +102,14 @@ def test_streamed_steps_equal_sync():
     llm, asy = stream(async_scheduling=True)
     assert asy == sync
     assert llm.engine.num_pipelined_steps > 0
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "compile"])
+def test_cli_flag_reaches_the_engine_options(command):
+    from jaxinfer import cli
+
+    extra = ["prompt"] if command == "generate" else []
+    parser = cli.build_parser()
+    ns = parser.parse_args([command, "--async-scheduling", *extra])
+    assert cli._engine_args(ns)["async_scheduling"] is True
+    assert "async_scheduling" not in cli._engine_args(parser.parse_args([command, *extra]))

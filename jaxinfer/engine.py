@@ -26,6 +26,7 @@ from jaxinfer.engine_async import plan_next_decode
 from jaxinfer.input_batch import InputBatch
 from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend, resolve_backend_name
+from jaxinfer import engine_logits
 from jaxinfer.models.params import fp8_names
 from jaxinfer.models.transformer import CausalLM, model_options
 from jaxinfer.outputs import (
@@ -33,9 +34,8 @@ from jaxinfer.outputs import (
     RequestOutput,
     RequestStates,
     logprobs_entry,
-    prompt_logprobs_from_logits,
 )
-from jaxinfer.runner import LOGITS, ModelRunner, SampleResult
+from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
 from jaxinfer.sequence import Sequence
@@ -391,53 +391,15 @@ class LLMEngine:
             finished=group.is_finished, metrics=metrics, prompt_logprobs=st.prompt_logprobs)
 
     def _prompt_logprobs(self, seq: Sequence) -> list[Logprobs | None]:
-        """vLLM's prompt_logprobs of a sequence whose prompt K/V are all in its pages.
-
-        The prompt is scored again through the "logits" program over the sequence's own
-        block table (prefix-cached pages included) with every K/V write sent to the null
-        page, so no page changes; position i's entry is the log-softmax of the logits at
-        i - 1 (raw, float32 on the host): the prompt token and the k best.
-        """
-        ids, n, k = seq.prompt_token_ids, seq.num_prompt_tokens, seq.sampling_params.prompt_logprobs
-        assert k is not None  # the caller checks
-        rows, step = [], self.config.max_num_batched_tokens
-        for start in range(0, n - 1, step):  # the last prompt token predicts no prompt token
-            m = min(step, n - 1 - start)
-            inputs = self._inputs([_Chunk(seq, start, m)], True)
-            inputs.slot_mapping[:] = 0  # read-only: write into the null page
-            rows.append(self.runner.execute(inputs, LOGITS)[:m])
-        return prompt_logprobs_from_logits(np.concatenate(rows) if rows else None, ids, k)
+        """vLLM's prompt_logprobs of ``seq`` (jaxinfer/engine_logits.py)."""
+        return engine_logits.prompt_logprobs(self, seq)
 
     # ------------------------------------------------------------------ research
     def prompt_logits(self, prompt: str | Seq[int]) -> np.ndarray:
-        """Logits [N, V] float32 of every prompt position, through the paged engine path.
-
-        The prompt is prefilled in chunks of at most ``max_num_batched_tokens`` into pages
-        borrowed from the pool and returned afterwards. Call between steps.
-        """
-        ids = self.encode_prompt(prompt)
-        if len(ids) > self.config.max_model_len:
-            raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is "
-                               f"{self.config.max_model_len}")
-        seq = Sequence(-1, ids, SamplingParams(temperature=0.0, max_tokens=1))
-        bm = self.scheduler.block_manager
-        bm.allocate(seq, len(ids))
-        try:
-            rows, step = [], self.config.max_num_batched_tokens
-            for start in range(0, len(ids), step):
-                n = min(step, len(ids) - start)
-                chunk = _Chunk(seq, start, n)
-                rows.append(self.runner.execute(self._inputs([chunk], True), LOGITS)[:n])
-            return np.concatenate(rows)
-        finally:
-            bm.free(seq)
-
-
-class _Chunk:
-    """A scheduled chunk built outside the scheduler (research paths)."""
-
-    def __init__(self, seq: Sequence, start: int, num_tokens: int):
-        self.seq, self.start, self.num_tokens = seq, start, num_tokens
+        """Logits [N, V] float32 of every prompt position, through the paged engine path
+        (jaxinfer/engine_logits.py). Call between steps. Raises RequestError for a prompt
+        longer than max_model_len."""
+        return engine_logits.prompt_logits(self, prompt)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,69 @@
+"""Scoring a prompt through the paged engine path: ``LLMEngine.prompt_logits`` (research)
+and vLLM's ``prompt_logprobs`` of a request, both through the compiled "logits" programs
+(jaxinfer/runner.py ``LOGITS``) over a sequence's own block table."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence as Seq
+
+import numpy as np
+
+from jaxinfer.outputs import Logprobs, prompt_logprobs_from_logits
+from jaxinfer.runner import LOGITS
+from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sequence import Sequence
+
+
+def prompt_logprobs(engine: Any, seq: Sequence) -> list[Logprobs | None]:
+    """vLLM's prompt_logprobs of a sequence whose prompt K/V are all in its pages.
+
+    The prompt is scored again through the "logits" program over the sequence's own
+    block table (prefix-cached pages included) with every K/V write sent to the null
+    page, so no page changes; position i's entry is the log-softmax of the logits at
+    i - 1 (raw, float32 on the host): the prompt token and the k best.
+    """
+    ids, n, k = seq.prompt_token_ids, seq.num_prompt_tokens, seq.sampling_params.prompt_logprobs
+    assert k is not None  # the caller checks
+    rows, step = [], engine.config.max_num_batched_tokens
+    for start in range(0, n - 1, step):  # the last prompt token predicts no prompt token
+        m = min(step, n - 1 - start)
+        inputs = engine._inputs([_Chunk(seq, start, m)], True)
+        inputs.slot_mapping[:] = 0  # read-only: write into the null page
+        rows.append(engine.runner.execute(inputs, LOGITS)[:m])
+    return prompt_logprobs_from_logits(np.concatenate(rows) if rows else None, ids, k)
+
+
+def prompt_logits(engine: Any, prompt: str | Seq[int]) -> np.ndarray:
+    """Logits [N, V] float32 of every prompt position, through the paged engine path.
+
+    The prompt is prefilled in chunks of at most ``max_num_batched_tokens`` into pages
+    borrowed from the pool and returned afterwards. Call between steps.
+
+    Raises:
+      RequestError: the prompt is longer than max_model_len (or cannot be encoded).
+    """
+    from jaxinfer.engine import RequestError
+
+    ids = engine.encode_prompt(prompt)
+    if len(ids) > engine.config.max_model_len:
+        raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is "
+                           f"{engine.config.max_model_len}")
+    seq = Sequence(-1, ids, SamplingParams(temperature=0.0, max_tokens=1))
+    bm = engine.scheduler.block_manager
+    bm.allocate(seq, len(ids))
+    try:
+        rows, step = [], engine.config.max_num_batched_tokens
+        for start in range(0, len(ids), step):
+            n = min(step, len(ids) - start)
+            chunk = _Chunk(seq, start, n)
+            rows.append(engine.runner.execute(engine._inputs([chunk], True), LOGITS)[:n])
+        return np.concatenate(rows)
+    finally:
+        bm.free(seq)
+
+
+class _Chunk:
+    """A scheduled chunk built outside the scheduler (research paths)."""
+
+    def __init__(self, seq: Sequence, start: int, num_tokens: int):
+        self.seq, self.start, self.num_tokens = seq, start, num_tokens

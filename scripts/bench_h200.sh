@@ -40,6 +40,9 @@ case $SUITE in
       --cache-dir $CACHE" ;;
   *) echo "unknown suite $SUITE (bf16, serve, fp8, 70b)" >&2; exit 2 ;;
 esac
+# ENGINE_EXTRA: more engine options for every command of the suite, e.g.
+# ENGINE_EXTRA=--async-scheduling (give such a run its own CACHE if it changes the programs).
+ENGINE="$ENGINE ${ENGINE_EXTRA:-}"
 
 go() {  # id seconds jaxinfer-arguments...: one command, logged, guarded
   local id=$1 secs=$2; shift 2

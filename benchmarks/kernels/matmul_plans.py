@@ -11,7 +11,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels.matmul.mgpu_gemm import MgpuConfig
-from pallas_kernels.matmul.triton_gemm import TritonConfig, default_config, fit_smem
+from pallas_kernels.matmul.triton_gemm import (
+    TritonConfig,
+    default_config,
+    fit_smem,
+    split_to_fill,
+)
 
 FP8 = jnp.float8_e4m3fn
 SHAPES = {  # name: (K, N rows of the weight, fused gate+up)
@@ -26,11 +31,7 @@ def tri(bm, bn, bk, K, N_out, M, kind, gate_up, warps=4, stages=4, fp8_dot=False
     """A TritonConfig with split-K chosen to fill ``waves`` waves of 132 SMs, fitted to smem."""
     wdt = jnp.bfloat16 if kind == "bf16" else FP8
     xdt = FP8 if kind == "w8a8" else jnp.bfloat16
-    programs = -(-N_out // bn) * -(-M // bm)
-    split = 1
-    while (programs * split < 132 * waves and K % (split * 2 * bk) == 0
-           and K // (split * 2) >= 1024):
-        split *= 2
+    split = split_to_fill(-(-N_out // bn) * -(-M // bm), K, bk, target=132 * waves)
     c = TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=warps, num_stages=stages,
                      fp8_dot=fp8_dot, swap_ab=swap_ab, fast_dequant=fast_dequant)
     return fit_smem(c, K, xdt, wdt, gate_up)

@@ -33,6 +33,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 from pallas_kernels.matmul import mgpu_gemm, triton_gemm
 from pallas_kernels.matmul.reference import FP8, grouped_linear_ref, quantize_rows_fp8, silu_mul_ref
@@ -255,17 +256,10 @@ def fp8_decode_config(M: int, K: int, N: int) -> triton_gemm.TritonConfig:
     bn, bk = 64, 256
     while bk > 16 and K % bk:
         bk //= 2
-    programs = pl_cdiv(N, bn) * pl_cdiv(M, bm)
-    split = 1
-    while programs * split < 264 and K % (split * 2 * bk) == 0 and K // (split * 2) >= 1024:
-        split *= 2
+    split = triton_gemm.split_to_fill(pl.cdiv(N, bn) * pl.cdiv(M, bm), K, bk)
     cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
                                    num_stages=4, fp8_dot=True, swap_ab=True)
     return triton_gemm.fit_smem(cfg, K, FP8, FP8)
-
-
-def pl_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:

@@ -84,6 +84,16 @@ def fit_smem(cfg: TritonConfig, K: int, x_dtype: jnp.dtype, w_dtype: jnp.dtype,
     return cfg
 
 
+def split_to_fill(programs: int, K: int, bk: int, target: int = 264) -> int:
+    """Split-K factor (a power of two) that brings ``programs`` output tiles up to ``target``
+    programs (default 2 waves of an H100/H200's 132 SMs), keeping K a multiple of
+    ``split * bk`` and at least 1024 K per split."""
+    split = 1
+    while programs * split < target and K % (split * 2 * bk) == 0 and K // (split * 2) >= 1024:
+        split *= 2
+    return split
+
+
 def default_config(M: int, K: int, N_out: int, w_dtype: jnp.dtype, x_dtype: jnp.dtype,
                    gate_up: bool = False) -> TritonConfig:
     """Heuristic tiles for an H100/H200 (132 SMs); benchmarks/kernels/bench_matmul.py tunes."""
@@ -101,10 +111,7 @@ def default_config(M: int, K: int, N_out: int, w_dtype: jnp.dtype, x_dtype: jnp.
         bk = 128 if wb == 2 else 256
     while bk > 16 and K % bk:
         bk //= 2
-    programs = pl.cdiv(N_out, bn) * pl.cdiv(M, bm)
-    split = 1
-    while programs * split < 264 and K % (split * 2 * bk) == 0 and K // (split * 2) >= 1024:
-        split *= 2
+    split = split_to_fill(pl.cdiv(N_out, bn) * pl.cdiv(M, bm), K, bk)
     both_fp8 = w_dtype == FP8 and x_dtype == FP8
     cfg = TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=warps, num_stages=4,
                        fp8_dot=both_fp8 and bm >= 64)

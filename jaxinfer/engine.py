@@ -262,13 +262,11 @@ class LLMEngine:
     def _inputs(self, chunks, is_prefill: bool, token_on_device: bool = False):
         ec = self.config
         if not is_prefill:  # vectorized from per-slot rows; None: build it row by row
-            on_device = {"token_on_device": True} if token_on_device else {}
             inputs = self._rows.build_decode(chunks, seq_buckets=ec.decode_buckets,
                                              page_buckets=ec.page_buckets,
-                                             request_seeds=self._seeds, **on_device)
-            if token_on_device:
-                return inputs
-            if inputs is not None:
+                                             request_seeds=self._seeds,
+                                             token_on_device=token_on_device)
+            if inputs is not None or token_on_device:  # no row-by-row path for the latter
                 return inputs
         return build_step(chunks, is_prefill=is_prefill, page_size=ec.block_size,
                           token_buckets=ec.prefill_buckets if is_prefill else ec.decode_buckets,

@@ -21,6 +21,7 @@ def test_every_decode_step_equals_build_step():
 
     def checked(chunks, **kw):
         fast = fast_path(chunks, **kw)
+        assert kw.pop("token_on_device") is False  # a synchronous engine feeds host tokens
         ref = build_step(chunks, is_prefill=False, page_size=ec.block_size,
                          token_buckets=ec.decode_buckets, slots=eng._slots.mapping, **kw)
         assert fast is not None

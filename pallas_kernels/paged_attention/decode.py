@@ -10,8 +10,9 @@ exactly (Flash-Decoding, Dao et al. 2023; vLLM's paged_attention_v2 does the sam
 K/V are read straight from the stacked cache ``[L, Hkv, P, ps, D]`` at ``layer`` (a kernel
 operand, so no per-layer copy is made) with predicated loads: tokens past the sequence end,
 before the sliding window, or in another split are neither read nor able to inject NaNs.
-FP8 (e4m3fn) caches are widened to bf16 in registers; ``k_scale`` folds into the softmax
-scale and ``v_scale`` into the output.
+FP8 (e4m3fn) caches are widened to f16 in registers (``cvt``, or by bit placement), or fed
+to fp8 MMAs directly (see fp8.py for the variants); ``k_scale`` folds into the softmax scale
+and ``v_scale`` into the output.
 
 Design notes and measurements: benchmarks/kernels/NOTES_paged_attention.md.
 """
@@ -32,6 +33,13 @@ from pallas_kernels.paged_attention.errors import (
     check_q_and_cache,
     scalar_operands,
 )
+from pallas_kernels.paged_attention.fp8 import (
+    F16_FROM_BITS,
+    P_SCALE,
+    check_variant,
+    e4m3_bits_to_f16,
+    quantize_rows_e4m3,
+)
 
 LOG2E = math.log2(math.e)
 KV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float8_e4m3fn)
@@ -48,7 +56,8 @@ def _next_pow2(n: int) -> int:
 
 def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
                    scale_log2: float, static_window: int | None, has_kscale: bool,
-                   has_vscale: bool, split_out: bool, compute_dtype) -> None:
+                   has_vscale: bool, split_out: bool, compute_dtype, fp8_widen: str = "cvt",
+                   fp8_dots: str = "none") -> None:
     it = iter(refs)
     layer_ref = next(it)
     window_ref = next(it) if static_window is None else None
@@ -77,10 +86,22 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
     # q: [Gp, D]; rows past the group are zero (Triton's dot needs M >= 16).
     q = plgpu.load(q_ref.at[b, qrow[:, None], col[None, :]], mask=rmask[:, None],
                    other=jnp.zeros((), q_ref.dtype))
-    if compute_dtype == jnp.float16 and q.dtype != jnp.float16:
-        q = jnp.clip(q.astype(jnp.float32), -65504.0, 65504.0)
-    q = q.astype(compute_dtype)
+    fp8 = k_ref.dtype == jnp.float8_e4m3fn
+    qk8, pv8 = fp8 and fp8_dots != "none", fp8 and fp8_dots == "qk_pv"
+    bits = fp8 and fp8_widen == "bits"
     sm = scale_log2 * (ks_ref[0] if ks_ref is not None else 1.0)
+    if qk8:  # q8 [Gp, D] e4m3, per-row scale folded into the softmax scale
+        q, q_scale = quantize_rows_e4m3(q)
+        sm = (sm * q_scale)[:, None]
+    else:
+        if compute_dtype == jnp.float16 and q.dtype != jnp.float16:
+            q = jnp.clip(q.astype(jnp.float32), -65504.0, 65504.0)
+        q = q.astype(compute_dtype)
+        if bits:  # K widened by bits is K * 2^-8
+            sm = sm * F16_FROM_BITS
+
+    def widen(x):
+        return e4m3_bits_to_f16(x) if bits else x.astype(compute_dtype)
 
     def body(i, carry):
         acc, m, l = carry
@@ -90,15 +111,23 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         page = plgpu.load(bt_ref.at[b, slot], mask=slot < end, other=0)
         idx = (layer, h, page[:, None], t_off[:, None], col[None, :])
         zero = jnp.zeros((), k_ref.dtype)
-        k = plgpu.load(k_ref.at[idx], mask=valid[:, None], other=zero).astype(compute_dtype)
-        v = plgpu.load(v_ref.at[idx], mask=valid[:, None], other=zero).astype(compute_dtype)
-        sc = plgpu.dot(q, k, trans_b=True, allow_tf32=False) * sm  # [Gp, N] f32, log2 units
+        k = plgpu.load(k_ref.at[idx], mask=valid[:, None], other=zero)
+        v = plgpu.load(v_ref.at[idx], mask=valid[:, None], other=zero)
+        if qk8:
+            sc = plgpu.dot(q, k, trans_b=True) * sm  # fp8 x fp8 -> f32
+        else:
+            sc = plgpu.dot(q, widen(k), trans_b=True, allow_tf32=False) * sm
+        # sc: [Gp, N] f32, log2 units
         sc = jnp.where(valid[None, :], sc, -jnp.inf)
         m_new = jnp.maximum(m, sc.max(axis=1))  # finite: every block has a valid token
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(sc - m_new[:, None])
         l = l * alpha + p.sum(axis=1)
-        acc = acc * alpha[:, None] + plgpu.dot(p.astype(compute_dtype), v, allow_tf32=False)
+        if pv8:  # P * 2^8 in e4m3 against fp8 V
+            pv = plgpu.dot((p * P_SCALE).astype(k_ref.dtype), v)
+        else:
+            pv = plgpu.dot(p.astype(compute_dtype), widen(v), allow_tf32=False)
+        acc = acc * alpha[:, None] + pv
         return acc, m_new, l
 
     acc0 = jnp.zeros((Gp, D), jnp.float32)
@@ -108,8 +137,11 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
 
     has = l > 0
     o = jnp.where(has[:, None], acc / jnp.where(has, l, 1.0)[:, None], 0.0)
+    out_mult = (F16_FROM_BITS if bits and not pv8 else 1.0) / (P_SCALE if pv8 else 1.0)
     if vs_ref is not None:
-        o = o * vs_ref[0]
+        o = o * (vs_ref[0] * out_mult)
+    elif out_mult != 1.0:
+        o = o * out_mult
     if split_out:
         plgpu.store(o_ref.at[b, h, s, row[:, None], col[None, :]], o, mask=rmask[:, None])
         lse = jnp.where(has, m + jnp.log2(jnp.where(has, l, 1.0)), -jnp.inf)
@@ -199,7 +231,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            v_scale: jax.Array | float | None = None, interpret: bool = False,
                            block_tokens: int | None = None, num_splits: int | None = None,
                            target_programs: int | None = None, num_warps: int = 4,
-                           num_stages: int = 5, fp8_compute_dtype=jnp.float16) -> jax.Array:
+                           num_stages: int = 5, fp8_compute_dtype=jnp.float16,
+                           fp8_widen: str = "cvt", fp8_dots: str = "none") -> jax.Array:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
     Same contract as :func:`reference.paged_decode_attention_ref`.
@@ -219,14 +252,22 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         double-buffers the K/V tiles with Triton 3.x's pipeliner).
       fp8_compute_dtype: dtype FP8 K/V are widened to for the dots (f16: one instruction
         per two values from e4m3; q is clipped to the f16 range).
+      fp8_widen: "cvt" (``astype``) or "bits" (exact bit placement into f16, integer ops;
+        needs ``fp8_compute_dtype`` f16). fp8_dots: "none", "qk" (QK^T in fp8, q quantized
+        per row) or "qk_pv" (both dots in fp8). Only FP8 caches use them; see fp8.py and
+        :data:`fp8.FP8_DECODE_VARIANTS` for the named combinations.
     Returns:
       [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
     Raises:
       PagedAttentionShapeError: inconsistent shapes or dtypes.
       PagedAttentionUnsupportedError: shapes the kernel does not handle (see
         :func:`paged_decode_attention_supported`).
+      ValueError: unknown ``fp8_widen`` / ``fp8_dots``, or "bits" with a bf16 compute dtype.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
+    check_variant(fp8_widen, fp8_dots)
+    if fp8_widen == "bits" and jnp.dtype(fp8_compute_dtype) != jnp.float16:
+        raise ValueError("paged_decode_attention: fp8_widen='bits' widens to f16 only")
     B, Hq, D = q.shape
     _, Hkv, _, ps, _ = k_cache.shape
     if not _kernel_accepts(q.shape, k_cache.shape, k_cache.dtype):
@@ -262,11 +303,12 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     kernel = functools.partial(
         _decode_kernel, ps=ps, bp=bp, pps=pps, G=G, Gp=Gp, D=D, scale_log2=scale * LOG2E,
         static_window=static_window, has_kscale=k_scale is not None,
-        has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype)
+        has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype,
+        fp8_widen=fp8_widen, fp8_dots=fp8_dots)
     outs = pl.pallas_call(
         kernel, grid=(B, Hkv, S), out_shape=out_shape, interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        name=f"paged_decode_bt{bt}_s{S}",
+        name=f"paged_decode_bt{bt}_s{S}" + (f"_{fp8_widen}_{fp8_dots}" if k_cache.dtype == jnp.float8_e4m3fn else ""),
     )(*operands)
     if not split_out:
         return outs[0]

@@ -191,3 +191,66 @@ def test_lowers_for_cuda(B, Hq, Hkv, D, ps, maxp, kv_dtype, window, kw):
             sds((B,), jnp.int32)]
     text = lower_paged_kernel(paged_decode_attention, args, kv_dtype, window, **kw)
     assert text.count("xla.gpu.triton") == 1
+
+
+# FP8 KV variants (pallas_kernels/paged_attention/fp8.py): fresh random inputs, NaN-poisoned
+# unread slots, permuted pages, ragged lengths (1, page boundaries, full table).
+FP8_LENS = [1, 16, 32, 17, 64]
+
+
+def fp8_case(seed: int, G: int, D: int):
+    return make_case(seed, B=len(FP8_LENS), G=G, Hkv=2, D=D, ps=16, maxp=4, lens=FP8_LENS,
+                     kv_dtype=jnp.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 256), (4, 64)])
+def test_fp8_bits_widening_equals_cvt(G, D):
+    """Bit placement into f16 is exact: the output equals the ``astype`` kernel's bit for bit,
+    and both match the reference."""
+    case = fp8_case(100 + G * D, G, D)
+    kw = dict(k_scale=jnp.float32(0.7), v_scale=jnp.float32(1.9), block_tokens=32,
+              num_splits=2)
+    out, ref = run_both(case, fp8_widen="bits", **kw)
+    base, _ = run_both(case, **kw)
+    assert_close(out, ref, tight=False)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(base, np.float32))
+
+
+@pytest.mark.parametrize("variant", ["qk8", "qk8_bits", "qk8_pv8"])
+@pytest.mark.parametrize("G,D,splits", [(1, 64, None), (4, 128, 2), (8, 256, 1)])
+def test_fp8_dot_variants(variant, G, D, splits):
+    """fp8 x fp8 dots (q quantized per row to e4m3, 3 mantissa bits): not exact, so a bound
+    of their own (the ``cvt`` kernel's error is ~5e-4 here); finiteness as everywhere."""
+    from pallas_kernels.paged_attention.fp8 import FP8_DECODE_VARIANTS
+    case = fp8_case(200 + G * D, G, D)
+    out, ref = run_both(case, scale=D ** -0.5, k_scale=jnp.float32(0.7),
+                        v_scale=jnp.float32(1.9), block_tokens=32, num_splits=splits,
+                        **FP8_DECODE_VARIANTS[variant])
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert np.all(np.isfinite(out))
+    rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert rel < 4e-2, rel
+
+
+def test_fp8_variant_options_checked():
+    case = fp8_case(1, 4, 64)
+    q, kd, vd, _, _, bt, lens = case
+    with pytest.raises(ValueError, match="fp8_widen"):
+        paged_decode_attention(q, kd, vd, 1, bt, lens, scale=1.0, interpret=True,
+                               fp8_widen="fast")
+    with pytest.raises(ValueError, match="f16 only"):
+        paged_decode_attention(q, kd, vd, 1, bt, lens, scale=1.0, interpret=True,
+                               fp8_widen="bits", fp8_compute_dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("variant", ["bits", "qk8", "qk8_bits", "qk8_pv8"])
+def test_fp8_variants_lower_for_cuda(variant):
+    from pallas_kernels.paged_attention.fp8 import FP8_DECODE_VARIANTS
+    B, Hq, Hkv, D, ps, maxp, L = 32, 32, 8, 128, 16, 128, 2
+    P, f8, sds = B * maxp + 1, jnp.float8_e4m3fn, jax.ShapeDtypeStruct
+    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), f8),
+            sds((L, Hkv, P, ps, D), f8), sds((), jnp.int32), sds((B, maxp), jnp.int32),
+            sds((B,), jnp.int32)]
+    text = lower_paged_kernel(paged_decode_attention, args, f8, "traced",
+                              **FP8_DECODE_VARIANTS[variant])
+    assert text.count("xla.gpu.triton") == 1

@@ -27,8 +27,8 @@ def _engine_args(ns: argparse.Namespace) -> dict:
                  "kv_cache_dtype", "matmul_backend"):  # None: the default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
-    if getattr(ns, "async_scheduling", False):
-        args["async_scheduling"] = True
+    if getattr(ns, "async_scheduling", None) is not None:
+        args["async_scheduling"] = ns.async_scheduling
     if ns.scan_layers is not None:
         args["scan_layers"] = ns.scan_layers == "true"
     if ns.cache_dir:
@@ -69,7 +69,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="weights, activations and KV cache (auto: float32 on CPU, else bf16)")
     p.add_argument("--attention-backend", default="auto",
-                   choices=["auto", "reference", "pallas", "pallas_decode"])
+                   choices=["auto", "reference", "pallas", "pallas_decode", "pallas_mgpu"],
+                   help="pallas_mgpu: pallas with the Hopper Mosaic prefill kernel "
+                        "(prefill_mgpu.py; experimental)")
     p.add_argument("--scan-layers", choices=["true", "false"], default=None,
                    help="run the layers under lax.scan (compile time independent of depth; "
                         "default: unrolled, faster steps)")
@@ -84,9 +86,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "per-layer scales (half the bytes: twice the tokens of bf16)")
     p.add_argument("--seed", type=int, default=0,
                    help="engine seed: draws the sampling seeds of requests without their own")
-    p.add_argument("--async-scheduling", action="store_true",
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap host scheduling with the device: decode steps dispatched one "
-                        "ahead, tokens read back one step late (outputs unchanged)")
+                        "ahead, tokens read back one step late (outputs unchanged; default on, "
+                        "--no-async-scheduling for the synchronous engine)")
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
     b.add_argument("--max-num-batched-tokens", type=int, help="most tokens in a prefill step")
     b.add_argument("--max-prefill-seqs", type=int, help="most sequences in a prefill step")

@@ -240,8 +240,9 @@ def resolve_backend_name(name: str) -> str:
 
 
 def get_backend(name: str) -> AttentionBackend:
-    """``"reference"``, ``"pallas"``, ``"pallas_decode"`` (decode kernel only) or ``"auto"``
-    (Pallas kernels on GPU, else reference).
+    """``"reference"``, ``"pallas"``, ``"pallas_decode"`` (decode kernel only),
+    ``"pallas_mgpu"`` (``"pallas"`` with the Hopper Mosaic GPU prefill kernel, experimental)
+    or ``"auto"`` (Pallas kernels on GPU, else reference).
 
     ``"pallas"`` off a GPU runs the kernels in Pallas interpret mode (slow; for tests).
 
@@ -251,10 +252,11 @@ def get_backend(name: str) -> AttentionBackend:
     name = resolve_backend_name(name)
     if name == "reference":
         return AttentionBackend()
-    if name in ("pallas", "pallas_decode"):  # pallas_decode: decode kernel, jnp prefill
+    if name in ("pallas", "pallas_decode", "pallas_mgpu"):  # pallas_decode: jnp prefill
         from jaxinfer.layers.pallas_attention import PallasAttentionBackend
 
         return PallasAttentionBackend(interpret=jax.default_backend() != "gpu",
-                                      prefill_kernel=name == "pallas")
-    raise ValueError(f"unknown attention backend {name!r}; use auto, reference, pallas or "
-                     f"pallas_decode")
+                                      prefill_kernel=name != "pallas_decode",
+                                      prefill_mgpu=name == "pallas_mgpu")
+    raise ValueError(f"unknown attention backend {name!r}; use auto, reference, pallas, "
+                     f"pallas_decode or pallas_mgpu")

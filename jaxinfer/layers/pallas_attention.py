@@ -2,7 +2,10 @@
 
 Decode goes to :func:`paged_decode_attention` and prefill (packed ragged, chunked) to
 :func:`paged_prefill_attention` where their ``*_supported`` checks accept the shapes and KV
-dtype; unsupported shapes fall back to the jnp reference of the base class. FP8 (e4m3) caches
+dtype; unsupported shapes fall back to the jnp reference of the base class. With
+``prefill_mgpu`` (backend ``"pallas_mgpu"``, experimental, Hopper only) bf16/f16 prefill goes
+to the Mosaic GPU varlen kernel of ``prefill_mgpu.py`` instead (itself falling back to the
+Triton kernel when the contexts exceed its gathered K/V buffer of 2 T tokens). FP8 (e4m3) caches
 go to the same kernels with the layer's ``k_scale`` / ``v_scale`` (see attention.py).
 """
 
@@ -18,6 +21,10 @@ from pallas_kernels.paged_attention import (
     paged_prefill_attention,
     paged_prefill_attention_supported,
 )
+from pallas_kernels.paged_attention.prefill_mgpu import (
+    paged_prefill_attention_mgpu,
+    paged_prefill_mgpu_supported,
+)
 
 
 class PallasAttentionBackend(AttentionBackend):
@@ -25,11 +32,15 @@ class PallasAttentionBackend(AttentionBackend):
 
     name = "pallas"
 
-    def __init__(self, interpret: bool = False, prefill_kernel: bool = True):
+    def __init__(self, interpret: bool = False, prefill_kernel: bool = True,
+                 prefill_mgpu: bool = False):
         self.interpret = interpret
         self.prefill_kernel = prefill_kernel
+        self.prefill_mgpu = prefill_mgpu
         if not prefill_kernel:
             self.name = "pallas_decode"
+        elif prefill_mgpu:
+            self.name = "pallas_mgpu"
 
     def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                md: AttentionMetadata, scale: float, window: jax.Array, *,
@@ -55,6 +66,12 @@ class PallasAttentionBackend(AttentionBackend):
                 and paged_prefill_attention_supported(q.shape, k_cache.shape, kv)):
             return super().prefill(q, k_cache, v_cache, layer, md, scale, window,
                                    k_scale=k_scale, v_scale=v_scale)
+        # The Mosaic kernel has no interpreter path: on CPU the Triton kernel stands in.
+        if (self.prefill_mgpu and not self.interpret and k_scale is None and v_scale is None
+                and paged_prefill_mgpu_supported(q.shape, k_cache.shape, k_cache.dtype)):
+            return paged_prefill_attention_mgpu(q, k_cache, v_cache, layer, md.block_tables,
+                                                md.seq_lens, md.positions, md.seq_ids,
+                                                scale=scale, window=window)
         return paged_prefill_attention(q, k_cache, v_cache, layer, md.block_tables,
                                        md.seq_lens, md.positions, md.seq_ids, scale=scale,
                                        window=window, interpret=self.interpret,

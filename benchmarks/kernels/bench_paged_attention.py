@@ -14,6 +14,7 @@ wall time is divided by the number of calls (median of ``--repeats``).
     PYTHONPATH=. python3 benchmarks/kernels/bench_paged_attention.py --out $OUT
     PYTHONPATH=. python benchmarks/kernels/bench_paged_attention.py --cpu-smoke  # on CPU
 
+``--fp8-sweep`` runs the FP8-KV variant comparison instead (bench_paged_fp8.py).
 ``--sweep-set run1|run2|run3`` picks the tuning sweep of each recorded GPU run and
 ``--grid run3`` the short grid of run 3; the exact command is stored in every record.
 Results and what was learned: benchmarks/kernels/NOTES_paged_attention.md.
@@ -25,6 +26,7 @@ import argparse
 import functools
 import math
 import os
+import sys
 import time
 import traceback
 import warnings
@@ -214,6 +216,9 @@ def bench_point(label, c, args, impls, window=0, tune=None, sweep=False):
 
 
 def main() -> None:
+    if "--fp8-sweep" in sys.argv:  # FP8-KV variants vs bf16: bench_paged_fp8.py
+        from benchmarks.kernels import bench_paged_fp8
+        return bench_paged_fp8.main(sys.argv[1:])
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", ""))
     p.add_argument("--repeats", type=int, default=3)

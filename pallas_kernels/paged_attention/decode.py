@@ -38,6 +38,7 @@ from pallas_kernels.paged_attention.fp8 import (
     P_SCALE,
     check_variant,
     e4m3_bits_to_f16,
+    fp8_decode_config,
     quantize_rows_e4m3,
 )
 
@@ -232,7 +233,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            block_tokens: int | None = None, num_splits: int | None = None,
                            target_programs: int | None = None, num_warps: int = 4,
                            num_stages: int = 5, fp8_compute_dtype=jnp.float16,
-                           fp8_widen: str = "cvt", fp8_dots: str = "none") -> jax.Array:
+                           fp8_widen: str | None = None,
+                           fp8_dots: str | None = None) -> jax.Array:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
     Same contract as :func:`reference.paged_decode_attention_ref`.
@@ -255,7 +257,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       fp8_widen: "cvt" (``astype``) or "bits" (exact bit placement into f16, integer ops;
         needs ``fp8_compute_dtype`` f16). fp8_dots: "none", "qk" (QK^T in fp8, q quantized
         per row) or "qk_pv" (both dots in fp8). Only FP8 caches use them; see fp8.py and
-        :data:`fp8.FP8_DECODE_VARIANTS` for the named combinations.
+        :data:`fp8.FP8_DECODE_VARIANTS` for the named combinations. Both None: the
+        table's default (:func:`fp8.fp8_decode_config`, "cvt" / "none" until measured).
     Returns:
       [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
     Raises:
@@ -265,6 +268,9 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       ValueError: unknown ``fp8_widen`` / ``fp8_dots``, or "bits" with a bf16 compute dtype.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
+    if fp8_widen is None and fp8_dots is None:
+        fp8_widen, fp8_dots = fp8_decode_config()
+    fp8_widen, fp8_dots = fp8_widen or "cvt", fp8_dots or "none"
     check_variant(fp8_widen, fp8_dots)
     if fp8_widen == "bits" and jnp.dtype(fp8_compute_dtype) != jnp.float16:
         raise ValueError("paged_decode_attention: fp8_widen='bits' widens to f16 only")
@@ -300,6 +306,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                      jax.ShapeDtypeStruct((B, Hkv, S, G), jnp.float32)]
     else:
         out_shape = [jax.ShapeDtypeStruct((B, Hq, D), q.dtype)]
+    fp8 = k_cache.dtype == jnp.float8_e4m3fn
+    variant = f"_{fp8_widen}_{fp8_dots}" if fp8 else ""
     kernel = functools.partial(
         _decode_kernel, ps=ps, bp=bp, pps=pps, G=G, Gp=Gp, D=D, scale_log2=scale * LOG2E,
         static_window=static_window, has_kscale=k_scale is not None,
@@ -308,7 +316,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     outs = pl.pallas_call(
         kernel, grid=(B, Hkv, S), out_shape=out_shape, interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        name=f"paged_decode_bt{bt}_s{S}" + (f"_{fp8_widen}_{fp8_dots}" if k_cache.dtype == jnp.float8_e4m3fn else ""),
+        name=f"paged_decode_bt{bt}_s{S}{variant}",
     )(*operands)
     if not split_out:
         return outs[0]

@@ -5,7 +5,8 @@ The decode kernel reads an FP8 cache at half the bytes of bf16 but, measured on 
 ~4: every 32 KB K/V step carries twice the tokens of a bf16 step, so twice the widening,
 MMA and softmax work per byte. The variants below cut that work; each is a kernel option
 (``fp8_widen`` / ``fp8_dots`` of :func:`paged_decode_attention`) and a named entry of
-:data:`FP8_DECODE_VARIANTS`, which the engine's backend selects by name.
+:data:`FP8_DECODE_VARIANTS`; the engine's fp8-KV decode path runs :data:`FP8_DECODE_DEFAULT`
+(or ``$JAXINFER_FP8_DECODE``), through :func:`fp8_decode_config`.
 
 - ``widen="cvt"`` (the original): ``astype`` to f16 (one ``cvt`` per two values).
 - ``widen="bits"``: place the e4m3 bits into an f16 (``s eeee mmm`` -> ``s 0eeee mmm0000000``),
@@ -19,6 +20,8 @@ MMA and softmax work per byte. The variants below cut that work; each is a kerne
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +43,22 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     "qk8_pv8": {"fp8_dots": "qk_pv"},
 }
 FP8_DECODE_DEFAULT = "cvt"
+ENV_VARIANT = "JAXINFER_FP8_DECODE"  # overrides FP8_DECODE_DEFAULT, for end-to-end trials
+
+
+def fp8_decode_config(variant: str | None = None) -> tuple[str, str]:
+    """``(fp8_widen, fp8_dots)`` of the named variant; None: ``$JAXINFER_FP8_DECODE`` if set,
+    else :data:`FP8_DECODE_DEFAULT`. The decode kernel calls this when its caller (the
+    engine's fp8-KV decode path) leaves both options unset.
+
+    Raises:
+      ValueError: an unknown variant name.
+    """
+    name = variant or os.environ.get(ENV_VARIANT) or FP8_DECODE_DEFAULT
+    if name not in FP8_DECODE_VARIANTS:
+        raise ValueError(f"unknown FP8 decode variant {name!r}; one of {list(FP8_DECODE_VARIANTS)}")
+    kw = FP8_DECODE_VARIANTS[name]
+    return kw.get("fp8_widen", "cvt"), kw.get("fp8_dots", "none")
 
 
 def e4m3_bits_to_f16(x: jax.Array) -> jax.Array:

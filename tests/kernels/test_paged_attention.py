@@ -254,3 +254,19 @@ def test_fp8_variants_lower_for_cuda(variant):
     text = lower_paged_kernel(paged_decode_attention, args, f8, "traced",
                               **FP8_DECODE_VARIANTS[variant])
     assert text.count("xla.gpu.triton") == 1
+
+
+def test_fp8_variant_table_selects_default(monkeypatch):
+    """With both options unset (the engine's call) the kernel runs the table's variant,
+    overridable by $JAXINFER_FP8_DECODE; an unknown name raises."""
+    from pallas_kernels.paged_attention.fp8 import ENV_VARIANT, FP8_DECODE_VARIANTS
+    case = fp8_case(300, 4, 64)
+    kw = dict(k_scale=jnp.float32(0.7), v_scale=jnp.float32(1.9), block_tokens=32)
+    monkeypatch.setenv(ENV_VARIANT, "qk8_pv8")
+    chosen, _ = run_both(case, **kw)
+    explicit, _ = run_both(case, **kw, **FP8_DECODE_VARIANTS["qk8_pv8"])
+    np.testing.assert_array_equal(np.asarray(chosen, np.float32),
+                                  np.asarray(explicit, np.float32))
+    monkeypatch.setenv(ENV_VARIANT, "nope")
+    with pytest.raises(ValueError, match="unknown FP8 decode variant"):
+        run_both(case, **kw)

@@ -35,6 +35,13 @@ own programs), ``all`` (``SamplerNeeds()``: the all-True variant for every batch
 ``cond`` has a conditional. ``--sampler-file`` times ``sample_rows`` of that file instead, called
 with device-side conds as the runner called it before the split (mode ``file``).
 One record per row in benchmarks/results/ (value: device us; config: the other columns).
+
+Search configurations (``jaxinfer.sampling_filters``' tunables, set before compiling):
+``--search-pivots 3,7,15`` (thresholds per pass of a full-vocabulary search),
+``--buffer-pivots 7,15`` (the same in the buffer of rows with a small top-k), the cross product,
+and ``--old`` adds the method of 76a6e80 (15 pivots, no buffer, top-20 logprobs by TopK over the
+vocabulary). A case whose compiled program is the same as one already timed (the tunable does
+not reach that mix) is not timed again. A table of device us per configuration is printed last.
 """
 
 from __future__ import annotations
@@ -107,7 +114,7 @@ class Case:
     """
 
     def __init__(self, sampler, mode: str, B: int, V: int, mix: dict, dtype: str, calls: int,
-                 cache: dict):
+                 cache: dict, config: tuple = ()):
         import jax
         import jax.numpy as jnp
 
@@ -123,15 +130,15 @@ class Case:
         self.sas = [SamplingArrays(*map(jnp.asarray, host._replace(
             sample_index=host.sample_index + i))) for i in range(calls)]
         self.counts = jnp.zeros((B + 1, V), jnp.int32).at[:B, : V // 8].set(1)  # history
-        key = (mode, needs, B)
+        key = (mode, needs, B, config)
         if key not in cache:
             fn = functools.partial(sampler, needs=needs) if needs is not None else sampler
             exe = jax.jit(fn, donate_argnums=(2,)).lower(
                 self.logits, self.sas[0], self.counts).compile()
             hlo = exe.as_text()
             cache[key] = (exe, len(re.findall(r"\bsort\(", hlo)),
-                          len(re.findall(r"\bconditional\(", hlo)))
-        self.exe, self.sorts, self.conds = cache[key]
+                          len(re.findall(r"\bconditional\(", hlo)), hash(hlo))
+        self.exe, self.sorts, self.conds, self.hlo_hash = cache[key]
 
     def call(self, i: int):
         out, self.counts = self.exe(self.logits, self.sas[i % len(self.sas)], self.counts)
@@ -189,6 +196,23 @@ def measure(case: Case, iters: int, trace_iters: int, busy) -> dict:
     return res
 
 
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def search_configs(a) -> list[dict]:
+    """The sampling_filters tunables to time, one dict each (``name`` + module values)."""
+    from jaxinfer import sampling_filters as sf
+
+    configs = [dict(name=f"p{p}/b{b}", PIVOTS=p, BUFFER_PIVOTS=b, BUFFER_TOP_K=sf.TOPK_STAGED,
+                    CHUNKED_TOP_VALUES=True)
+               for p in _ints(a.search_pivots) for b in _ints(a.buffer_pivots)]
+    if a.old:
+        configs.append(dict(name="old", PIVOTS=15, BUFFER_PIVOTS=15, BUFFER_TOP_K=0,
+                            CHUNKED_TOP_VALUES=False))
+    return configs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=128256)
@@ -208,11 +232,24 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="vocab 2048, batches 1 and 8, 3 iterations; no records written")
     ap.add_argument("--out", type=Path, default=None, help="results directory")
+    ap.add_argument("--search-pivots", default=None,
+                    help="comma list: thresholds per pass of the full-vocabulary search "
+                         "(default: sampling_filters.PIVOTS)")
+    ap.add_argument("--buffer-pivots", default=None,
+                    help="comma list: thresholds per pass in the small-top-k buffer "
+                         "(default: sampling_filters.BUFFER_PIVOTS)")
+    ap.add_argument("--old", action="store_true",
+                    help="also time the method of 76a6e80 (15 pivots, no buffer, full TopK)")
     a = ap.parse_args()
     if a.smoke:
         a.vocab, a.batches, a.iters, a.trace_iters = 2048, [1, 8], 3, 2
     import jax
 
+    from jaxinfer import sampling_filters as sf
+
+    a.search_pivots = a.search_pivots or str(sf.PIVOTS)
+    a.buffer_pivots = a.buffer_pivots or str(sf.BUFFER_PIVOTS)
+    configs = search_configs(a)
     sampler = load_sampler(a.sampler_file)
     modes = ["file"] if a.sampler_file else a.modes
     step_ms = {1: a.step_ms_b1, 256: a.step_ms_b256}
@@ -220,37 +257,51 @@ def main() -> int:
     print(f"device {jax.devices()[0].device_kind} ({jax.default_backend()}), vocab {a.vocab}, "
           f"logits {a.dtype}, busy {busy[2] * 1e3:.1f} ms"
           + (f", sampler {a.sampler_file}" if a.sampler_file else ""))
-    print(f"{'mode':7} {'mix':21} {'variant':11} {'B':>4} {'device us':>10} {'kernels':>7} "
-          f"{'wall us':>9} {'host us':>9} {'sort/cond':>9} {'% step':>7}")
-    cpu_note, cache = False, {}
+    print(f"{'mode':7} {'mix':21} {'variant':16} {'B':>4} {'device us':>10} {'kernels':>7} "
+          f"{'wall us':>9} {'host us':>9} {'sort/cond':>9} {'% step':>7} config")
+    cpu_note, cache, timed, table = False, {}, {}, {}
     t_start = time.perf_counter()
-    for mode in modes:
-        for name in a.mixes:
-            for B in a.batches:
-                case = Case(sampler, "cond" if mode == "file" else mode, B, a.vocab,
-                            MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache)
-                r = measure(case, a.iters, a.trace_iters, busy)
-                pct = (100 * r["device_us"] / (1e3 * step_ms[B])) if B in step_ms else None
-                cpu_note |= not r["device_measured"]
-                print(f"{mode:7} {name:21} {case.variant:11} {B:>4} {r['device_us']:>9.1f}"
-                      f"{' ' if r['device_measured'] else '*'} "
-                      f"{'-' if r['kernels'] is None else str(round(r['kernels'])):>7} "
-                      f"{r['wall_us']:>9.1f} {r['host_us']:>9.1f} "
-                      f"{str(r['sorts']) + '/' + str(r['conds']):>9} "
-                      f"{'-' if pct is None else f'{pct:.1f}':>7}", flush=True)
-                if not a.smoke:
-                    record(f"sampling_cost_{mode}_{name}_b{B}", r["device_us"], "us",
-                           {"vocab": a.vocab, "batch": B, "mode": mode,
-                            "variant": case.variant, "mix": MIXES[name] and
-                            {k: str(v) for k, v in MIXES[name].items()}, "iters": a.iters,
-                            "trace_iters": a.trace_iters, "logits_dtype": a.dtype,
-                            "sampler_file": a.sampler_file and str(a.sampler_file),
-                            "busy_ms": busy[2] * 1e3, "pct_of_step": pct,
-                            "load_avg_1min": os.getloadavg()[0],
-                            "step_ms": step_ms.get(B), **r}, out_dir=a.out)
+    for cfg, mode, name, B in ((c, m, n, b) for c in configs for m in modes
+                               for n in a.mixes for b in a.batches):
+        for k, v in cfg.items():
+            if k != "name":
+                setattr(sf, k, v)
+        case = Case(sampler, "cond" if mode == "file" else mode, B, a.vocab,
+                    MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache,
+                    tuple(sorted(cfg.items())))
+        same = (mode, name, B, case.hlo_hash)
+        if same not in timed:  # a tunable that does not reach this program
+            timed[same] = measure(case, a.iters, a.trace_iters, busy)
+        r = timed[same]
+        table.setdefault((mode, name, B), {})[cfg["name"]] = r["device_us"]
+        pct = (100 * r["device_us"] / (1e3 * step_ms[B])) if B in step_ms else None
+        cpu_note |= not r["device_measured"]
+        print(f"{mode:7} {name:21} {case.variant:16} {B:>4} {r['device_us']:>9.1f}"
+              f"{' ' if r['device_measured'] else '*'} "
+              f"{'-' if r['kernels'] is None else str(round(r['kernels'])):>7} "
+              f"{r['wall_us']:>9.1f} {r['host_us']:>9.1f} "
+              f"{str(r['sorts']) + '/' + str(r['conds']):>9} "
+              f"{'-' if pct is None else f'{pct:.1f}':>7} {cfg['name']}", flush=True)
+        if not a.smoke:
+            tag = "" if len(configs) == 1 else "_" + cfg["name"].replace("/", "")
+            record(f"sampling_cost_{mode}_{name}_b{B}{tag}", r["device_us"], "us",
+                   {"vocab": a.vocab, "batch": B, "mode": mode,
+                    "variant": case.variant, "mix": MIXES[name] and
+                    {k: str(v) for k, v in MIXES[name].items()}, "iters": a.iters,
+                    "trace_iters": a.trace_iters, "logits_dtype": a.dtype,
+                    "sampler_file": a.sampler_file and str(a.sampler_file),
+                    "busy_ms": busy[2] * 1e3, "pct_of_step": pct,
+                    "load_avg_1min": os.getloadavg()[0], "search_config": cfg,
+                    "step_ms": step_ms.get(B), **r}, out_dir=a.out)
     if cpu_note:
         print("* no device in the trace (XLA:CPU): device us repeats the wall time")
     print(f"{len(cache)} programs compiled, {time.perf_counter() - t_start:.0f} s")
+    names = [c["name"] for c in configs]
+    print(f"\ndevice us per call{' (* wall: no device trace)' if cpu_note else ''}")
+    print("| mode | mix | B | " + " | ".join(names) + " |")
+    print("|---|---|---:|" + "---:|" * len(names))
+    for (mode, name, B), row in table.items():
+        print(f"| {mode} | {name} | {B} | " + " | ".join(f"{row[n]:,.1f}" for n in names) + " |")
     return 0
 
 

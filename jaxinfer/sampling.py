@@ -16,9 +16,11 @@ vLLM v1's ``Sampler``:
 
 No vocabulary sort (:mod:`jaxinfer.sampling_filters`): every filtering row finds its k-th
 value and its nucleus by an exact threshold search (fused multi-pivot reductions; measured on
-the H200, XLA's TopK kernel costs more per call at vocab 128k than a pass of the search); the
-20 best logprobs come from two ``lax.top_k`` of at most 16 (no sort on XLA:GPU). All rows run
-the same code, so a row's floats do not depend on its neighbours.
+the H200, XLA's TopK kernel costs more per call at vocab 128k than a pass of the search),
+over the row's 64 best chunks of 64 logits (at V = 128256) when its top-k is at most 64, else
+over the vocabulary; the 20 best logprobs come from the 20 best chunks by two ``lax.top_k`` of
+at most 16 (no sort on XLA:GPU). Each row takes its path from its own parameters whatever the
+program, so a row's floats do not depend on its neighbours.
 
 Each row draws from its own key, ``fold_in(key(seed), sample_index)``, so a request's tokens
 depend only on its seed and the index of the token being sampled -- not on the batch it lands
@@ -32,15 +34,15 @@ row from the host with :func:`load_token_history` when a sequence with penalties
 (its prompt may come from the prefix cache and was never fed through a step).
 
 Work no row of the batch needs is skipped by static flags (:class:`SamplerNeeds`: penalties,
-temperature and draw, top-k search, top-p search, logprobs), so the compiled sampler has no
-conditional. The runner (``runner.py``) runs the sampler as its own small program after the
-model program, the logits staying on the device: it reads the batch's needs on the host from
-the numpy parameters (``SamplerNeeds.of``, as vLLM decides ``all_greedy``, ``no_penalties``
-and ``max_num_logprobs`` on the host) and rounds them up to one of the few compiled variants
-of :data:`SAMPLER_VARIANTS` (:func:`sampler_variant`). A flag that is on where no row needs
-it changes no row's token, nor the logprobs of a row that asked (neutral parameters leave a
-row bit for bit as it was), so any covering variant, and ``SamplerNeeds()`` (all on), gives
-the same results.
+temperature and draw, top-k search, top-p search, logprobs, full-vocabulary search), so the
+compiled sampler has no conditional. The runner (``runner.py``) runs the sampler as its own
+small program after the model program, the logits staying on the device: it reads the batch's
+needs on the host from the numpy parameters (``SamplerNeeds.of``, as vLLM decides
+``all_greedy``, ``no_penalties`` and ``max_num_logprobs`` on the host) and rounds them up to
+one of the few compiled variants of :data:`SAMPLER_VARIANTS` (:func:`sampler_variant`). A
+flag that is on where no row needs it changes no row's token, nor the logprobs of a row that
+asked (neutral parameters leave a row bit for bit as it was), so any covering variant, and
+``SamplerNeeds()`` (all on), gives the same results.
 
 ``needs=None`` decides on the device instead, by batch-wide ``lax.cond``s; kept as the
 baseline of ``benchmarks/sampling_cost.py``, the runner never uses it. On XLA:GPU every
@@ -61,8 +63,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.batch import Bucket, SamplingArrays
+from jaxinfer import sampling_filters
 from jaxinfer.sampling_filters import (
     TOPK_FAST,
+    buffered_cutoffs,
     kth_largest,
     nucleus_cut,
     top_values,
@@ -106,16 +110,19 @@ def _needs(xp: Any, sp: SamplingArrays, V: int) -> dict[str, Any]:
         "top_k_search": xp.any(rows["sampling"] & rows["k_on"]),
         "top_p_search": xp.any(rows["sampling"] & rows["p_on"]),
         "logprobs": xp.any(sp.want_logprobs),
+        "full_search": xp.any(rows["cuts"] & ~rows["k_small"]),
     }
 
 
 def _row_filters(sp: SamplingArrays, V: int) -> dict[str, Any]:
-    """Per-row [S] bool: samples, top-k on, top-p on, filtered (samples with either)."""
+    """Per-row [S] bool: samples, top-k on, top-p on, filtered (samples with either), small
+    top-k (on and <= ``sampling_filters.BUFFER_TOP_K``: cut-offs searched in a buffer)."""
     sampling = sp.temperature > 0.0
     k_on = (sp.top_k > 0) & (sp.top_k < V)
     p_on = sp.top_p < 1.0
     return {"sampling": sampling, "k_on": k_on, "p_on": p_on,
-            "cuts": sampling & (k_on | p_on)}
+            "cuts": sampling & (k_on | p_on),
+            "k_small": k_on & (sp.top_k <= sampling_filters.BUFFER_TOP_K)}
 
 
 class SamplerNeeds(NamedTuple):
@@ -131,6 +138,9 @@ class SamplerNeeds(NamedTuple):
       top_k_search: some sampling row has 0 < top_k < V.
       top_p_search: some sampling row has top_p < 1.
       logprobs: some row asked for logprobs.
+      full_search: some sampling row with top-k or top-p has no top-k of at most
+        ``sampling_filters.BUFFER_TOP_K`` (its cut-offs are searched over the whole vocabulary;
+        rows with such a top-k search a gathered buffer whatever the flags).
     """
 
     penalties: bool = True
@@ -138,6 +148,7 @@ class SamplerNeeds(NamedTuple):
     top_k_search: bool = True
     top_p_search: bool = True
     logprobs: bool = True
+    full_search: bool = True
 
     @classmethod
     def of(cls, sp: SamplingArrays, vocab_size: int) -> SamplerNeeds:
@@ -154,12 +165,14 @@ class SamplerNeeds(NamedTuple):
                          or nz(a(sp.frequency_penalty)))
         rows = a(sp.temperature) > 0.0
         sampling = bool(nz(rows))
-        top_k = top_p = False
+        top_k = top_p = full = False
         if sampling:
             k = a(sp.top_k)
-            top_k = bool(nz(rows & (k > 0) & (k < vocab_size)))
-            top_p = bool(nz(rows & (a(sp.top_p) < 1.0)))
-        return cls(penalties, sampling, top_k, top_p, bool(nz(a(sp.want_logprobs))))
+            k_on = rows & (k > 0) & (k < vocab_size)
+            p_on = rows & (a(sp.top_p) < 1.0)
+            top_k, top_p = bool(nz(k_on)), bool(nz(p_on))
+            full = bool(nz((k_on | p_on) & ~(k_on & (k <= sampling_filters.BUFFER_TOP_K))))
+        return cls(penalties, sampling, top_k, top_p, bool(nz(a(sp.want_logprobs))), full)
 
 
 # The sampler programs the runner compiles for each row count S, cheapest first. A step runs
@@ -173,17 +186,26 @@ class SamplerNeeds(NamedTuple):
 # the all-True program, 3.3 ms at B=256; a greedy one takes "temperature", its draw wasted);
 # logprobs are not cheap, and take the all-True program, the universal fallback that serves
 # any batch. Each variant is one more program per S (top-k alone takes "top_k_top_p").
+# "top_k_top_p" serves batches whose filtering rows all have a small top-k (searched in a
+# gathered buffer, no full-vocabulary pass but one); "top_k_top_p_full" any top-k / top-p mix;
+# "top_k_top_p_logprobs" the same as "top_k_top_p" with logprobs (top-20 from 20 chunks since
+# the chunked top_values), so that such a batch does not pay the vocabulary search of "full".
+_F, _T = False, True
 SAMPLER_VARIANTS: dict[str, SamplerNeeds] = {
-    "greedy": SamplerNeeds(False, False, False, False, False),
-    "temperature": SamplerNeeds(True, True, False, False, False),
-    "top_p": SamplerNeeds(True, True, False, True, False),
-    "top_k_top_p": SamplerNeeds(True, True, True, True, False),
+    "greedy": SamplerNeeds(_F, _F, _F, _F, _F, _F),
+    "temperature": SamplerNeeds(_T, _T, _F, _F, _F, _F),
+    "top_k_top_p": SamplerNeeds(_T, _T, _T, _T, _F, _F),
+    "top_p": SamplerNeeds(_T, _T, _F, _T, _F, _T),
+    "top_k_top_p_full": SamplerNeeds(_T, _T, _T, _T, _F, _T),
+    "top_k_top_p_logprobs": SamplerNeeds(_T, _T, _T, _T, _T, _F),
     "full": SamplerNeeds(),
 }
-# Every flag combination -> the first variant covering it (32 entries).
-_COVER = {SamplerNeeds(*(bool(i >> b & 1) for b in range(5))): next(
+_NFLAGS = len(SamplerNeeds._fields)
+# Every flag combination -> the first variant covering it (64 entries).
+_COVER = {SamplerNeeds(*(bool(i >> b & 1) for b in range(_NFLAGS))): next(
     name for name, v in SAMPLER_VARIANTS.items()
-    if all(have or not (i >> b & 1) for b, have in enumerate(v))) for i in range(32)}
+    if all(have or not (i >> b & 1) for b, have in enumerate(v)))
+    for i in range(1 << _NFLAGS)}
 
 
 def sampler_variant(sp: SamplingArrays, vocab_size: int) -> str:
@@ -231,17 +253,34 @@ _When = Callable[[str, Callable[[], Any], Callable[[], Any]], Any]
 
 
 def _cutoff(scaled: jax.Array, top: jax.Array, sp: SamplingArrays, when: _When) -> jax.Array:
-    """[S] value of the smallest scaled logit that top-k and then top-p keep (-inf: no cut)."""
+    """[S] value of the smallest scaled logit that top-k and then top-p keep (-inf: no cut).
+
+    Rows with a small top-k (``k_small``) always take the buffered search
+    (``sampling_filters.buffered_cutoffs``), the others the full-vocabulary one, whatever the
+    flags: a row's floats do not depend on the program that serves it.
+    """
     S, V = scaled.shape
     rows = _row_filters(sp, V)
     none = jnp.full((S,), NEG_INF, jnp.float32)
     k = jnp.where(rows["k_on"], sp.top_k, V)
     # Rows without top-k take -inf as their k-th value on both branches (same floats after);
     # without a nucleus search every row's top_p is 1, whose cut is the k-th value.
-    kth = when("top_k_search", lambda: jnp.where(rows["k_on"], kth_largest(scaled, top, k),
-                                                 NEG_INF), lambda: none)
-    cut = when("top_p_search", lambda: nucleus_cut(scaled, top, kth, k, sp.top_p),
-               lambda: kth)
+    k_full = rows["k_on"] & ~rows["k_small"]
+    kth = when("top_k_search", lambda: when(
+        "full_search", lambda: jnp.where(k_full, kth_largest(scaled, top, k), NEG_INF),
+        lambda: none), lambda: none)
+    cut = when("full_search", lambda: when(
+        "top_p_search", lambda: nucleus_cut(scaled, top, kth, k, sp.top_p), lambda: kth),
+        lambda: none)
+
+    def small() -> jax.Array:  # rows with 0 < top_k <= BUFFER_TOP_K
+        k_b = jnp.where(rows["k_small"], k, 1)
+        _, c = when("top_p_search",
+                    lambda: buffered_cutoffs(scaled, top, k_b, sp.top_p),
+                    lambda: buffered_cutoffs(scaled, top, k_b, None))
+        return jnp.where(rows["k_small"], c, cut)
+
+    cut = when("top_k_search", small, lambda: cut) if sampling_filters.BUFFER_TOP_K else cut
     return jnp.where(rows["cuts"], cut, NEG_INF)
 
 

@@ -16,7 +16,27 @@ larger k is decomposed into sort + slice), and on the H200 at vocab 128k that ke
   bracket in the order-preserving integer image of float32 by a factor ``PIVOTS + 1``; after
   ``SEARCH_PASSES`` passes the bracket is one value. The threshold found is exactly the one
   the rule defines (no tolerance, no iteration cap), for any input: ties, -inf, +-0;
-* the K = 20 best logprobs come from :func:`top_values` (two ``lax.top_k`` of at most 16).
+* rows with a small top-k (0 < k <= ``BUFFER_TOP_K`` = 64) search only their top-64 chunks
+  (:func:`top_chunks`, :func:`buffered_cutoffs`): chunks of :func:`chunk_size` (64 at
+  V = 128256: 2004 chunks, enough for XLA:GPU's TopK kernel) consecutive logits, ranked by
+  their maxima. Every element above the k-th value lies in the k best chunks
+  (a left-out chunk has k chunks ranked above it, each holding an element at least its
+  maximum), so the k-th value and the top-p cut within the top-k are decided exactly on a
+  [S, 64 * 64] buffer: one pass over the vocabulary (the chunk maxima), 4 TopK stages over the
+  [S, V / 64] maxima, a gather, then the searches over 4096 elements per row instead of V.
+  Rows without top-k (top-p alone) or with a larger one search the vocabulary (the host flag
+  ``SamplerNeeds.full_search`` says whether any row does);
+* the K = 20 best logprobs come from :func:`top_values`: the 20 best chunks in row order, then
+  two ``lax.top_k`` of at most 16 over their 1280 elements.
+
+Cost model per search at B = 256, V = 128256 float32 (131 MB per read of the logits; H200
+~4.3 TB/s, ~30 us a read): a full-vocabulary search is ``search_passes(P)`` passes, each one
+read and P compare + add per element. P = 15 (76a6e80): 8 passes, 120 pivot evaluations per
+element, measured ~150 us a pass (compute-bound: 15 accumulators). P = 3: 16 passes, 48
+evaluations, ~1 read per pass (near memory-bound if 3 pivots fit in a read's time); P = 7:
+11 passes, 77 evaluations. The buffered search reads 4 MB (S * 4096 floats) per pass, 1/31
+of the vocabulary, after one 131 MB read for the chunk maxima; the top-k and top-p searches of
+a row share that read and that buffer.
 
 Semantics are those of the sort-based cut they replace (vLLM v1's order: top-k, then top-p
 over the renormalised top-k; ties at a cut-off are kept, as in vLLM's threshold masking; the
@@ -39,10 +59,29 @@ import jax.numpy as jnp
 
 TOPK_FAST = 16  # XLA:GPU's TopK kernel takes k <= 16 (n >= 1024); larger k is a sort there
 TOPK_STAGED = 4 * TOPK_FAST  # top_values finds up to this many best in TOPK_FAST-sized stages
-PIVOTS = 15  # thresholds compared per pass; the bracket shrinks by PIVOTS + 1 per pass
-SEARCH_PASSES = 8  # ceil(32 / log2(PIVOTS + 1)): a 2^32-wide bracket down to one value
+# Tunables, read at trace time (benchmarks/sampling_cost.py sweeps them; the cost model is in
+# the module docstring). PIVOTS: thresholds compared per pass of a full-vocabulary search (the
+# bracket shrinks by PIVOTS + 1 per pass); BUFFER_PIVOTS: the same for searches over a gathered
+# buffer; CHUNK: elements per chunk; BUFFER_TOP_K: rows with 0 < top_k <= this search the
+# gathered top-BUFFER_TOP_K chunks instead of the vocabulary (0: never; then PIVOTS = 15 is the
+# method of 76a6e80); CHUNKED_TOP_VALUES: top_values looks only at its best K chunks.
+PIVOTS = 3
+BUFFER_PIVOTS = 15
+CHUNK = 64  # at most; halved until a row has TOPK_MIN_N chunks (chunk_size)
+TOPK_MIN_N = 1024  # XLA:GPU's TopK kernel needs rows of >= 1024 elements (else a sort)
+BUFFER_TOP_K = TOPK_STAGED
+CHUNKED_TOP_VALUES = True
 NEG_INF = -jnp.inf
 _U32 = jnp.uint32
+
+
+def search_passes(pivots: int) -> int:
+    """Passes that narrow a 2^32-wide bracket to one key, ``pivots`` thresholds per pass."""
+    n, width = 0, 1 << 32
+    while width > 1:
+        width = -(-width // (pivots + 1))
+        n += 1
+    return n
 
 
 def order_key(x: jax.Array) -> jax.Array:
@@ -72,44 +111,49 @@ def _row_sums(rows: list[jax.Array], stack: bool = True) -> Any:
 
 
 def _largest_passing(lo: jax.Array, hi: jax.Array, passes: Callable[[Any], Any],
-                     measure: Callable[[jax.Array], Any]) -> jax.Array:
+                     measure: Callable[[jax.Array], Any], pivots: int) -> jax.Array:
     """[S] largest key t in [lo, hi] with ``passes(measure(key_value(t)))``.
 
     ``measure(thresholds [S, P] float32) -> [S, P]`` is one fused pass over the rows and must
     be non-increasing in the threshold; ``passes -> bool [S, P]``. Key ``lo`` is taken to pass.
-    Keys in [lo, hi] must map to non-NaN floats.
+    Keys in [lo, hi] must map to non-NaN floats. ``pivots`` = P thresholds per pass,
+    ``search_passes(P)`` passes.
     """
-    steps = jnp.arange(1, PIVOTS + 1, dtype=_U32)[None, :]
+    steps = jnp.arange(1, pivots + 1, dtype=_U32)[None, :]
 
     def body(_, bracket):
         lo, hi = bracket
         width = hi - lo
-        step = width // (PIVOTS + 1) + 1
+        step = width // (pivots + 1) + 1
         piv = lo[:, None] + jnp.minimum(steps * step[:, None], width[:, None])
         ok = passes(measure(key_value(piv)))
         new_lo = jnp.max(jnp.where(ok, piv, lo[:, None]), axis=1)
         new_hi = jnp.min(jnp.where(ok, hi[:, None], piv - 1), axis=1)
         return new_lo, jnp.maximum(new_hi, new_lo)
 
-    return jax.lax.fori_loop(0, SEARCH_PASSES, body, (lo, hi))[0]
+    return jax.lax.fori_loop(0, search_passes(pivots), body, (lo, hi))[0]
 
 
-def kth_largest(x: jax.Array, top: jax.Array, k: jax.Array) -> jax.Array:
+def kth_largest(x: jax.Array, top: jax.Array, k: jax.Array,
+                pivots: int | None = None) -> jax.Array:
     """[S] float32 value of the k-th largest element of each row of ``x`` (ties counted).
 
     Args:
       x: [S, V] float32 without NaN.  top: [S] the row maxima.  k: [S] int32 in [1, V].
+      pivots: thresholds per pass (default ``PIVOTS``).
     """
+    P = PIVOTS if pivots is None else pivots
+
     def count_at_least(t: jax.Array) -> jax.Array:  # t [S, P] -> [S, P] int32
-        return _row_sums([(x >= t[:, j, None]).astype(jnp.int32) for j in range(PIVOTS)])
+        return _row_sums([(x >= t[:, j, None]).astype(jnp.int32) for j in range(P)])
 
     lo = jnp.full(k.shape, order_key(jnp.float32(NEG_INF)), _U32)
-    key = _largest_passing(lo, order_key(top), lambda c: c >= k[:, None], count_at_least)
+    key = _largest_passing(lo, order_key(top), lambda c: c >= k[:, None], count_at_least, P)
     return key_value(key)
 
 
 def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array,
-                top_p: jax.Array) -> jax.Array:
+                top_p: jax.Array, pivots: int | None = None) -> jax.Array:
     """[S] smallest value that top-p keeps within the top-k of each row.
 
     Follows the sorted-prefix rule: walking down the row sorted in descending order, the
@@ -121,7 +165,9 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array,
       x: [S, V] float32 without NaN.  top: [S] row maxima.  kth: [S] the k-th largest value
         (-inf when top-k is off).  k: [S] int32 top-k in [1, V] (V when off).
       top_p: [S] float32 in (0, 1]; 1 keeps the whole top-k (the cut is ``kth``).
+      pivots: thresholds per pass (default ``PIVOTS``).
     """
+    P = PIVOTS if pivots is None else pivots
     # Unnormalised probabilities, 1 at the maximum: computed once and read by every pass (a
     # variadic reduction recomputes a shared exp for each of its operands).
     w = jnp.exp(x - top[:, None])
@@ -134,14 +180,106 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array,
     target = jnp.where(top_p >= 1.0, jnp.inf, top_p * mass_k)
 
     def mass_at_least(t: jax.Array) -> jax.Array:  # t [S, P] -> [S, P] float32
-        return _row_sums([jnp.where(x >= t[:, j, None], w, 0.0) for j in range(PIVOTS)])
+        return _row_sums([jnp.where(x >= t[:, j, None], w, 0.0) for j in range(P)])
 
     key = _largest_passing(order_key(kth), order_key(top), lambda m: m >= target[:, None],
-                           mass_at_least)
+                           mass_at_least, P)
     return key_value(key)
 
 
+def chunk_size(V: int) -> int:
+    """Chunk length for rows of V: CHUNK, halved until there are TOPK_MIN_N chunks (the TopK
+    over the chunk maxima stays on XLA:GPU's TopK kernel) or it is 1."""
+    c = CHUNK
+    while c > 1 and -(-V // c) < TOPK_MIN_N:
+        c //= 2
+    return c
+
+
+def _chunked(x: jax.Array, chunk: int) -> jax.Array:
+    """[S, V] -> [S, C, chunk], C = ceil(V / chunk), the tail padded with -inf."""
+    S, V = x.shape
+    C = -(-V // chunk)
+    if C * chunk != V:
+        x = jnp.pad(x, ((0, 0), (0, C * chunk - V)), constant_values=NEG_INF)
+    return x.reshape(S, C, chunk)
+
+
+def top_chunks(x: jax.Array, n: int, chunk: int | None = None,
+               ascending: bool = False) -> tuple[jax.Array, jax.Array]:
+    """The ``n`` chunks of each row with the largest maxima, gathered.
+
+    Chunks are ``chunk`` consecutive elements (default ``chunk_size(V)``; the tail is padded
+    with -inf). Ranked by their maxima as :func:`top_values` ranks values, ties to the lower chunk.
+    Any element among the k largest of its row (k <= n; ties to the lower index, as
+    ``lax.top_k``) lies in these chunks, and every element larger than the k-th largest chunk
+    maximum too: a chunk left out has n chunks ranked above it, each with a maximum at least
+    as large (and earlier on a tie). All chunks when there are at most ``n``.
+
+    Args:
+      x: [S, V] float32 without NaN.  n: int >= 1.
+      ascending: order the chunks by position (else by rank) -- positions in the buffer then
+        keep the order of positions in the row.
+    Returns:
+      buffer [S, n' * chunk] float32, chunk ids [S, n'] int32 (n' = min(n, C)).
+    """
+    c = chunk_size(x.shape[1]) if chunk is None else chunk
+    xc = _chunked(x, c)
+    S, C, _ = xc.shape
+    if n >= C:
+        return xc.reshape(S, C * c), jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (S, C))
+    _, ids = _staged_top_values(jnp.max(xc, axis=-1), n)  # [S, C] -> [S, n]
+    if ascending:  # rank of each id among the row's ids -> its slot (n x n compares)
+        rank = jnp.sum(ids[:, None, :] < ids[:, :, None], axis=-1)  # [S, n]
+        ids = jnp.sum(jnp.where(rank[:, :, None] == jnp.arange(n)[None, None, :],
+                                ids[:, :, None], 0), axis=1)
+    buf = jnp.take_along_axis(xc, ids[:, :, None], axis=1)  # [S, n, c]
+    return buf.reshape(S, n * c), ids.astype(jnp.int32)
+
+
+def buffered_cutoffs(x: jax.Array, top: jax.Array, k: jax.Array, top_p: jax.Array | None,
+                     n: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """[S] k-th largest value and [S] top-p cut (as :func:`kth_largest` then
+    :func:`nucleus_cut`) for rows with k <= n, searched in the row's top-n chunks only.
+
+    Exact: every element above the k-th largest chunk maximum -- so every element above the
+    k-th largest value, which is at least that maximum -- lies in the buffer (:func:`top_chunks`),
+    and the buffer has at least k elements at least that maximum; so ``count(x >= t) >= k``
+    and ``mass(x >= t)`` agree with the full row's for every t the searches decide on (only the
+    order of the float32 mass sums differs). A pass reads n * CHUNK elements per row instead of V.
+
+    Args:
+      x: [S, V] float32 without NaN.  top: [S] row maxima.  k: [S] int32 in [1, min(n, V)].
+      top_p: [S] float32 in (0, 1], or None: no nucleus (the cut is the k-th value).
+      n: chunks gathered (default ``BUFFER_TOP_K``).
+    """
+    buf, _ = top_chunks(x, BUFFER_TOP_K if n is None else n)
+    kth = kth_largest(buf, top, k, BUFFER_PIVOTS)
+    if top_p is None:
+        return kth, kth
+    return kth, nucleus_cut(buf, top, kth, k, top_p, BUFFER_PIVOTS)
+
+
 def top_values(x: jax.Array, K: int) -> tuple[jax.Array, jax.Array]:
+    """``lax.top_k(x, K)`` without a sort on XLA:GPU for K <= TOPK_STAGED.
+
+    With ``CHUNKED_TOP_VALUES``, the K best chunks (:func:`top_chunks`, kept in row order) are
+    gathered first and only that buffer (K * chunk_size(V) elements) is ranked: one pass over
+    the row (the chunk maxima) instead of one per TOPK_FAST stage; same values, indices and tie
+    order as below (the K best, ties to the lower index, all lie in those chunks).
+    """
+    S, V = x.shape
+    c = chunk_size(V)
+    if (not CHUNKED_TOP_VALUES or K > TOPK_STAGED or -(-V // c) <= K
+            or K * c < TOPK_MIN_N):  # the buffer's TopK would be a sort on XLA:GPU
+        return _staged_top_values(x, K)
+    buf, ids = top_chunks(x, K, c, ascending=True)
+    _, pos = _staged_top_values(buf, K)  # positions in the buffer, in row order
+    idx = jnp.take_along_axis(ids, pos // c, axis=-1) * c + pos % c
+    return jnp.take_along_axis(x, idx, axis=-1), idx
+
+
+def _staged_top_values(x: jax.Array, K: int) -> tuple[jax.Array, jax.Array]:
     """``lax.top_k(x, K)`` without a sort on XLA:GPU for K <= TOPK_STAGED.
 
     The TOPK_FAST best, then the TOPK_FAST best of the rest, and so on: values in descending

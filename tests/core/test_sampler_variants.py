@@ -21,6 +21,7 @@ from jaxinfer.sampling import (
     sampler_bucket,
     sampler_variant,
 )
+from jaxinfer.sampling_filters import BUFFER_TOP_K
 
 V = 96
 FLAGS = SamplerNeeds._fields
@@ -56,6 +57,9 @@ def _row_needs(sa: SamplingArrays, i: int) -> set[str]:
             need.add("top_k_search")
         if sa.top_p[i] < 1:
             need.add("top_p_search")
+        if ("top_k_search" in need or "top_p_search" in need) and not (
+                0 < sa.top_k[i] <= min(V - 1, BUFFER_TOP_K)):
+            need.add("full_search")  # no small top-k: cut-offs searched over the vocabulary
     if sa.want_logprobs[i]:
         need.add("logprobs")
     return need

@@ -14,6 +14,7 @@ import pytest
 from jaxinfer.batch import SamplingArrays
 from jaxinfer.sampling import SamplerNeeds, sample_rows
 from jaxinfer.sampling_filters import (
+    BUFFER_TOP_K,
     TOPK_FAST,
     TOPK_STAGED,
     key_value,
@@ -152,18 +153,23 @@ def test_host_flags_device_conds_and_one_program_give_the_same_rows():
 def test_needs_of_a_batch():
     V = 1000
     sa = SamplingArrays.neutral(4)
-    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 5)
+    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 6)
     sa.top_p[:], sa.top_k[:] = 0.5, 3  # greedy rows: their filters do not count
-    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 5)
+    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 6)
     sa.top_k[:] = 0
     sa.temperature[1] = 1.0
     n = SamplerNeeds.of(sa, V)
     assert n.sampling and n.top_p_search and not n.top_k_search
+    assert n.full_search  # top-p without top-k: the nucleus is searched over the vocabulary
     sa.top_k[2], sa.temperature[2] = 5, 0.5
     n = SamplerNeeds.of(sa, V)
     assert n.top_k_search and not n.penalties and not n.logprobs
     sa.top_k[2] = V  # top_k >= V keeps everything: no search
     assert not SamplerNeeds.of(sa, V).top_k_search
+    sa.top_k[1], sa.top_k[2] = 5, BUFFER_TOP_K  # small top-k on every filtering row
+    assert not SamplerNeeds.of(sa, V).full_search
+    sa.top_k[2] = BUFFER_TOP_K + 1
+    assert SamplerNeeds.of(sa, V).full_search
 
 
 def _lowered(needs, V=4096, S=8) -> str:
@@ -181,3 +187,126 @@ def test_static_program_has_no_sort_no_conditional_and_only_small_top_k():
     assert ks and max(ks) <= TOPK_FAST
     # Deciding on the device is what puts conditionals in the program.
     assert "stablehlo.case" in _lowered(None) or "stablehlo.if" in _lowered(None)
+
+
+def _np_kept(x: np.ndarray, k: int, p: float) -> tuple[np.ndarray, float]:
+    """Kept set of top-k (k <= 0 or >= V: off) then top-p by a sort, in float64, and the
+    distance of p to the nearest prefix mass (float32 rounding decides a cut that close)."""
+    V = len(x)
+    k = k if 0 < k < V else V
+    cut, _ = _np_nucleus(x, k, p)
+    srt = -np.sort(-x)[:k]
+    q = np.where(np.isfinite(srt), np.exp(srt - srt[0]), 0.0)
+    before = (np.cumsum(q) - q)[1:] / q.sum()  # the first prefix mass, 0, is exact
+    gap = np.min(np.abs(before - p), initial=np.inf) if p < 1.0 else np.inf
+    return x >= cut, gap
+
+
+@pytest.mark.parametrize("seed, dtype", [(0, np.float32), (1, np.float32), (2, "bfloat16"),
+                                         (3, "bfloat16")])
+def test_cutoffs_keep_the_sorted_sets_with_small_chunks(seed, dtype, monkeypatch):
+    """The sampler's cut-offs (buffered for small top-k, full search otherwise) on fresh
+    random rows with ties, -inf, +-0, keep exactly the tokens a sort keeps. Chunks of 4 so
+    that the top-chunk selection is exercised at V = 300 (CHUNK = 128 covers the row there)."""
+    from jaxinfer import sampling, sampling_filters
+
+    monkeypatch.setattr(sampling_filters, "CHUNK", 4)
+    monkeypatch.setattr(sampling_filters, "TOPK_MIN_N", 0)  # keep chunks of 4 at V = 300
+    monkeypatch.setattr(sampling_filters, "BUFFER_TOP_K", 24)
+    rng = np.random.default_rng(100 + seed)
+    S, V = 24, 300
+    x = _tied_rows(rng, S, V)
+    x[12:] = (rng.standard_normal((S - 12, V)) * 3.0).astype(np.float32)  # no ties
+    x = np.asarray(jnp.asarray(x, dtype).astype(jnp.float32))  # bf16 logits, computed in f32
+    k = rng.choice([0, 1, 2, 7, 23, 24, 25, 60, V - 1, V, V + 5], S)
+    k[:4] = [1, 24, V, 0]
+    p = rng.choice([1e-7, 0.05, 0.5, 0.9, 0.99, 1.0], S).astype(np.float32)
+    sp = SamplingArrays.neutral(S)
+    sp.temperature[:], sp.top_k[:], sp.top_p[:] = 1.0, k, p
+    needs = SamplerNeeds.of(sp, V)
+    assert needs.top_k_search and needs.full_search
+
+    def cut(scaled, sa):
+        return sampling._cutoff(scaled, jnp.max(scaled, -1), sa,
+                                lambda name, f, g: f() if getattr(needs, name) else g())
+
+    got = np.asarray(jax.jit(cut)(jnp.asarray(x), SamplingArrays(*map(jnp.asarray, sp))))
+    checked = 0
+    for i in range(S):
+        want, gap = _np_kept(x[i], int(k[i]), float(p[i]))
+        if gap < 1e-5:
+            continue
+        np.testing.assert_array_equal(x[i] >= got[i], want, err_msg=f"row {i}")
+        checked += 1
+    assert checked >= S - 4
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_buffered_kth_and_nucleus_equal_the_full_search(seed, monkeypatch):
+    """buffered_cutoffs (top chunks only) against kth_largest / nucleus_cut over the row, for
+    every k up to the buffer's, on tied rows (the k-th value exactly; the cut's kept set)."""
+    from jaxinfer import sampling_filters as sf
+
+    rng = np.random.default_rng(seed)
+    S, V, n = 16, 203, 9  # 203 = 50 chunks of 4 + a padded one
+    x = _tied_rows(rng, S, V)
+    x[8:] = (rng.standard_normal((S - 8, V)) * 2.0).astype(np.float32)
+    k = rng.integers(1, n + 1, S).astype(np.int32)
+    k[:3] = [1, n, n]
+    p = rng.choice([1e-7, 0.3, 0.8, 1.0], S).astype(np.float32)
+    top = x.max(-1)
+    monkeypatch.setattr(sf, "CHUNK", 4)
+    monkeypatch.setattr(sf, "TOPK_MIN_N", 0)
+    args = tuple(map(jnp.asarray, (x, top, k, p)))
+    kth_b, cut_b = jax.jit(lambda x, t, k, p: sf.buffered_cutoffs(x, t, k, p, n))(*args)
+    kth_f = jax.jit(sf.kth_largest)(*args[:3])
+    cut_f = jax.jit(sf.nucleus_cut)(args[0], args[1], kth_f, args[2], args[3])
+    want_kth = -np.sort(-x, axis=-1)[np.arange(S), k - 1]
+    np.testing.assert_array_equal(np.asarray(kth_b), want_kth)
+    np.testing.assert_array_equal(np.asarray(kth_f), want_kth)
+    for i in range(S):
+        want, gap = _np_nucleus(x[i], int(k[i]), float(p[i]))
+        if gap < 1e-5:
+            continue
+        np.testing.assert_array_equal(x[i] >= np.asarray(cut_b)[i], x[i] >= want)
+        np.testing.assert_array_equal(x[i] >= np.asarray(cut_f)[i], x[i] >= want)
+
+
+@pytest.mark.parametrize("pivots", [1, 2, 3, 7, 15, 31])
+def test_search_is_exact_for_any_pivot_count(pivots):
+    rng = np.random.default_rng(pivots)
+    S, V = 8, 129
+    x = _tied_rows(rng, S, V)
+    k = rng.integers(1, V + 1, S).astype(np.int32)
+    got = jax.jit(kth_largest, static_argnums=3)(jnp.asarray(x), jnp.asarray(x.max(-1)),
+                                                 jnp.asarray(k), pivots)
+    np.testing.assert_array_equal(np.asarray(got), -np.sort(-x, axis=-1)[np.arange(S), k - 1])
+
+
+@pytest.mark.parametrize("V, K, chunk", [(300, 20, 4), (301, 20, 4), (257, 16, 8),
+                                         (1500, 20, 16), (300, 48, 2)])
+def test_chunked_top_values_equal_lax_top_k(V, K, chunk, monkeypatch):
+    """top_values through the K best chunks: lax.top_k's indices (ties to the lower index,
+    -0.0 as +0.0), on tied rows and rows with fewer finite values than K."""
+    from jaxinfer import sampling_filters as sf
+
+    monkeypatch.setattr(sf, "CHUNK", chunk)
+    monkeypatch.setattr(sf, "TOPK_MIN_N", 0)
+    rng = np.random.default_rng(V + K + chunk)
+    x = _tied_rows(rng, 6, V)
+    x[2, : V - 5] = -np.inf
+    x[3] = np.round(rng.standard_normal(V), 0).astype(np.float32)  # few values, many ties
+    vals, idx = jax.jit(sf.top_values, static_argnums=1)(jnp.asarray(x), K)
+    want_idx = np.asarray(jax.lax.top_k(jnp.asarray(np.where(x == 0, 0.0, x)), K)[1])
+    np.testing.assert_array_equal(np.asarray(idx), want_idx)
+    np.testing.assert_array_equal(np.asarray(vals), np.take_along_axis(x, want_idx, -1))
+
+
+def test_chunk_size_keeps_xla_gpu_topk_rows_long_enough():
+    """At V = 128256 chunks of 64 (2004 maxima, a 1280-element top-20 buffer: both >= 1024,
+    XLA:GPU's TopK kernel, no sort); smaller vocabularies get shorter chunks."""
+    from jaxinfer import sampling_filters as sf
+
+    assert sf.chunk_size(128256) == 64 and sf.chunk_size(32000) == 16
+    assert -(-128256 // 64) >= sf.TOPK_MIN_N and 20 * 64 >= sf.TOPK_MIN_N
+    assert sf.chunk_size(100) == 1

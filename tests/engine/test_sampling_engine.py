@@ -124,7 +124,9 @@ def test_new_parameters_compile_nothing_after_greedy_warm_up():
               for sp, n in zip(_eight(200), lens)]
     outs = llm.generate(_prompts(8, 2), params)
     assert runner.num_compilations + runner.num_loaded == built
-    assert set(used) == {"full", "top_k_top_p", "top_p", "temperature"}, used
+    # The mix has top-p-only rows beside top-k rows: their searches take the vocabulary
+    # (sampling.SamplerNeeds.full_search), hence "top_k_top_p_full".
+    assert set(used) == {"full", "top_k_top_p_full", "top_p", "temperature"}, used
     assert [len(o.outputs[0].token_ids) for o in outs] == lens
 
 

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 # Tokens that end a chat turn in common templates. When a model's chat template uses one, its id
 # joins the EOS set: chat models stop on the turn end (e.g. SmolLM2's "<|im_end|>").
@@ -171,10 +170,14 @@ class Tokenizer:
         try:
             if meta_file.is_file():
                 meta = json.loads(meta_file.read_text())
+                from transformers import PreTrainedTokenizerFast  # lazy: 1-10 s import
+
                 hf = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"),
                                              **meta["init_kwargs"])
                 extra = list(meta.get("eos_token_ids", ())) + list(extra_eos_ids)
                 return cls(hf, extra, source=str(path))
+            from transformers import AutoTokenizer
+
             hf = AutoTokenizer.from_pretrained(str(path))
         except Exception as e:  # tokenizers/transformers raise many kinds
             raise TokenizerError(f"cannot load a tokenizer from {path}: {e}") from e
@@ -232,6 +235,8 @@ class Tokenizer:
         except (ValueError, KeyError) as e:
             raise TokenizerError(f"{source}: cannot build the tokenizer: {e}") from e
         tok_config.update(extra)
+        from transformers import PreTrainedTokenizerFast
+
         hf = PreTrainedTokenizerFast(tokenizer_object=backend, **tok_config)
         return cls(hf, source=source)
 

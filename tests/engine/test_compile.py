@@ -39,8 +39,11 @@ MODEL = "dummy:tiny-llama"
 # Small bucket set: prefill T 16 x S {1, 2} x 4 pages (+ logits T 16), decode B {1, 2}, the
 # page-copy program of n > 1 requests, the penalty-history program, and the 5 sampler
 # variants for S {1, 2}.
+# The synchronous engine, so that the programs a run loads are exactly counted below (async
+# scheduling, the default, also loads token-gather programs: its own test below).
 ENGINE = {"max_model_len": 64, "block_size": 16, "max_num_seqs": 2,
-          "max_num_batched_tokens": 16, "max_prefill_seqs": 2}
+          "max_num_batched_tokens": 16, "max_prefill_seqs": 2, "async_scheduling": False}
+NV = len(SAMPLER_VARIANTS)  # sampler programs per row count
 CLI_ENGINE = ["--max-model-len", "64", "--block-size", "16", "--max-num-seqs", "2",
               "--max-num-batched-tokens", "16", "--max-prefill-seqs", "2"]
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
@@ -185,10 +188,10 @@ def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
     ec = EngineConfig(**ENGINE)
     kv = kv_pool_bytes(DUMMY_CONFIGS["tiny-llama"], ec, jnp.float32)
     assert f"= {kv:,} bytes" in out
-    assert ("programs: 19 (prefill sample 2, prefill logits 1, decode sample 2, kv copy 1, "
-            "history 1, gather 2, sampler 10)" in out)
-    assert ("sampling variants x rows: greedy [1, 2], temperature [1, 2], top_p [1, 2], "
-            "top_k_top_p [1, 2], full [1, 2]" in out)
+    assert (f"programs: {9 + 2 * NV} (prefill sample 2, prefill logits 1, decode sample 2, "
+            f"kv copy 1, history 1, gather 2, sampler {2 * NV})" in out)
+    assert ("sampling variants x rows: " + ", ".join(f"{v} [1, 2]" for v in SAMPLER_VARIANTS)
+            in out)
     rows = [ln.split() for ln in out.splitlines()
             if ln.startswith(("sample ", "logits ", "copy ", "history ", "sampler "))]
     assert sorted((r[0], r[1], int(r[2]), int(r[3])) for r in rows) == sorted(
@@ -229,7 +232,7 @@ def test_programs_from_jax_persistent_cache_are_never_stored():
 
 def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
     manifest = json.loads((cache_dir / "manifest.json").read_text())
-    assert len(manifest["programs"]) == 19  # + the token-gather programs of B {1, 2}
+    assert len(manifest["programs"]) == 9 + 2 * NV  # with the token-gather programs of B 1, 2
     assert all(p["compile_seconds"] > 0 and (cache_dir / p["file"]).is_file()
                for p in manifest["programs"])
     fp = manifest["fingerprint"]
@@ -239,8 +242,8 @@ def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
     warm = _fresh_process(cache_dir)
     assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
     # prefill S=1 and S=2, decode B=1 and B=2, logits (n = 1: no copy, no penalties: no
-    # history), and with the first program of each S every sampler variant of it (5 x 2)
-    assert warm["loaded"] == 5 + 10
+    # history), and with the first program of each S every sampler variant of it (NV x 2)
+    assert warm["loaded"] == 5 + 2 * NV
     assert warm["variants"] == ["greedy"]
 
     ref = LLM(MODEL, **ENGINE)
@@ -271,7 +274,7 @@ def test_async_scheduling_compiles_nothing_in_a_fresh_process(cache_dir):
     warm = _fresh_process(cache_dir, engine=dict(ENGINE, async_scheduling=True))
     assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
     assert warm["pipelined"] > 0
-    assert warm["loaded"] > 5 + 10  # + gather programs, loaded like the others
+    assert warm["loaded"] > 5 + 2 * NV  # + gather programs, loaded like the others
     ref = LLM(MODEL, **ENGINE).generate(PROMPTS, GREEDY)
     assert warm["tokens"] == [o.outputs[0].token_ids for o in ref]
 
@@ -342,7 +345,7 @@ def test_parallel_compile_writes_loadable_programs(tmp_path):
         p.file for p in enumerate_programs(EngineConfig(**ENGINE), ["sample"]))
     warm = _fresh_process_sample_only(d)
     assert warm["compiled"] == 1  # only the logits program was not cached
-    assert warm["loaded"] == 4 + 10  # + the sampler variants of S 1 and 2
+    assert warm["loaded"] == 4 + 2 * NV  # + the sampler variants of S 1 and 2
 
 
 def _fresh_process_sample_only(cache: Path) -> dict:

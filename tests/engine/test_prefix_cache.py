@@ -23,23 +23,24 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
 class Counted:
-    """An LLM whose scheduled steps are counted (tokens computed, preemptions)."""
+    """An LLM whose executed steps are counted (tokens computed, preemptions)."""
 
     def __init__(self, family: str, **kw) -> None:
         args = {"max_model_len": 64, "block_size": PS, "max_num_seqs": 8, "max_num_batched_tokens": 32}
         args.update(kw)
         self.llm = LLM(tiny_loaded(family), **args)
         self.computed = self.preempted = 0
-        sched = self.llm.engine.scheduler
-        plan = sched.schedule
+        engine = self.llm.engine
+        collect = engine._collect
 
-        def counting():
-            out = plan()
+        # Every executed step's plan passes through _collect, whether the scheduler planned it
+        # or async scheduling pipelined it (engine_async.plan_next_decode).
+        def counting(out, res):
             self.computed += out.num_batched_tokens
             self.preempted += len(out.preempted)
-            return out
+            return collect(out, res)
 
-        sched.schedule = counting  # type: ignore[method-assign]
+        engine._collect = counting  # type: ignore[method-assign]
 
     def run(self, prompts: list[list[int]], sp: SamplingParams = GREEDY):
         outs = self.llm.generate(prompts, sp)

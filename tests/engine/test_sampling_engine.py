@@ -75,13 +75,15 @@ def test_eight_parameter_sets_share_one_compiled_step():
     llm = _llm()
     runner = llm.engine.runner
     steps = []
-    execute = runner.execute
+    launch = runner.launch
 
-    def spy(inputs, mode="sample"):
-        steps.append((mode, inputs.bucket, inputs.sampling))
-        return execute(inputs, mode)
+    # Every sample step is dispatched by runner.launch (runner.execute calls it; async
+    # scheduling calls it directly).
+    def spy(inputs, token_ids=None):
+        steps.append(("sample", inputs.bucket, inputs.sampling))
+        return launch(inputs, token_ids)
 
-    runner.execute = spy
+    runner.launch = spy
     llm.generate(_prompts(8, 1), _eight(100))  # warm-up: every program these shapes need
     built = runner.num_compilations + runner.num_loaded
     assert built > 0

@@ -34,7 +34,8 @@ Cost model per search at B = 256, V = 128256 float32 (131 MB per read of the log
 read and P compare + add per element. P = 15 (76a6e80): 8 passes, 120 pivot evaluations per
 element, measured ~150 us a pass (compute-bound: 15 accumulators). P = 3: 16 passes, 48
 evaluations, ~1 read per pass (near memory-bound if 3 pivots fit in a read's time); P = 7:
-11 passes, 77 evaluations. The buffered search reads 4 MB (S * 4096 floats) per pass, 1/31
+11 passes, 77 evaluations — the default: on the H200 (session 5) the top-p search at B = 256
+took 1,552 / 1,352 / 1,428 us with P = 3 / 7 / 15. The buffered search reads 4 MB (S * 4096 floats) per pass, 1/31
 of the vocabulary, after one 131 MB read for the chunk maxima; the top-k and top-p searches of
 a row share that read and that buffer.
 
@@ -65,7 +66,7 @@ TOPK_STAGED = 4 * TOPK_FAST  # top_values finds up to this many best in TOPK_FAS
 # buffer; CHUNK: elements per chunk; BUFFER_TOP_K: rows with 0 < top_k <= this search the
 # gathered top-BUFFER_TOP_K chunks instead of the vocabulary (0: never; then PIVOTS = 15 is the
 # method of 76a6e80); CHUNKED_TOP_VALUES: top_values looks only at its best K chunks.
-PIVOTS = 3
+PIVOTS = 7  # H200, B=256 top-p search: 3 / 7 / 15 pivots 1,552 / 1,352 / 1,428 us
 BUFFER_PIVOTS = 15
 CHUNK = 64  # at most; halved until a row has TOPK_MIN_N chunks (chunk_size)
 TOPK_MIN_N = 1024  # XLA:GPU's TopK kernel needs rows of >= 1024 elements (else a sort)

@@ -17,17 +17,17 @@
 # default 14), LIMIT (seconds per offline run, default 75), COMPILE_EXTRA (more options for the
 # compile step, e.g. -v for its phase times).
 set -u
-SUITE=${1:?usage: bench_h200.sh bf16|serve|fp8|70b|async}
+SUITE=${1:?usage: bench_h200.sh bf16|bf16-offline|serve|fp8|70b|async}
 OUT=${OUT:?set OUT to the output folder}
 export PYTHONUNBUFFERED=1
 JOBS=${JOBS:-14} LIMIT=${LIMIT:-75}
-BASE=${SUITE/serve/bf16}; BASE=${BASE/async/bf16}
+BASE=${SUITE/serve/bf16}; BASE=${BASE/async/bf16}; BASE=${BASE/bf16-offline/bf16}
 CACHE=${CACHE:-/tmp/jaxinfer-cache-$BASE}
 mkdir -p "$OUT/records" "$OUT/logs"
 JI="python3 -m jaxinfer.cli"
 
 case $SUITE in
-  bf16|serve|fp8|async)
+  bf16|bf16-offline|serve|fp8|async)
     # One configuration for every 8B workload: 4352-token contexts (2048/2048 and a
     # 4096-token prompt fit), 256 sequences, 8192-token prefill steps of up to 64 prompts,
     # 36,000 KV pages (576k tokens: 256 x 2000-token or 128 x 4096-token sequences).
@@ -42,7 +42,7 @@ case $SUITE in
       --max-num-seqs 64 --max-num-batched-tokens 8192 --max-prefill-seqs 8
       --prefill-buckets 1024,8192 --decode-buckets 8,32,64 --num-kv-pages 8448
       --cache-dir $CACHE" ;;
-  *) echo "unknown suite $SUITE (bf16, serve, fp8, 70b, async)" >&2; exit 2 ;;
+  *) echo "unknown suite $SUITE (bf16, bf16-offline, serve, fp8, 70b, async)" >&2; exit 2 ;;
 esac
 # ENGINE_EXTRA: more engine options for every command of the suite, e.g.
 # ENGINE_EXTRA=--async-scheduling (give such a run its own CACHE if it changes the programs).
@@ -78,6 +78,8 @@ case $SUITE in
     go L1 170 bench latency $ENGINE --out "$OUT/records" --prompt-lens 128,1024,4096 \
       --concurrency 1,16,64,128 --input-len 128 --output-len 128
     peer ;;
+  bf16-offline)  # O1 + O2 alone
+    go O1-O2 300 $OFF --input-len 128,1000 --output-len 128,1000 --num-prompts 1024,512 ;;
   serve)  # gRPC server (started by the command) at 2 requests/s, Poisson arrivals
     go S1 200 bench serve $ENGINE --out "$OUT/records" --num-prompts 120 --random-input-len 128 \
       --random-output-len 128 --request-rate 2 --num-warmups 1 ;;

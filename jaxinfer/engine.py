@@ -71,7 +71,7 @@ def engine_config_for(model_config: ModelConfig, engine_args: dict[str, Any]) ->
     args = dict(engine_args)
     args.setdefault("max_model_len", min(2048, model_config.max_position_embeddings))
     ec = EngineConfig(**args)
-    if resolve_backend_name(ec.attention_backend) == "pallas":  # both paged kernels
+    if resolve_backend_name(ec.attention_backend) in ("pallas", "pallas_mgpu"):  # paged kernels
         # The Pallas kernels read only each sequence's own pages and rows, so block-table
         # width and prefill row count cost nothing: one compiled width and row count instead
         # of a grid of them (134 -> 17 programs for the default 8B set; vLLM's block table

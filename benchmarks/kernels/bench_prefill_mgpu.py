@@ -89,6 +89,16 @@ def paged_step(c: dict, impl: str, tune: tuple | None):
         return lambda q, L: paged_prefill_attention(q, c["kc"], c["vc"], L, *a, scale=scale)
     if impl == "xla":
         return lambda q, L: paged_prefill_attention_ref(q, c["kc"], c["vc"], L, *a, scale=scale)
+    if impl == "cudnn_gather":  # no tuning: it ran MgpuPrefillConfig(*None) (session 5)
+        B, n = len(c["seqs"]), c["seqs"][0][1]
+        shp = (B, n, c["Hq"], c["D"])
+
+        def f(q, L):
+            k, v = gather_dense(c, L)
+            return jax.nn.dot_product_attention(
+                q.reshape(shp), k, v, is_causal=True, scale=scale,
+                implementation="cudnn").reshape(q.shape)
+        return f
     cfg = pm.MgpuPrefillConfig(*tune)
     if impl == "mgpu_varlen":
         return lambda q, L: pm.paged_prefill_attention_mgpu(
@@ -104,16 +114,9 @@ def paged_step(c: dict, impl: str, tune: tuple | None):
             return pm.varlen_attention(qp, kb, vb, rows, tiles, pairs, scale=scale,
                                        cfg=cfg)[: q.shape[0]]
         return f
-    if impl in ("cudnn_gather", "stock_mgpu_gather", "stock_mgpu"):
+    if impl in ("stock_mgpu_gather", "stock_mgpu"):
         B, n = len(c["seqs"]), c["seqs"][0][1]
         shp = (B, n, c["Hq"], c["D"])
-        if impl == "cudnn_gather":
-            def f(q, L):
-                k, v = gather_dense(c, L)
-                return jax.nn.dot_product_attention(
-                    q.reshape(shp), k, v, is_causal=True, scale=scale,
-                    implementation="cudnn").reshape(q.shape)
-            return f
         from jax.experimental.pallas.ops.gpu import attention_mgpu as am
         tc = am.TuningConfig(block_q=tune[0], block_kv=tune[1], max_concurrent_steps=tune[2],
                              causal=True)

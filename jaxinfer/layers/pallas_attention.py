@@ -4,9 +4,16 @@ Decode goes to :func:`paged_decode_attention` and prefill (packed ragged, chunke
 :func:`paged_prefill_attention` where their ``*_supported`` checks accept the shapes and KV
 dtype; unsupported shapes fall back to the jnp reference of the base class. With
 ``prefill_mgpu`` (backend ``"pallas_mgpu"``, experimental, Hopper only) bf16/f16 prefill goes
-to the Mosaic GPU varlen kernel of ``prefill_mgpu.py`` instead (itself falling back to the
-Triton kernel when the contexts exceed its gathered K/V buffer of 2 T tokens). FP8 (e4m3) caches
-go to the same kernels with the layer's ``k_scale`` / ``v_scale`` (see attention.py).
+to the Mosaic GPU varlen kernel of ``prefill_mgpu.py`` instead for buckets of at least
+``MGPU_MIN_TOKENS`` (1024) tokens, and to the Triton kernel below: a static choice per bucket
+(``prefill_mgpu.mgpu_route``; the Mosaic path's plan and gather cost more than it saves on
+short prefills). The Mosaic path falls back to the Triton kernel (``lax.cond``) when the
+contexts exceed its gathered K/V buffer of 2 T tokens, compiled in only for buckets whose worst
+case can exceed it (module docstring of prefill_mgpu.py). FP8 (e4m3) caches go to the same
+kernels with the layer's ``k_scale`` / ``v_scale`` (see attention.py).
+
+Both prefill kernels run under module-level ``jax.jit`` wrappers (``kernel_jit``), so the
+unrolled layers of a program lower each kernel once per shape instead of once per layer.
 """
 
 from __future__ import annotations
@@ -22,9 +29,25 @@ from pallas_kernels.paged_attention import (
     paged_prefill_attention_supported,
 )
 from pallas_kernels.paged_attention.prefill_mgpu import (
+    mgpu_route,
     paged_prefill_attention_mgpu,
     paged_prefill_mgpu_supported,
 )
+
+
+def _triton_prefill(q, k_cache, v_cache, layer, block_tables, seq_lens, positions, seq_ids,
+                    window, k_scale, v_scale, *, scale: float, interpret: bool,
+                    static_layer: int | None) -> jax.Array:
+    return paged_prefill_attention(
+        q, k_cache, v_cache, static_layer if static_layer is not None else layer,
+        block_tables, seq_lens, positions, seq_ids, scale=scale, window=window,
+        interpret=interpret, k_scale=k_scale, v_scale=v_scale)
+
+
+# The Triton prefill kernel under its own jit: one lowering per shape in a program (as the
+# Mosaic kernel's _mgpu_prefill_jit and the FP8 GEMMs' _fp8_kernel_linear).
+_triton_prefill_jit = jax.jit(_triton_prefill,
+                              static_argnames=("scale", "interpret", "static_layer"))
 
 
 class PallasAttentionBackend(AttentionBackend):
@@ -33,10 +56,11 @@ class PallasAttentionBackend(AttentionBackend):
     name = "pallas"
 
     def __init__(self, interpret: bool = False, prefill_kernel: bool = True,
-                 prefill_mgpu: bool = False):
+                 prefill_mgpu: bool = False, kernel_jit: bool = True):
         self.interpret = interpret
         self.prefill_kernel = prefill_kernel
         self.prefill_mgpu = prefill_mgpu
+        self.kernel_jit = kernel_jit  # False: inline per layer (benchmarks/lower_prefill_cuda.py)
         if not prefill_kernel:
             self.name = "pallas_decode"
         elif prefill_mgpu:
@@ -67,12 +91,31 @@ class PallasAttentionBackend(AttentionBackend):
             return super().prefill(q, k_cache, v_cache, layer, md, scale, window,
                                    k_scale=k_scale, v_scale=v_scale)
         # The Mosaic kernel has no interpreter path: on CPU the Triton kernel stands in.
-        if (self.prefill_mgpu and not self.interpret and k_scale is None and v_scale is None
-                and paged_prefill_mgpu_supported(q.shape, k_cache.shape, k_cache.dtype)):
+        if self.mgpu_route(q.shape, k_cache.shape, k_cache.dtype, md.block_tables.shape,
+                           k_scale is None and v_scale is None) != "triton":
             return paged_prefill_attention_mgpu(q, k_cache, v_cache, layer, md.block_tables,
                                                 md.seq_lens, md.positions, md.seq_ids,
-                                                scale=scale, window=window)
-        return paged_prefill_attention(q, k_cache, v_cache, layer, md.block_tables,
-                                       md.seq_lens, md.positions, md.seq_ids, scale=scale,
-                                       window=window, interpret=self.interpret,
-                                       k_scale=k_scale, v_scale=v_scale)
+                                                scale=scale, window=window,
+                                                jit=self.kernel_jit)
+        if not self.kernel_jit:
+            return paged_prefill_attention(q, k_cache, v_cache, layer, md.block_tables,
+                                           md.seq_lens, md.positions, md.seq_ids, scale=scale,
+                                           window=window, interpret=self.interpret,
+                                           k_scale=k_scale, v_scale=v_scale)
+        static_layer = layer if isinstance(layer, int) else None
+        return _triton_prefill_jit(q, k_cache, v_cache,
+                                   None if static_layer is not None else layer,
+                                   md.block_tables, md.seq_lens, md.positions, md.seq_ids,
+                                   window, k_scale, v_scale, scale=float(scale),
+                                   interpret=self.interpret, static_layer=static_layer)
+
+    def mgpu_route(self, q_shape: tuple, k_cache_shape: tuple, kv_dtype,
+                   block_tables_shape: tuple, unscaled: bool = True) -> str:
+        """Which prefill kernel this backend lowers for a bucket (static): ``"triton"``,
+        ``"mgpu"`` or ``"mgpu_cond"`` (prefill_mgpu.mgpu_route), for shapes the Triton kernel
+        takes."""
+        if not (self.prefill_mgpu and not self.interpret and unscaled
+                and paged_prefill_mgpu_supported(q_shape, k_cache_shape, kv_dtype)):
+            return "triton"
+        (S, maxp), ps = block_tables_shape, k_cache_shape[3]
+        return mgpu_route(q_shape[0], S, maxp, ps)

@@ -19,9 +19,25 @@ What differs from the stock kernel (which takes one dense [B, n, H, D] batch):
 - Scale: ``scale * log2(e)`` folds into the exponent's FMA; rows that see no key in a masked
   step keep ``m = -inf`` and add nothing.
 
-The buffer has a static size ``kv_capacity``; if the contexts do not fit,
-:func:`paged_prefill_attention_mgpu` falls back to the Triton kernel (``prefill.py``) through
-``lax.cond``, so it is exact in every case. bf16 / f16 caches only (no FP8), D % 64 == 0.
+The buffer has a static size ``kv_capacity``: by default the least of 2 T and the bucket's
+worst case (:func:`worst_case_context`: the sum of the contexts of at most min(S, T) sequences
+of at most ``maxp * page_size`` tokens each, known from the shapes alone). Where the worst case
+fits, no fallback is compiled: the program is static (no ``lax.cond``). Where it does not (the
+engine's Pallas buckets, S = 64 rows of 272 pages: 278,528 tokens, a 1.1 GB gather per layer
+for K and V at 8B, far more than the kernel saves), :func:`paged_prefill_attention_mgpu` falls
+back to the Triton kernel (``prefill.py``) through ``lax.cond`` when the contexts exceed the
+buffer, so it is exact in every case; on XLA:GPU that cond is a host sync per layer
+(jaxinfer/sampling.py docstring). :func:`mgpu_route` is the static per-bucket choice the
+``pallas_mgpu`` attention backend makes (Triton below :data:`MGPU_MIN_TOKENS` tokens, and for
+buckets that could overflow when :data:`MGPU_OVERFLOW` is ``"triton"``).
+
+Compile time: :func:`paged_prefill_attention_mgpu` runs under a module-level ``jax.jit``
+(:func:`_mgpu_prefill_jit`, static config / scale / capacity), so the unrolled layers of one
+program share one traced and lowered function (XLA inlines it): the Mosaic kernel (and the
+Triton fallback) is lowered once per shape, not once per layer (as ``_fp8_kernel_linear`` in
+jaxinfer/models/transformer.py does for the FP8 GEMMs; benchmarks/lower_prefill_cuda.py).
+
+bf16 / f16 caches only (no FP8), D % 64 == 0.
 Benchmark: benchmarks/kernels/bench_paged_prefill.py (``mgpu_varlen``).
 """
 
@@ -51,6 +67,18 @@ class MgpuPrefillConfig:
     def __post_init__(self):
         if self.block_q % 64 or self.block_kv % 64 or self.max_concurrent_steps < 2:
             raise ValueError(f"bad MgpuPrefillConfig {self}")
+
+
+# Prefill buckets of fewer tokens take the Triton kernel under "pallas_mgpu": session 5 on the
+# H200 (8B, TTFT) measured the Mosaic path 19 % slower at 128 tokens (its plan + gather cost
+# more than its faster attention saves) and 4 % faster at 4096 (kernel alone 1.76x Triton).
+MGPU_MIN_TOKENS = 1024
+
+# Buckets whose worst-case contexts exceed the gathered buffer: "cond" (the Mosaic kernel with
+# a lax.cond to the Triton kernel, a host sync per layer on XLA:GPU) or "triton" (the Triton
+# kernel, statically). Under the engine's Pallas bucket policy every bucket can overflow, so
+# "triton" turns the Mosaic kernel off there.
+MGPU_OVERFLOW = "cond"
 
 
 def _cdiv(a, b):
@@ -313,24 +341,80 @@ def paged_prefill_mgpu_supported(q_shape: tuple[int, ...], k_cache_shape: tuple[
             and jnp.dtype(kv_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)))
 
 
+def worst_case_context(num_tokens: int, num_seqs: int, max_pages: int, page_size: int) -> int:
+    """Largest sum of context lengths (cached prefix + new tokens) a prefill bucket of
+    ``num_tokens`` tokens and ``num_seqs`` block-table rows of ``max_pages`` pages can carry:
+    every real row schedules at least one new token (batch.build_step), so at most
+    min(S, T) rows are real, and a row's context is at most what its block table addresses.
+    Exact for the shapes: min(S, T) rows of one new token each after cached prefixes of
+    ``max_pages * page_size - 1`` tokens reach it."""
+    return min(num_seqs, num_tokens) * max_pages * page_size
+
+
+def default_kv_capacity(num_tokens: int, num_seqs: int, max_pages: int, page_size: int) -> int:
+    """The gathered buffer's default size: 2 T, or the bucket's worst case where smaller."""
+    return min(2 * num_tokens, worst_case_context(num_tokens, num_seqs, max_pages, page_size))
+
+
+def mgpu_route(num_tokens: int, num_seqs: int, max_pages: int, page_size: int, *,
+               min_tokens: int | None = None, overflow: str | None = None) -> str:
+    """The prefill kernel the ``pallas_mgpu`` backend lowers for a bucket (static, per bucket):
+    ``"triton"`` below ``min_tokens`` (:data:`MGPU_MIN_TOKENS`) or, with ``overflow``
+    (:data:`MGPU_OVERFLOW`) ``"triton"``, where the worst case exceeds the default buffer;
+    ``"mgpu"`` where it cannot overflow (no cond); else ``"mgpu_cond"``."""
+    min_tokens = MGPU_MIN_TOKENS if min_tokens is None else min_tokens
+    overflow = MGPU_OVERFLOW if overflow is None else overflow
+    if overflow not in ("cond", "triton"):
+        raise ValueError(f"MGPU_OVERFLOW must be 'cond' or 'triton', got {overflow!r}")
+    if num_tokens < min_tokens:
+        return "triton"
+    cap = default_kv_capacity(num_tokens, num_seqs, max_pages, page_size)
+    if worst_case_context(num_tokens, num_seqs, max_pages, page_size) <= cap:
+        return "mgpu"
+    return "mgpu_cond" if overflow == "cond" else "triton"
+
+
 def paged_prefill_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                                  layer: jax.Array | int, block_tables: jax.Array,
                                  seq_lens: jax.Array, positions: jax.Array,
                                  seq_ids: jax.Array, *, scale: float,
                                  window: jax.Array | int = 0, kv_capacity: int | None = None,
                                  config: MgpuPrefillConfig | None = None,
-                                 fallback: bool = True) -> jax.Array:
+                                 fallback: bool = True, jit: bool = True) -> jax.Array:
     """Same contract as ``paged_prefill_attention_ref`` (bf16 / f16 caches, no FP8 scales).
 
     Raises ValueError for dtypes / head dims outside :func:`paged_prefill_mgpu_supported`.
     Args (beyond the reference's): kv_capacity: static size of the gathered K/V buffer in
-      tokens (default 2 * T); contexts summing to more take the Triton kernel (``fallback``)
-      or give wrong rows (``fallback=False``: benchmarks that know they fit).
+      tokens (default :func:`default_kv_capacity`: 2 T or the bucket's worst case where
+      smaller); where the worst case (:func:`worst_case_context`) exceeds it, contexts summing
+      to more take the Triton kernel through ``lax.cond`` (``fallback``) or give wrong rows
+      (``fallback=False``: benchmarks that know they fit). Where it cannot be exceeded no cond
+      is compiled. jit: run under the module-level :func:`_mgpu_prefill_jit` (one lowering
+      per shape in a program; False: inline, the state before it).
     Returns: [T, Hq, D] in q.dtype, zeros for padding tokens.
     """
     cfg = config or MgpuPrefillConfig()
-    T, Hq, D = q.shape
-    kv_capacity = kv_capacity or 2 * T
+    T = q.shape[0]
+    (S, maxp), ps = block_tables.shape, k_cache.shape[3]
+    kv_capacity = kv_capacity or default_kv_capacity(T, S, maxp, ps)
+    fallback = fallback and worst_case_context(T, S, maxp, ps) > kv_capacity
+    static_layer = layer if isinstance(layer, int) else None
+    kw = dict(scale=float(scale), kv_capacity=int(kv_capacity), config=cfg, fallback=fallback,
+              static_layer=static_layer)
+    fn = _mgpu_prefill_jit if jit else _mgpu_prefill
+    return fn(q, k_cache, v_cache, None if static_layer is not None else layer, block_tables,
+              seq_lens, positions, seq_ids, window, **kw)
+
+
+def _mgpu_prefill(q, k_cache, v_cache, layer, block_tables, seq_lens, positions, seq_ids,
+                  window, *, scale: float, kv_capacity: int, config: MgpuPrefillConfig,
+                  fallback: bool, static_layer: int | None) -> jax.Array:
+    """:func:`paged_prefill_attention_mgpu` once its static choices are made (``layer`` is
+    None when ``static_layer`` gives it)."""
+    cfg = config
+    if static_layer is not None:
+        layer = static_layer
+    T = q.shape[0]
     k_buf, v_buf, rows, tiles, pairs, fits = plan(
         k_cache, v_cache, layer, block_tables, seq_lens, positions, seq_ids, window,
         kv_capacity=kv_capacity, cfg=cfg)
@@ -348,3 +432,8 @@ def paged_prefill_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.
         return paged_prefill_attention(q, k_cache, v_cache, layer, block_tables, seq_lens,
                                        positions, seq_ids, scale=scale, window=window)
     return lax.cond(fits, fast, slow, q)
+
+
+# One traced / lowered function per shape and static choice, shared by the unrolled layers.
+_mgpu_prefill_jit = jax.jit(_mgpu_prefill, static_argnames=(
+    "scale", "kv_capacity", "config", "fallback", "static_layer"))

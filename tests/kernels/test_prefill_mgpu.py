@@ -1,5 +1,7 @@
 """prefill_mgpu (Mosaic GPU varlen prefill attention) on CPU: the plan (gather, per-row and
-per-tile KV ranges) emulated in jnp equals the reference, and the kernel lowers for an H200.
+per-tile KV ranges) emulated in jnp equals the reference, and the kernel lowers for an H200;
+the pallas_mgpu backend's static per-bucket routing (Triton below MGPU_MIN_TOKENS, no cond
+where the bucket cannot overflow the buffer) and one kernel lowering per shape in a program.
 The kernel itself runs only on a Hopper GPU (bench_prefill_mgpu.py checks it there)."""
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import pytest
 from benchmarks.kernels.bench_paged_prefill import make_case
 from benchmarks.kernels.kernel_bench import rel_err
 from pallas_kernels.paged_attention import paged_prefill_attention_ref
+import pallas_kernels.paged_attention.prefill_mgpu as M
 from pallas_kernels.paged_attention.prefill_mgpu import (
     MgpuPrefillConfig,
+    mgpu_route,
     paged_prefill_attention_mgpu,
     plan,
+    worst_case_context,
 )
 from tests.kernels.cuda_lowering import lower_for_cuda
 
@@ -100,3 +105,90 @@ def test_backend_selectable():
     from jaxinfer.layers.attention import get_backend
     assert get_backend("pallas_mgpu").name == "pallas_mgpu"
     assert get_backend("pallas").name == "pallas"
+
+
+TRITON = "__gpu$xla.gpu.triton"
+
+
+def test_route():
+    assert M.MGPU_MIN_TOKENS == 1024
+    # worst case: min(S, T) rows of maxp * page_size tokens
+    assert worst_case_context(4096, 64, 272, 16) == 64 * 4352
+    assert worst_case_context(8, 64, 4, 16) == 8 * 64
+    assert mgpu_route(512, 1, 272, 16) == "triton"  # below the threshold
+    assert mgpu_route(4096, 1, 272, 16) == "mgpu"  # 4352 <= 2 T: cannot overflow
+    assert mgpu_route(1024, 1, 272, 16) == "mgpu_cond"  # a 4352-token context > 2048
+    assert mgpu_route(1024, 64, 272, 16) == "mgpu_cond"  # the engine's Pallas buckets
+    assert mgpu_route(1024, 64, 272, 16, overflow="triton") == "triton"
+    assert mgpu_route(256, 2, 16, 16, min_tokens=256) == "mgpu"
+
+
+def _lower(window=0, **kw):
+    sds = jax.ShapeDtypeStruct
+    T, S, maxp = 1024, 2, 64
+    i32 = jnp.int32
+
+    def f(q, kc, vc, bt, lens, pos, sid):
+        return paged_prefill_attention_mgpu(q, kc, vc, 0, bt, lens, pos, sid, scale=0.125,
+                                            window=window, **kw)
+    kv = sds((1, 2, 300, 16, 128), jnp.bfloat16)
+    return lower_for_cuda(f, sds((T, 8, 128), jnp.bfloat16), kv, kv, sds((S, maxp), i32),
+                          sds((S,), i32), sds((T,), i32), sds((T,), i32))
+
+
+def test_no_cond_where_the_bucket_cannot_overflow():
+    """2 rows of 64 pages: at most 2048 context tokens, the default 2 T buffer holds them:
+    no lax.cond (a host sync per layer on XLA:GPU), no Triton fallback in the program."""
+    text = _lower()
+    assert "mosaic_gpu" in text
+    assert "stablehlo.case" not in text and TRITON not in text
+    # a smaller explicit buffer can overflow: the cond and the Triton fallback are back
+    text = _lower(kv_capacity=1024)
+    assert "stablehlo.case" in text and TRITON in text
+
+
+def _program_text(monkeypatch, layers: int, T: int, S: int, maxp: int) -> str:
+    from jaxinfer.batch import Bucket
+    from jaxinfer.compile import abstract_runner
+    from jaxinfer.config import EngineConfig
+    import jaxinfer.layers.attention as A
+    from jaxinfer.layers.pallas_attention import PallasAttentionBackend
+    from tests.conftest import tiny_config
+
+    # off a GPU get_backend picks interpret mode (no Mosaic kernel): lower as on the H200
+    monkeypatch.setattr(A, "get_backend", lambda name: PallasAttentionBackend(
+        interpret=False, prefill_mgpu=name == "pallas_mgpu"))
+    ec = EngineConfig(max_model_len=maxp * 16, block_size=16, max_num_seqs=4, num_kv_pages=64,
+                      max_num_batched_tokens=T, prefill_buckets=(T,), decode_buckets=(4,),
+                      max_prefill_seqs=S, attention_backend="pallas_mgpu", dtype="bfloat16")
+    cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
+                      num_kv_heads=2, head_dim=64, num_layers=layers,
+                      max_position_embeddings=4096)
+    runner = abstract_runner(cfg, ec)
+    args = runner._abstract_args(Bucket("prefill", T, S, maxp))
+    return lower_for_cuda(lambda *a: runner._jitted["sample"](*a), *args)
+
+
+def test_program_routes_by_bucket_and_lowers_each_kernel_once(monkeypatch):
+    """pallas_mgpu: a bucket below MGPU_MIN_TOKENS holds the Triton prefill kernel only, one
+    at or above it the Mosaic kernel (and no cond where it cannot overflow); the kernel bodies
+    in the H200 program do not grow with depth (one lowering per shape, not per layer)."""
+    monkeypatch.setattr(M, "MGPU_MIN_TOKENS", 256)  # small buckets keep the test quick
+    small = _program_text(monkeypatch, 2, 128, 2, 4)
+    assert "mosaic_gpu" not in small and TRITON in small
+    counts = {}
+    for layers in (2, 4):
+        text = _program_text(monkeypatch, layers, 256, 2, 4)  # 2 x 64 tokens <= 2 T
+        assert TRITON not in text and "stablehlo.case" not in text
+        counts[layers] = text.count("mosaic_gpu")
+    assert counts[2] > 0 and counts[4] == counts[2]
+    # a bucket that can overflow (2 rows of 512 tokens > 2 T) keeps the cond to Triton,
+    # both kernels lowered once
+    texts = {layers: _program_text(monkeypatch, layers, 256, 2, 32) for layers in (2, 4)}
+    for t in texts.values():
+        assert "mosaic_gpu" in t and TRITON in t and "stablehlo.case" in t
+    assert texts[4].count(TRITON) == texts[2].count(TRITON)
+    assert texts[4].count("mosaic_gpu") == texts[2].count("mosaic_gpu")
+    monkeypatch.setattr(M, "MGPU_OVERFLOW", "triton")
+    text = _program_text(monkeypatch, 2, 256, 2, 32)
+    assert "mosaic_gpu" not in text and TRITON in text

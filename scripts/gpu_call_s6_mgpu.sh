@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 6 (H200): the Mosaic GPU varlen prefill after its module-level jit and per-bucket
+# routing (issue #3): the kernel candidates checked against the reference and timed
+# (bench_prefill_mgpu.py, also covers the jitted paged_prefill_attention_mgpu with a traced
+# layer), then `jaxinfer compile` (8B bf16, the session 5 options; compile time per prefill
+# program, was ~103 s with pallas_mgpu vs ~33 s with pallas) and TTFT at 128 / 1024 / 4096
+# tokens, pallas (Triton) vs pallas_mgpu (Triton below MGPU_MIN_TOKENS = 1024, the Mosaic
+# kernel with its lax.cond fallback at and above). Output packed into $OUT/results.tgz.
+#   OUT=... bash scripts/gpu_call_s6_mgpu.sh
+set -u
+FINAL=${OUT:?set OUT}
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:. || exit 1
+fi
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+export OUT=/tmp/bench_out; mkdir -p "$OUT/logs" "$OUT/records"
+pack() { tar czf "$FINAL/results.tgz.part" -C "$OUT" . && mv "$FINAL/results.tgz.part" "$FINAL/results.tgz"; }
+JI="python3 -m jaxinfer.cli"
+OPTS="--load-format dummy --max-model-len 4352 --max-num-seqs 256 --max-num-batched-tokens 8192
+  --max-prefill-seqs 64 --prefill-buckets 128,1024,4096,8192 --decode-buckets 1,16,32,64,128,256
+  --num-kv-pages 36000"
+run() {  # id seconds command...
+  local id=$1 secs=$2; shift 2; echo "=== $id: $*"; local t0=$SECONDS
+  timeout "$secs" "$@" > "$OUT/logs/$id.log" 2>&1; echo "rc=$? wall=$((SECONDS - t0))s"
+  grep -v "compiling\|it/s\]\|s/it\]\|^sampler\|^gather" "$OUT/logs/$id.log" | tail -${TAIL:-14} \
+    | cut -c1-200; pack
+}
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+TAIL=20 run prefill-mgpu-kernel 200 python3 -u benchmarks/kernels/bench_prefill_mgpu.py \
+  --out "$OUT/records/prefill_mgpu" --deadline-s 185
+# shellcheck disable=SC2086
+for be in pallas pallas_mgpu; do
+  run compile-$be 120 $JI compile --model llama-3.1-8b $OPTS --attention-backend $be \
+    --cache-dir /tmp/cache-$be --modes sample --jobs 14 -v
+  TAIL=8 run TTFT-$be 90 $JI bench latency --model llama-3.1-8b $OPTS --attention-backend $be \
+    --cache-dir /tmp/cache-$be --out "$OUT/records" --prompt-lens 128,1024,4096 --repeats 5 \
+    --concurrency 1 --input-len 128 --output-len 32
+done
+echo "packed $(du -h "$FINAL/results.tgz" | cut -f1)"

@@ -38,10 +38,13 @@ One record per row in benchmarks/results/ (value: device us; config: the other c
 
 Search configurations (``jaxinfer.sampling_filters``' tunables, set before compiling):
 ``--search-pivots 3,7,15`` (thresholds per pass of a full-vocabulary search),
-``--buffer-pivots 7,15`` (the same in the buffer of rows with a small top-k), the cross product,
-and ``--old`` adds the method of 76a6e80 (15 pivots, no buffer, top-20 logprobs by TopK over the
-vocabulary). A case whose compiled program is the same as one already timed (the tunable does
-not reach that mix) is not timed again. A table of device us per configuration is printed last.
+``--buffer-pivots 7,15`` (the same in the buffer of rows with a small top-k),
+``--buffer-method search,sort,topk`` (how that buffer decides:
+``sampling_filters.BUFFER_METHOD``; the pivots do not reach "sort" / "topk"), the cross
+product, and ``--old`` adds the method of 76a6e80 (15 pivots, no buffer, top-20 logprobs by
+TopK over the vocabulary). A case whose compiled program is the same as one already timed (the
+tunable does not reach that mix) is not timed again. A table of device us per configuration
+is printed last.
 """
 
 from __future__ import annotations
@@ -132,7 +135,8 @@ class Case:
         self.counts = jnp.zeros((B + 1, V), jnp.int32).at[:B, : V // 8].set(1)  # history
         key = (mode, needs, B, config)
         if key not in cache:
-            fn = functools.partial(sampler, needs=needs) if needs is not None else sampler
+            # A fresh callable per key: jit's trace cache would not see the tunables.
+            fn = functools.partial(sampler, **({} if needs is None else {"needs": needs}))
             exe = jax.jit(fn, donate_argnums=(2,)).lower(
                 self.logits, self.sas[0], self.counts).compile()
             hlo = exe.as_text()
@@ -204,12 +208,19 @@ def search_configs(a) -> list[dict]:
     """The sampling_filters tunables to time, one dict each (``name`` + module values)."""
     from jaxinfer import sampling_filters as sf
 
-    configs = [dict(name=f"p{p}/b{b}", PIVOTS=p, BUFFER_PIVOTS=b, BUFFER_TOP_K=sf.TOPK_STAGED,
-                    CHUNKED_TOP_VALUES=True)
-               for p in _ints(a.search_pivots) for b in _ints(a.buffer_pivots)]
+    methods = [m for m in a.buffer_method.split(",") if m]
+    for m in methods:
+        if m not in sf.BUFFER_METHODS:
+            raise SystemExit(f"--buffer-method {m!r}: one of {sf.BUFFER_METHODS}")
+    tag = len(methods) > 1 or methods != ["search"]  # names stay p7/b15 for the default
+    buffer_pivots = _ints(a.buffer_pivots)
+    configs = [dict(name=f"p{p}/b{b}" + (f"/{m}" if tag else ""), PIVOTS=p, BUFFER_PIVOTS=b,
+                    BUFFER_TOP_K=sf.TOPK_STAGED, CHUNKED_TOP_VALUES=True, BUFFER_METHOD=m)
+               for m in methods for p in _ints(a.search_pivots)
+               for b in (buffer_pivots if m == "search" else buffer_pivots[:1])]
     if a.old:
         configs.append(dict(name="old", PIVOTS=15, BUFFER_PIVOTS=15, BUFFER_TOP_K=0,
-                            CHUNKED_TOP_VALUES=False))
+                            CHUNKED_TOP_VALUES=False, BUFFER_METHOD="search"))
     return configs
 
 
@@ -238,6 +249,10 @@ def main() -> int:
     ap.add_argument("--buffer-pivots", default=None,
                     help="comma list: thresholds per pass in the small-top-k buffer "
                          "(default: sampling_filters.BUFFER_PIVOTS)")
+    ap.add_argument("--buffer-method", default="search",
+                    help="comma list of sampling_filters.BUFFER_METHOD values to time: "
+                         "search (threshold search), sort (one sort of the buffer), topk "
+                         "(TOPK_FAST-sized top_k stages over the buffer)")
     ap.add_argument("--old", action="store_true",
                     help="also time the method of 76a6e80 (15 pivots, no buffer, full TopK)")
     a = ap.parse_args()

@@ -25,7 +25,11 @@ larger k is decomposed into sort + slice), and on the H200 at vocab 128k that ke
   [S, 64 * 64] buffer: one pass over the vocabulary (the chunk maxima), 4 TopK stages over the
   [S, V / 64] maxima, a gather, then the searches over 4096 elements per row instead of V.
   Rows without top-k (top-p alone) or with a larger one search the vocabulary (the host flag
-  ``SamplerNeeds.full_search`` says whether any row does);
+  ``SamplerNeeds.full_search`` says whether any row does). ``BUFFER_METHOD`` "sort" decides
+  in the buffer by one sort of its [S, 4096] uint32 order keys instead (``"topk"``: its 64
+  best by four TopK stages), reading the k-th value and the nucleus off the 64 best values
+  (:func:`sorted_cutoffs`): a fixed handful of kernels where the two 8-pass searches launch a
+  few kernels per pass (H200, B = 1: 119 kernels, launch-bound); same kept sets;
 * the K = 20 best logprobs come from :func:`top_values`: the 20 best chunks in row order, then
   two ``lax.top_k`` of at most 16 over their 1280 elements.
 
@@ -71,6 +75,14 @@ BUFFER_PIVOTS = 15
 CHUNK = 64  # at most; halved until a row has TOPK_MIN_N chunks (chunk_size)
 TOPK_MIN_N = 1024  # XLA:GPU's TopK kernel needs rows of >= 1024 elements (else a sort)
 BUFFER_TOP_K = TOPK_STAGED
+# How buffered_cutoffs decides in its [S, BUFFER_TOP_K * CHUNK] buffer: "search" (the threshold
+# search, 2 x search_passes(BUFFER_PIVOTS) sequential passes over the buffer: each a few
+# kernels, launch-bound at small batch), "sort" (one sort of the buffer per row, then the k-th
+# value and the nucleus read off its BUFFER_TOP_K best values: a fixed handful of kernels) or
+# "topk" (the BUFFER_TOP_K best values by TOPK_FAST-sized lax.top_k stages, no sort op).
+# Same kept sets (tested); benchmarks/sampling_cost.py --buffer-method sweeps them.
+BUFFER_METHOD = "search"
+BUFFER_METHODS = ("search", "sort", "topk")
 CHUNKED_TOP_VALUES = True
 NEG_INF = -jnp.inf
 _U32 = jnp.uint32
@@ -254,11 +266,58 @@ def buffered_cutoffs(x: jax.Array, top: jax.Array, k: jax.Array, top_p: jax.Arra
       top_p: [S] float32 in (0, 1], or None: no nucleus (the cut is the k-th value).
       n: chunks gathered (default ``BUFFER_TOP_K``).
     """
-    buf, _ = top_chunks(x, BUFFER_TOP_K if n is None else n)
+    n = BUFFER_TOP_K if n is None else n
+    buf, _ = top_chunks(x, n)
+    if BUFFER_METHOD not in BUFFER_METHODS:
+        raise ValueError(f"BUFFER_METHOD {BUFFER_METHOD!r}: one of {BUFFER_METHODS}")
+    if BUFFER_METHOD != "search":
+        m = min(n, buf.shape[1])  # k <= min(n, V) <= m: the k best values are all it needs
+        if BUFFER_METHOD == "sort":  # uint32 keys: a one-compare comparator (XLA:GPU can
+            # hand such a sort to CUB; a float sort's comparator orders -0.0 / NaN by hand)
+            best = key_value(~jnp.sort(~order_key(buf), axis=-1)[:, :m])
+        else:
+            best = _staged_top_values(buf, m)[0]
+        return sorted_cutoffs(best, top, k, top_p)
     kth = kth_largest(buf, top, k, BUFFER_PIVOTS)
     if top_p is None:
         return kth, kth
     return kth, nucleus_cut(buf, top, kth, k, top_p, BUFFER_PIVOTS)
+
+
+def sorted_cutoffs(best: jax.Array, top: jax.Array, k: jax.Array,
+                   top_p: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """[S] k-th largest value and [S] top-p cut from each row's m best values, in descending
+    order (ties repeated): what :func:`kth_largest` then :func:`nucleus_cut` give, read off
+    a sorted prefix instead of searched (BUFFER_METHOD "sort" / "topk").
+
+    The k-th value is ``best[k - 1]``. With ``c_i`` the mass (``exp(v - top)``) of
+    ``best[0..i]``, ``mass(x >= best[i]) >= c_i`` (equal at the last copy of a value), so the
+    largest present t with ``mass(x >= t) >= top_p * c_{k-1}`` is ``best[i*]``, i* the first
+    position with ``c_i >= top_p * c_{k-1}`` (``k - 1`` when top_p is 1); that is the
+    sorted-prefix rule, ties at the cut kept by ``x >= cut``. Only where float32 rounding
+    enters differs from the search (masses summed over a sorted prefix here).
+
+    Args:
+      best: [S, m] float32, the row's m >= k largest values in descending order.
+      top: [S] row maxima.  k: [S] int32 in [1, m].
+      top_p: [S] float32 in (0, 1], or None: no nucleus (the cut is the k-th value).
+    """
+    S, m = best.shape
+    best = jnp.where(best == 0, jnp.zeros_like(best), best)  # -0.0 -> +0.0, as key_value
+    kth = jnp.take_along_axis(best, (k - 1)[:, None], axis=1)[:, 0]
+    if top_p is None:
+        return kth, kth
+    pos = jnp.arange(m)
+    in_k = pos[None, :] < k[:, None]
+    w = jnp.where(in_k, jnp.exp(best - top[:, None]), 0.0)
+    # Prefix masses as one [S, m, m] masked reduction (m = 64: one small fusion, no scan).
+    cum = jnp.sum(jnp.where(pos[None, None, :] <= pos[None, :, None], w[:, None, :], 0.0),
+                  axis=-1)
+    mass_k = jnp.take_along_axis(cum, (k - 1)[:, None], axis=1)[:, 0]
+    target = jnp.where(top_p >= 1.0, jnp.inf, top_p * mass_k)
+    first = jnp.sum(in_k & (cum < target[:, None]), axis=1)  # positions before i*
+    cut = jnp.take_along_axis(best, jnp.minimum(first, k - 1)[:, None], axis=1)[:, 0]
+    return kth, cut
 
 
 def top_values(x: jax.Array, K: int) -> tuple[jax.Array, jax.Array]:

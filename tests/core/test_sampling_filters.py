@@ -175,7 +175,8 @@ def test_needs_of_a_batch():
 def _lowered(needs, V=4096, S=8) -> str:
     sds = jax.ShapeDtypeStruct
     sa = SamplingArrays(*(sds(a.shape, a.dtype) for a in SamplingArrays.neutral(S)))
-    return jax.jit(sample_rows, static_argnums=3).lower(
+    # A fresh function each time: jit's trace cache would not see the module's tunables.
+    return jax.jit(lambda *a: sample_rows(*a), static_argnums=3).lower(
         sds((S, V), jnp.float32), sa, sds((S + 1, V), jnp.int32), needs).as_text()
 
 
@@ -202,14 +203,26 @@ def _np_kept(x: np.ndarray, k: int, p: float) -> tuple[np.ndarray, float]:
     return x >= cut, gap
 
 
+METHODS = ("search", "sort", "topk")  # sampling_filters.BUFFER_METHODS
+
+
+def test_buffer_methods_are_the_module_s():
+    from jaxinfer import sampling_filters as sf
+
+    assert sf.BUFFER_METHODS == METHODS and sf.BUFFER_METHOD == "search"
+
+
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("seed, dtype", [(0, np.float32), (1, np.float32), (2, "bfloat16"),
                                          (3, "bfloat16")])
-def test_cutoffs_keep_the_sorted_sets_with_small_chunks(seed, dtype, monkeypatch):
+def test_cutoffs_keep_the_sorted_sets_with_small_chunks(seed, dtype, method, monkeypatch):
     """The sampler's cut-offs (buffered for small top-k, full search otherwise) on fresh
-    random rows with ties, -inf, +-0, keep exactly the tokens a sort keeps. Chunks of 4 so
-    that the top-chunk selection is exercised at V = 300 (CHUNK = 128 covers the row there)."""
+    random rows with ties, -inf, +-0, keep exactly the tokens a sort keeps, whichever
+    BUFFER_METHOD decides in the buffer. Chunks of 4 so that the top-chunk selection is
+    exercised at V = 300 (CHUNK = 128 covers the row there)."""
     from jaxinfer import sampling, sampling_filters
 
+    monkeypatch.setattr(sampling_filters, "BUFFER_METHOD", method)
     monkeypatch.setattr(sampling_filters, "CHUNK", 4)
     monkeypatch.setattr(sampling_filters, "TOPK_MIN_N", 0)  # keep chunks of 4 at V = 300
     monkeypatch.setattr(sampling_filters, "BUFFER_TOP_K", 24)
@@ -241,11 +254,15 @@ def test_cutoffs_keep_the_sorted_sets_with_small_chunks(seed, dtype, monkeypatch
     assert checked >= S - 4
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_buffered_kth_and_nucleus_equal_the_full_search(seed, monkeypatch):
+def test_buffered_kth_and_nucleus_equal_the_full_search(seed, method, monkeypatch):
     """buffered_cutoffs (top chunks only) against kth_largest / nucleus_cut over the row, for
-    every k up to the buffer's, on tied rows (the k-th value exactly; the cut's kept set)."""
+    every k up to the buffer's, on tied rows (the k-th value exactly; the cut's kept set),
+    whichever BUFFER_METHOD decides in the buffer."""
     from jaxinfer import sampling_filters as sf
+
+    monkeypatch.setattr(sf, "BUFFER_METHOD", method)
 
     rng = np.random.default_rng(seed)
     S, V, n = 16, 203, 9  # 203 = 50 chunks of 4 + a padded one
@@ -270,6 +287,66 @@ def test_buffered_kth_and_nucleus_equal_the_full_search(seed, monkeypatch):
             continue
         np.testing.assert_array_equal(x[i] >= np.asarray(cut_b)[i], x[i] >= want)
         np.testing.assert_array_equal(x[i] >= np.asarray(cut_f)[i], x[i] >= want)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_buffer_methods_agree_and_rows_do_not_depend_on_their_batch(method, monkeypatch):
+    """Every BUFFER_METHOD gives the k-th value of the search bit for bit and the search's
+    kept set, on rows with ties, -inf, +-0 and k = 1, k = n, p -> 0 and p = 1; a row's
+    cut-offs alone equal its cut-offs in the batch, bit for bit."""
+    from jaxinfer import sampling_filters as sf
+
+    rng = np.random.default_rng(7)
+    S, V, n = 12, 203, 9
+    x = _tied_rows(rng, S, V)
+    x[6:] = (rng.standard_normal((S - 6, V)) * 2.0).astype(np.float32)
+    x[4, ::3] = -0.0  # many -0.0 / +0.0 ties at the top
+    x[4, 1::3] = 0.0
+    k = rng.integers(1, n + 1, S).astype(np.int32)
+    k[:4] = [1, n, n, 1]
+    p = rng.choice([1e-7, 0.3, 0.8, 1.0], S).astype(np.float32)
+    p[:4] = [1e-7, 1.0, 1e-7, 1.0]
+    args = tuple(map(jnp.asarray, (x, x.max(-1), k, p)))
+    monkeypatch.setattr(sf, "CHUNK", 4)
+    monkeypatch.setattr(sf, "TOPK_MIN_N", 0)
+
+    def run(m, *a):
+        monkeypatch.setattr(sf, "BUFFER_METHOD", m)
+        return [np.asarray(v) for v in jax.jit(lambda x, t, k, p: sf.buffered_cutoffs(
+            x, t, k, p, n))(*a)]
+
+    kth_s, cut_s = run("search", *args)
+    kth_m, cut_m = run(method, *args)
+    np.testing.assert_array_equal(kth_m, kth_s)
+    assert not np.signbit(kth_m[kth_m == 0]).any()  # -0.0 comes back as +0.0
+    for i in range(S):
+        want, gap = _np_nucleus(x[i], int(k[i]), float(p[i]))
+        if gap < 1e-5:
+            continue
+        np.testing.assert_array_equal(x[i] >= cut_m[i], x[i] >= cut_s[i], err_msg=f"row {i}")
+    for i in (0, 5, 11):
+        alone = run(method, *(a[i:i + 1] for a in args))
+        np.testing.assert_array_equal(alone[0][0], kth_m[i])
+        np.testing.assert_array_equal(alone[1][0], cut_m[i])
+
+
+@pytest.mark.parametrize("method", ["sort", "topk"])
+def test_sort_method_sorts_only_the_buffer(method, monkeypatch):
+    """BUFFER_METHOD "sort": one sort, of the [S, BUFFER_TOP_K * chunk] buffer (no
+    vocabulary sort); "topk": no sort, lax.top_k of at most TOPK_FAST."""
+    from jaxinfer import sampling_filters as sf
+
+    monkeypatch.setattr(sf, "BUFFER_METHOD", method)
+    S, V = 8, 128256
+    text = _lowered(SamplerNeeds(full_search=False, logprobs=False), V=V, S=S)
+    sorts = re.findall(r"stablehlo.sort.*?\) -> tensor<(\d+)x(\d+)x(?:f32|ui32)>", text, re.S)
+    ks = [int(k) for k in re.findall(r"top_k\(.*?k = (\d+)", text)]
+    assert ks and max(ks) <= TOPK_FAST
+    if method == "topk":
+        assert "stablehlo.sort" not in text
+    else:
+        assert text.count("stablehlo.sort") == 1
+        assert [tuple(map(int, s)) for s in sorts] == [(S, BUFFER_TOP_K * sf.chunk_size(V))]
 
 
 @pytest.mark.parametrize("pivots", [1, 2, 3, 7, 15, 31])

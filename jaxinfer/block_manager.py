@@ -287,6 +287,10 @@ class BlockManager:
             pages.append(page)
         return PrefixMatch(pages, len(pages) * self.page_size)
 
+    def cached_page(self, key: bytes) -> int | None:
+        """The page registered under prefix key ``key`` (in use or evictable), or None."""
+        return self._cached.get(key)
+
     def pages_to_admit(self, seq: Sequence, match: PrefixMatch, num_tokens: int) -> int:
         """Free pages consumed if ``seq`` takes ``match`` and then grows to ``num_tokens``
         tokens: fresh pages for the rest, plus matched pages that are now evictable."""

@@ -9,11 +9,19 @@ tokens back: step k+1's rows feed step k's sampled tokens, gathered on the devic
 them, applies the stop rules and streams them as the synchronous engine does.
 
 Which steps pipeline: a decode step k+1 is planned here from the decode step k in flight, only
-when the synchronous scheduler would have planned the same rows, that is when
+when the synchronous scheduler, given what the host knows before reading step k back, would
+have planned the same rows, that is when
 
 * step k was a decode step whose chunks hold every running sequence (no sequence is
-  mid-prefill, none waits to fork its ``n > 1`` samples), and nothing is waiting (the
-  scheduler would prefill it first);
+  mid-prefill, none waits to fork its ``n > 1`` samples);
+* nothing is waiting, or the synchronous scheduler could admit none of the waiting sequences
+  at step k+1 (it would prefill it first otherwise): no row of step k ends by length (such a
+  row frees a place and pages) and the first waiting sequence finds no room, by the same
+  tests ``prefill_plan.plan_prefill`` makes (its ``places`` on top of the places the running
+  sequences hold exceed ``max_num_seqs``; or, without chunked prefill, its prompt past the
+  prefix-cache match exceeds ``max_num_batched_tokens``; or the pages it needs exceed the
+  free pages), its prefix match taken over the cached pages plus the pages step k fills
+  (registered when step k is read back);
 * every row's pages for the new token come from never-cached free pages (no preemption, no
   eviction of a prefix-cache page that the synchronous engine would have kept);
 * the rows fill the same batch bucket as step k (the gather program is keyed by it).
@@ -26,6 +34,21 @@ scheduler skips finished sequences), the page allocated ahead for it is freed wi
 sequence, and its penalty-count row is rewritten before another sequence with penalties uses
 the slot (``runner.load_history``). A sequence finished or aborted while step k+1 runs is
 simply left out of the step after it.
+
+The one place the schedule differs from the synchronous engine's: when requests wait and a
+row stops at step k by EOS, a stop token or a stop string (or a request is aborted between
+the steps), the synchronous engine fills the place and pages it frees at step k+1 with a
+prefill; the async engine learns of the stop only when it reads step k back, after step
+k+1 is dispatched, so it admits the waiting request one step later (as vLLM's async
+scheduler does). Every request's tokens and finish reasons stay the same (sampling keys are
+per request and token; a greedy token does not depend on the step), only the step at which a
+waiting request is admitted, and so the order of steps, can move; a request then shares its
+steps with other requests than it would have, so its logprobs can differ in the last float32
+bits (other batch buckets round differently), as they do in the synchronous engine when
+requests arrive at other times. With nothing waiting the steps
+are the synchronous engine's, one for one. Offline runs with more requests than
+``max_num_seqs`` places keep a waiting queue for most of the run: without this, no step of
+theirs would pipeline.
 """
 
 from __future__ import annotations
@@ -35,6 +58,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxinfer.batch import pick
+from jaxinfer.prefill_plan import places
 from jaxinfer.scheduler import Scheduler
 from jaxinfer.scheduler_types import ScheduledChunk, SchedulerOutput
 from jaxinfer.sequence import SequenceStatus
@@ -64,7 +88,7 @@ def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int
       prev: step k's plan.  prev_rows: step k's batch bucket S.
       decode_buckets: the engine's decode batch buckets.  max_model_len: the engine's.
     """
-    if prev.is_prefill or not prev.chunks or scheduler.waiting:
+    if prev.is_prefill or not prev.chunks:
         return None
     live: list[tuple[int, ScheduledChunk]] = []
     for i, c in enumerate(prev.chunks):
@@ -87,6 +111,9 @@ def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int
         keep.append((i, c))
     if not keep or len(keep) > decode_buckets[-1]:
         return None
+    if scheduler.waiting and (len(keep) != len(live)
+                              or not admission_blocked(scheduler, [c for _, c in live])):
+        return None  # the synchronous scheduler would (or might) admit at step k+1
     if pick(decode_buckets, len(keep), "sequence count") != prev_rows:
         return None
     bm = scheduler.block_manager
@@ -102,3 +129,41 @@ def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int
     rows = np.zeros(prev_rows, np.int32)
     rows[:len(keep)] = [i for i, _ in keep]
     return NextDecode(SchedulerOutput(False, chunks), rows)
+
+
+def admission_blocked(scheduler: Scheduler, rows: list[ScheduledChunk]) -> bool:
+    """Whether the synchronous scheduler, planning the step after decode step ``rows`` (in
+    flight; every running sequence has a row, none ends by length, none is mid-prefill or
+    waits to fork), would admit no waiting sequence, provided no row stops at that step.
+
+    The tests of ``prefill_plan.plan_prefill`` for the first waiting sequence, on the state
+    it would see then: the running sequences hold the same places and pages (none finished,
+    none mid-prefill, so none is owed pages); the prefix cache holds, besides its pages now,
+    the pages that ``rows`` fill (registered when the step is read back; a page
+    whose key is already cached is not registered again, which leaves the set of cached
+    keys the same). Its budget and ``max_prefill_seqs`` are untouched (no partial prefill
+    runs), and a sequence preempted in that plan is none of these (nothing is preempted
+    before admission).
+    """
+    cfg, bm = scheduler.cfg, scheduler.block_manager
+    head = scheduler.waiting[0]
+    held = sum(places(s) for s in scheduler.running)
+    if held + places(head) > cfg.max_num_seqs:
+        return True
+    ps = bm.page_size
+    matched: list[int | None] = []  # None: a page that step ``rows`` fills (in use)
+    if cfg.enable_prefix_caching:
+        filled = {bm.page_hashes(c.seq)[c.start // ps] for c in rows if (c.start + 1) % ps == 0}
+        for key in bm.page_hashes(head)[:(head.num_tokens - 1) // ps]:  # as match_prefix
+            page = bm.cached_page(key)
+            if page is None and key not in filled:
+                break
+            matched.append(page)
+    if (not cfg.enable_chunked_prefill and head.num_tokens - len(matched) * ps
+            - head.fork_pending > cfg.max_num_batched_tokens):
+        return True
+    # bm.pages_to_admit over that match, plus a page per sample still to fork.
+    need = (max(0, bm.pages_for_tokens(head.num_tokens) - len(matched))
+            + sum(1 for p in matched if p is not None and bm.ref_count[p] == 0)
+            + (head.group.n - 1 if head.fork_pending else 0))
+    return need > bm.num_free_pages

@@ -48,7 +48,7 @@ def _summary(outs) -> list:
 
 
 def _run(loaded, prompts, params, **kw):
-    llm = LLM(loaded, **ENGINE, **kw)
+    llm = LLM(loaded, **{**ENGINE, **kw})
     return llm, llm.generate(prompts, params)
 
 
@@ -59,7 +59,7 @@ def test_async_outputs_equal_sync(seed, pages):
     loaded = tiny_loaded("llama")
     prompts, params = _workload(seed)
     extra = {} if pages is None else {"num_kv_pages": pages}
-    _, sync = _run(loaded, prompts, params, **extra)
+    _, sync = _run(loaded, prompts, params, async_scheduling=False, **extra)
     llm, asy = _run(loaded, prompts, params, async_scheduling=True, **extra)
     assert _summary(asy) == _summary(sync)
     assert llm.engine.num_pipelined_steps > 0
@@ -72,11 +72,11 @@ def test_lag_never_exceeds_max_tokens_and_wastes_one_row_after_eos():
     loaded = tiny_loaded("llama")
     prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14], [20]]
     _, ref = _run(loaded, prompts, SamplingParams(temperature=0.0, max_tokens=20,
-                                                  ignore_eos=True))
+                                                  ignore_eos=True), async_scheduling=False)
     stops = [o.outputs[0].token_ids[i] for o, i in zip(ref, (3, 6, 9, 12))]
     params = [SamplingParams(temperature=0.0, max_tokens=m, stop_token_ids=[t])
               for m, t in zip((20, 5, 20, 15), stops)]
-    _, sync = _run(loaded, prompts, params)
+    _, sync = _run(loaded, prompts, params, async_scheduling=False)
     llm, asy = _run(loaded, prompts, params, async_scheduling=True)
     assert _summary(asy) == _summary(sync)
     assert all(len(c.token_ids) <= p.max_tokens for o, p in zip(asy, params) for c in o.outputs)
@@ -85,7 +85,10 @@ def test_lag_never_exceeds_max_tokens_and_wastes_one_row_after_eos():
 
 
 def test_streamed_steps_equal_sync():
-    """Step by step (the server's loop), the outputs each step returns are the same."""
+    """Step by step (the server's loop), the outputs each step returns are the same. (This
+    workload never has a sequence stop while others wait with every place taken: such a
+    stop moves a waiting request's admission one step later under async scheduling, see
+    ``test_waiting_queue_pipelines_with_outputs_equal_sync``.)"""
     loaded = tiny_loaded("llama")
     prompts, params = _workload(5, num=6)
 
@@ -98,10 +101,115 @@ def test_streamed_steps_equal_sync():
             steps.append(_summary(llm.engine.step()))
         return llm, steps
 
-    _, sync = stream()
+    _, sync = stream(async_scheduling=False)
     llm, asy = stream(async_scheduling=True)
     assert asy == sync
     assert llm.engine.num_pipelined_steps > 0
+
+
+def _assert_outputs_close(asy, sync):
+    """Tokens and finish reasons equal; logprobs equal to float32 rounding (a request
+    batched with other requests, in another batch bucket, rounds differently)."""
+    def exact(outs):
+        return [(o.request_id, [(c.index, c.token_ids, c.finish_reason) for c in o.outputs])
+                for o in outs]
+
+    assert exact(asy) == exact(sync)
+    for a, b in zip(asy, sync):
+        for ca, cb in zip(a.outputs, b.outputs):
+            if cb.cumulative_logprob is None:
+                assert ca.cumulative_logprob is None
+            else:
+                assert ca.cumulative_logprob == pytest.approx(cb.cumulative_logprob, abs=1e-4)
+            assert (ca.logprobs is None) == (cb.logprobs is None)
+            for la, lb in zip(ca.logprobs or [], cb.logprobs or []):
+                assert la.keys() == lb.keys()
+                assert [la[t] for t in lb] == pytest.approx(list(lb.values()), abs=1e-5)
+
+
+@pytest.mark.parametrize("seed, num, pages", [(12, 24, None), (13, 30, 24)])
+def test_waiting_queue_pipelines_with_outputs_equal_sync(seed, num, pages):
+    """More requests than max_num_seqs places (a waiting queue while every place is taken;
+    with a tiny pool also preemption and page-blocked admission): random prompts with
+    shared prefixes, greedy and seeded sampling, EOS, stop tokens, n > 1, penalties. Steps
+    pipeline while requests wait (the synchronous scheduler could admit none of them), rows
+    stop there by EOS or a stop token (async admits the waiting request one step late), and
+    every request's outputs equal the synchronous engine's."""
+    loaded = tiny_loaded("llama")
+    prompts, params = _workload(seed, num)
+    extra = {"max_num_seqs": 4} | ({} if pages is None else {"num_kv_pages": pages})
+    _, sync = _run(loaded, prompts, params, async_scheduling=False, **extra)
+    llm = LLM(loaded, **{**ENGINE, **extra}, async_scheduling=True)
+    eng = llm.engine
+    launch_next, step = eng._launch_next, eng.step
+    seen = {"waiting": 0, "stops": 0, "pipelined_now": False}
+
+    def spy_launch_next(cur):  # the next step is dispatched before ``cur`` is read back
+        waiting = bool(eng.scheduler.waiting)
+        nxt = launch_next(cur)
+        seen["pipelined_now"] = nxt is not None and waiting
+        seen["waiting"] += seen["pipelined_now"]
+        return nxt
+
+    def spy_step():
+        seen["pipelined_now"] = False
+        outs = step()
+        if seen["pipelined_now"] and any(c.finish_reason == "stop" for o in outs
+                                         for c in o.outputs):
+            seen["stops"] += 1  # a row of ``cur`` stopped: its place is refilled a step late
+        return outs
+
+    eng._launch_next, eng.step = spy_launch_next, spy_step
+    asy = llm.generate(prompts, params)
+    _assert_outputs_close(asy, sync)
+    assert len(prompts) > extra["max_num_seqs"]
+    assert seen["waiting"] > 0 and eng.num_pipelined_steps >= seen["waiting"]
+    assert seen["stops"] > 0
+    assert eng.scheduler.block_manager.num_used_pages == 0
+
+
+@pytest.mark.parametrize("extra", [{"num_kv_pages": 18}, {"max_num_seqs": 4},
+                                   {"num_kv_pages": 20, "enable_prefix_caching": False}])
+def test_admission_blocked_is_the_synchronous_decision(extra):
+    """``engine_async.admission_blocked``, asked about a decode step of every running
+    sequence (none ending by length) while requests wait, before the step is read back,
+    predicts the synchronous scheduler's next plan whenever no row of the step stops:
+    blocked -> a decode step (nothing admitted), not blocked -> a prefill (admission)."""
+    from jaxinfer.engine_async import admission_blocked
+
+    loaded = tiny_loaded("llama")
+    tally = {True: 0, False: 0}
+    for seed in range(2):
+        llm = LLM(loaded, **{**ENGINE, **extra, "async_scheduling": False})
+        sch = llm.engine.scheduler
+        postprocess, schedule = sch.postprocess, sch.schedule
+        pred: list = [None]
+
+        def spy_postprocess(out, sampled, sch=sch, postprocess=postprocess, pred=pred):
+            p = None
+            if (not out.is_prefill and out.chunks and sch.waiting
+                    and len(out.chunks) == len(sch.running)
+                    and all(c.num_tokens == 1 and c.samples and not c.seq.fork_pending
+                            and c.start + 1 == c.seq.num_tokens
+                            and c.seq.num_output_tokens + 1 < c.seq.sampling_params.max_tokens
+                            and c.seq.num_tokens + 1 < sch.cfg.max_model_len
+                            for c in out.chunks)):
+                p = admission_blocked(sch, list(out.chunks))
+            res = postprocess(out, sampled)
+            pred[0] = None if res.finished else p
+            return res
+
+        def spy_schedule(schedule=schedule, pred=pred):
+            p, pred[0] = pred[0], None
+            out = schedule()
+            if p is not None:
+                assert out.is_prefill is not p
+                tally[p] += 1
+            return out
+
+        sch.postprocess, sch.schedule = spy_postprocess, spy_schedule
+        llm.generate(*_workload(20 + seed, 30))
+    assert tally[True] > 0
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve", "compile"])

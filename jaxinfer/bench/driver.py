@@ -90,12 +90,13 @@ def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: i
     same length are run to their first token (the scheduler packs them as it will pack the
     measured wave). Decode: the programs of every batch bucket up to the wave's (decode
     steps run between prefill steps while a wave is admitted) at every block-table width the
-    contexts ``input_len + 1 .. input_len + output_len`` need. What the run needs
+    contexts ``input_len + 1 .. input_len + output_len`` need, and with async scheduling
+    their token-gather programs. What the run needs
     beyond that (e.g. smaller waves when the KV pool admits fewer) is not guessed: the run
     reports the programs it compiles. Returns seconds and counts.
     """
     from jaxinfer.batch import Bucket, pick
-    from jaxinfer.runner import SAMPLE
+    from jaxinfer.runner import GATHER, SAMPLE, gather_bucket
 
     ec = engine.config
     t0, c0 = time.perf_counter(), CompileState.of(engine)
@@ -121,6 +122,12 @@ def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: i
                         engine.runner.executable(bucket)
                         _say(f"warm-up: decode program B={B} pages={P} "
                              f"({time.perf_counter() - t:.1f} s)")
+                # Async scheduling feeds a pipelined step's tokens through the gather
+                # program of its batch bucket (the warm-up's own steps may not pipeline).
+                gb = gather_bucket(B)
+                if (ec.async_scheduling and B <= top
+                        and (GATHER, gb) not in engine.runner.compiled_buckets):
+                    engine.runner.executable(gb, GATHER)
     return {"warmup_s": time.perf_counter() - t0,
             **{f"warmup_{k}": v for k, v in CompileState.of(engine).since(c0).items()}}
 

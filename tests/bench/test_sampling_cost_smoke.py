@@ -23,4 +23,4 @@ def test_sampling_cost_smoke_times_the_variants():
     got = {(r[1], r[2], int(r[3])): r[8] for r in rows}  # (mix, variant, B) -> sort/cond
     assert got == {(mix, variant, B): "0/0" for mix, variant in [
         ("greedy", "greedy"), ("penalties", "temperature"), ("top_p", "top_p"),
-        ("logprobs", "top_k_top_p_logprobs")] for B in (1, 8)}
+        ("logprobs", "logprobs")] for B in (1, 8)}

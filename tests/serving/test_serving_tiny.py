@@ -313,15 +313,17 @@ def test_fault_in_one_request_fails_only_that_request(tiny_server, monkeypatch):
     monkeypatch.setattr(EngineThread, "_items", items)
     calls = {"n": 0}
     runner = st.engine.runner
-    execute = type(runner).execute
+    # Every step's device programs are dispatched by runner.launch (runner.execute calls it;
+    # async scheduling calls it directly).
+    launch = type(runner).launch
 
     def broken(*a, **kw):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("device fell over")
-        return execute(runner, *a, **kw)
+        return launch(runner, *a, **kw)
 
-    st.et.call(lambda e: setattr(e.runner, "execute", broken))
+    st.et.call(lambda e: setattr(e.runner, "launch", broken))
     try:
         with InferenceClient(st.target, timeout=60) as c:
             with pytest.raises(grpc.RpcError) as e:
@@ -331,7 +333,7 @@ def test_fault_in_one_request_fails_only_that_request(tiny_server, monkeypatch):
             r = c.generate(token_ids=prompts[2], **_sampling(params[2]))
             assert list(r.token_ids) == ref[2].outputs[0].token_ids
     finally:
-        st.et.call(lambda e: e.runner.__dict__.pop("execute", None))
+        st.et.call(lambda e: e.runner.__dict__.pop("launch", None))
     wait_until(lambda: _all_free(st))
 
 

@@ -14,8 +14,11 @@ from tests.core.test_input_batch import _assert_same
 
 
 def test_every_decode_step_equals_build_step():
+    # The synchronous engine: every decode step's rows come from host tokens, which
+    # build_step also takes (async scheduling's device-fed steps: test_async_scheduling.py).
     llm = LLM(tiny_loaded("llama"), max_model_len=64, block_size=4, max_num_seqs=8,
-              max_num_batched_tokens=64, num_kv_pages=16)  # small pool: preempts
+              max_num_batched_tokens=64, num_kv_pages=16,  # small pool: preempts
+              async_scheduling=False)
     eng, ec = llm.engine, llm.engine.config
     fast_path, steps = eng._rows.build_decode, []
 

@@ -5,16 +5,8 @@
 # grpcio/protobuf they need, missing on the device image) are installed into /tmp/site first.
 #   bash scripts/gpu_bench_call.sh fp8 serve
 set -u
-FINAL=${OUT:?set OUT}
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:. || exit 1
-fi
-export PYTHONPATH=${PYTHONPATH:-.}
-export OUT=/tmp/bench_out; mkdir -p "$OUT/logs"
-pack() {  # after every step, so that a call killed at its limit still returns what ran
-  tar czf "$FINAL/results.tgz.part" -C "$OUT" . && mv "$FINAL/results.tgz.part" "$FINAL/results.tgz"
-}
+# shellcheck source=scripts/gpu_call_lib.sh
+source scripts/gpu_call_lib.sh
 for suite in "$@"; do bash scripts/bench_h200.sh "$suite"; pack; done
 if [ -n "${EXTRA:-}" ]; then
   while IFS= read -r line; do

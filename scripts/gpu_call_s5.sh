@@ -5,24 +5,10 @@
 # cache); the sampler variants at B=1/256. Output packed into $OUT/results.tgz.
 #   OUT=... bash scripts/gpu_call_s5.sh
 set -u
-FINAL=${OUT:?set OUT}
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:. || exit 1
-fi
-export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
-export OUT=/tmp/bench_out; mkdir -p "$OUT/logs" "$OUT/records"
-pack() { tar czf "$FINAL/results.tgz.part" -C "$OUT" . && mv "$FINAL/results.tgz.part" "$FINAL/results.tgz"; }
+# shellcheck source=scripts/gpu_call_lib.sh
+source scripts/gpu_call_lib.sh
 LIMIT=60 COMPILE_EXTRA=-v bash scripts/bench_h200.sh bf16-offline; pack
-ENGINE="--load-format dummy --model llama-3.1-8b --max-model-len 4352 --max-num-seqs 256
-  --max-num-batched-tokens 8192 --max-prefill-seqs 64 --prefill-buckets 128,1024,4096,8192
-  --decode-buckets 1,16,32,64,128,256 --num-kv-pages 36000"
-JI="python3 -m jaxinfer.cli"
-run() {  # id seconds command...
-  local id=$1 secs=$2; shift 2; echo "=== $id: $*"; local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/logs/$id.log" 2>&1; echo "rc=$? wall=$((SECONDS - t0))s"
-  grep -v "compiling\|it/s\]\|s/it\]" "$OUT/logs/$id.log" | tail -12 | cut -c1-200; pack
-}
+ENGINE="--model llama-3.1-8b $OPTS"
 # shellcheck disable=SC2086
 run TTFT-triton 90 $JI bench latency $ENGINE --cache-dir /tmp/jaxinfer-cache-bf16 \
   --out "$OUT/records" --prompt-lens 1024,4096 --concurrency 1 --input-len 128 --output-len 32

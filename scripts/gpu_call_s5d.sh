@@ -5,24 +5,8 @@
 # the same call. Output packed into $OUT/results.tgz.
 #   OUT=... bash scripts/gpu_call_s5d.sh
 set -u
-FINAL=${OUT:?set OUT}
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:. || exit 1
-fi
-export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
-export OUT=/tmp/bench_out; mkdir -p "$OUT/logs" "$OUT/records"
-pack() { tar czf "$FINAL/results.tgz.part" -C "$OUT" . && mv "$FINAL/results.tgz.part" "$FINAL/results.tgz"; }
-JI="python3 -m jaxinfer.cli"
-OPTS="--load-format dummy --max-model-len 4352 --max-num-seqs 256 --max-num-batched-tokens 8192
-  --max-prefill-seqs 64 --prefill-buckets 128,1024,4096,8192 --decode-buckets 1,16,32,64,128,256
-  --num-kv-pages 36000"
-run() {  # id seconds command...
-  local id=$1 secs=$2; shift 2; echo "=== $id: $*"; local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/logs/$id.log" 2>&1; echo "rc=$? wall=$((SECONDS - t0))s"
-  grep -v "compiling\|it/s\]\|s/it\]\|^sampler\|^gather" "$OUT/logs/$id.log" | tail -${TAIL:-14} \
-    | cut -c1-200; pack
-}
+# shellcheck source=scripts/gpu_call_lib.sh
+source scripts/gpu_call_lib.sh
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 # shellcheck disable=SC2086
 for m in 8b 70b; do

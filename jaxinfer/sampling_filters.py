@@ -48,6 +48,14 @@ over the renormalised top-k; ties at a cut-off are kept, as in vLLM's threshold 
 best token always survives). The only difference is where float32 rounding enters: masses are
 summed as reductions rather than as a cumulative sum over sorted values.
 
+``SEARCH_IMPL`` picks who runs the threshold searches (:func:`kth_largest`, :func:`nucleus_cut`,
+so also the buffered "search" method): the jnp ops below, or the Pallas GPU kernel of
+``pallas_kernels/sampling/threshold_search.py`` (Triton lowering), which runs a row's whole
+search, every pass, in one launch (one program per row); "auto" takes the kernel on a GPU
+backend and jnp elsewhere (CPU: CI, laptops). Both give the same k-th value bit for bit; the
+nucleus cut may differ where float32 rounding of the mass sums decides (that module's
+docstring).
+
 Searches run as ``lax.fori_loop`` with a static trip count: XLA:GPU runs such loops without
 reading a predicate back to the host (``WhileThunk`` with a known trip count), unlike
 ``lax.cond``/data-dependent ``while`` loops, whose ``ConditionalThunk``/``WhileThunk`` copy the
@@ -84,6 +92,14 @@ BUFFER_TOP_K = TOPK_STAGED
 BUFFER_METHOD = "search"
 BUFFER_METHODS = ("search", "sort", "topk")
 CHUNKED_TOP_VALUES = True
+# Who runs kth_largest / nucleus_cut: "jnp" (XLA ops), "pallas" (one kernel launch per search,
+# pallas_kernels.sampling; run by the Pallas interpreter off a GPU, for tests) or "auto" (pallas
+# on a GPU backend, else jnp). PALLAS_PIVOTS: the kernel's thresholds per pass (None: its
+# default_pivots by row count); the ``pivots`` arguments and PIVOTS / BUFFER_PIVOTS are the jnp
+# search's.
+SEARCH_IMPL = "auto"
+SEARCH_IMPLS = ("auto", "jnp", "pallas")
+PALLAS_PIVOTS: int | None = None
 NEG_INF = -jnp.inf
 _U32 = jnp.uint32
 
@@ -113,6 +129,24 @@ def key_value(k: jax.Array) -> jax.Array:
     b = jnp.where((k >> 31) == 1, k & _U32(0x7FFFFFFF), ~k)
     v = jax.lax.bitcast_convert_type(b, jnp.float32)
     return jnp.where(v == 0, jnp.zeros_like(v), v)
+
+
+def search_impl() -> str:
+    """``SEARCH_IMPL`` resolved at trace time: "jnp" or "pallas" ("auto": pallas when JAX's
+    default backend is a GPU). Raises ValueError for a value not in ``SEARCH_IMPLS``."""
+    if SEARCH_IMPL not in SEARCH_IMPLS:
+        raise ValueError(f"SEARCH_IMPL {SEARCH_IMPL!r}: one of {SEARCH_IMPLS}")
+    if SEARCH_IMPL == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "jnp"
+    return SEARCH_IMPL
+
+
+def _pallas_search() -> tuple[Any, dict[str, Any]]:
+    """(the kernel module, its keyword arguments) when :func:`search_impl` is "pallas"."""
+    from pallas_kernels.sampling import threshold_search
+
+    return threshold_search, {"pivots": PALLAS_PIVOTS,
+                              "interpret": jax.default_backend() != "gpu"}
 
 
 def _row_sums(rows: list[jax.Array], stack: bool = True) -> Any:
@@ -152,9 +186,13 @@ def kth_largest(x: jax.Array, top: jax.Array, k: jax.Array,
     """[S] float32 value of the k-th largest element of each row of ``x`` (ties counted).
 
     Args:
-      x: [S, V] float32 without NaN.  top: [S] the row maxima.  k: [S] int32 in [1, V].
-      pivots: thresholds per pass (default ``PIVOTS``).
+      x: [S, V] float32 without NaN.  top: [S] the row maxima.  k: [S] int32 in [1, V]
+        (k <= 0 gives ``top``: every threshold passes).
+      pivots: thresholds per pass of the jnp search (default ``PIVOTS``).
     """
+    if search_impl() == "pallas":
+        kernels, kw = _pallas_search()
+        return kernels.kth_largest(x, top, k, **kw)
     P = PIVOTS if pivots is None else pivots
 
     def count_at_least(t: jax.Array) -> jax.Array:  # t [S, P] -> [S, P] int32
@@ -178,8 +216,11 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array,
       x: [S, V] float32 without NaN.  top: [S] row maxima.  kth: [S] the k-th largest value
         (-inf when top-k is off).  k: [S] int32 top-k in [1, V] (V when off).
       top_p: [S] float32 in (0, 1]; 1 keeps the whole top-k (the cut is ``kth``).
-      pivots: thresholds per pass (default ``PIVOTS``).
+      pivots: thresholds per pass of the jnp search (default ``PIVOTS``).
     """
+    if search_impl() == "pallas":
+        kernels, kw = _pallas_search()
+        return kernels.nucleus_cut(x, top, kth, k, top_p, **kw)
     P = PIVOTS if pivots is None else pivots
     # Unnormalised probabilities, 1 at the maximum: computed once and read by every pass (a
     # variadic reduction recomputes a shared exp for each of its operands).

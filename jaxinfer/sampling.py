@@ -268,19 +268,23 @@ def _cutoff(scaled: jax.Array, top: jax.Array, sp: SamplingArrays, when: _When) 
     none = jnp.full((S,), NEG_INF, jnp.float32)
     k = jnp.where(rows["k_on"], sp.top_k, V)
     # Rows without top-k take -inf as their k-th value on both branches (same floats after);
-    # without a nucleus search every row's top_p is 1, whose cut is the k-th value.
+    # without a nucleus search every row's top_p is 1, whose cut is the k-th value. A row
+    # whose result is dropped searches with k = 0 / top_p = 1, which the Pallas search
+    # (sampling_filters.SEARCH_IMPL) answers without a pass.
     k_full = rows["k_on"] & ~rows["k_small"]
     kth = when("top_k_search", lambda: when(
-        "full_search", lambda: jnp.where(k_full, kth_largest(scaled, top, k), NEG_INF),
-        lambda: none), lambda: none)
+        "full_search", lambda: jnp.where(k_full, kth_largest(
+            scaled, top, jnp.where(k_full, k, 0)), NEG_INF), lambda: none), lambda: none)
+    p_full = jnp.where(rows["cuts"] & ~rows["k_small"], sp.top_p, 1.0)
     cut = when("full_search", lambda: when(
-        "top_p_search", lambda: nucleus_cut(scaled, top, kth, k, sp.top_p), lambda: kth),
+        "top_p_search", lambda: nucleus_cut(scaled, top, kth, k, p_full), lambda: kth),
         lambda: none)
 
     def small() -> jax.Array:  # rows with 0 < top_k <= BUFFER_TOP_K
         k_b = jnp.where(rows["k_small"], k, 1)
+        p_b = jnp.where(rows["k_small"], sp.top_p, 1.0)
         _, c = when("top_p_search",
-                    lambda: buffered_cutoffs(scaled, top, k_b, sp.top_p),
+                    lambda: buffered_cutoffs(scaled, top, k_b, p_b),
                     lambda: buffered_cutoffs(scaled, top, k_b, None))
         return jnp.where(rows["k_small"], c, cut)
 

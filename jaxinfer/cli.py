@@ -70,8 +70,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="weights, activations and KV cache (auto: float32 on CPU, else bf16)")
     p.add_argument("--attention-backend", default="auto",
                    choices=["auto", "reference", "pallas", "pallas_decode", "pallas_mgpu"],
-                   help="pallas_mgpu: pallas with the Hopper Mosaic prefill kernel "
-                        "(prefill_mgpu.py; experimental)")
+                   help="auto: pallas_mgpu on Hopper GPUs, pallas on other GPUs, reference "
+                        "elsewhere; pallas: the Triton decode and prefill kernels; pallas_mgpu: "
+                        "pallas with the Mosaic GPU prefill kernel (prefill_mgpu.py) for "
+                        "prefill buckets of >= 2048 tokens")
     p.add_argument("--scan-layers", choices=["true", "false"], default=None,
                    help="run the layers under lax.scan (compile time independent of depth; "
                         "default: unrolled, faster steps)")

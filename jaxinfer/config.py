@@ -151,7 +151,9 @@ class EngineConfig:
         max_prefill_seqs when empty; the Pallas default is max_prefill_seqs alone).
       dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on
         CPU and bfloat16 on accelerators.
-      attention_backend: "auto" (Pallas on GPU, reference elsewhere), "reference", "pallas".
+      attention_backend: "auto" (the Pallas kernels on GPU, with the Mosaic GPU prefill
+        kernel on Hopper: "pallas_mgpu"; the reference elsewhere), "reference", "pallas"
+        (Triton kernels only), "pallas_decode", "pallas_mgpu".
       scan_layers: True runs the layers under ``lax.scan`` (compile time independent of
         depth); False/None (default) unrolls them, one weight array per layer: XLA copies
         scanned weight slices, measured 13.2 vs 7.5 ms per 8B decode step on an H200 and

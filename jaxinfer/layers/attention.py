@@ -231,18 +231,29 @@ class AttentionBackend:
         return out, cache.with_layer(layer, kc, vc)
 
 
+def _is_hopper() -> bool:
+    """Whether the first device is an NVIDIA GPU of compute capability 9.x (H100 / H200)."""
+    cc = getattr(jax.devices()[0], "compute_capability", "") or ""
+    return str(cc).split(".")[0] == "9"
+
+
 def resolve_backend_name(name: str) -> str:
-    """The backend ``name`` selects on this machine: ``"auto"`` is ``"pallas"`` on a GPU and
-    ``"reference"`` elsewhere; other names are returned as they are."""
+    """The backend ``name`` selects on this machine: ``"auto"`` is ``"pallas_mgpu"`` on a
+    Hopper GPU (the Triton kernels plus the Mosaic GPU prefill kernel for long prefill buckets:
+    H200 session 6, TTFT of a 4096-token 8B prompt 101.9 vs 107.4 ms, the same at 128 / 1024),
+    ``"pallas"`` on other GPUs and ``"reference"`` elsewhere; other names are returned as they
+    are."""
     if name == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "reference"
+        if jax.default_backend() != "gpu":
+            return "reference"
+        return "pallas_mgpu" if _is_hopper() else "pallas"
     return name
 
 
 def get_backend(name: str) -> AttentionBackend:
     """``"reference"``, ``"pallas"``, ``"pallas_decode"`` (decode kernel only),
-    ``"pallas_mgpu"`` (``"pallas"`` with the Hopper Mosaic GPU prefill kernel, experimental)
-    or ``"auto"`` (Pallas kernels on GPU, else reference).
+    ``"pallas_mgpu"`` (``"pallas"`` with the Hopper Mosaic GPU prefill kernel for long prefill
+    buckets) or ``"auto"`` (see :func:`resolve_backend_name`).
 
     ``"pallas"`` off a GPU runs the kernels in Pallas interpret mode (slow; for tests).
 

@@ -3,9 +3,9 @@
 Decode goes to :func:`paged_decode_attention` and prefill (packed ragged, chunked) to
 :func:`paged_prefill_attention` where their ``*_supported`` checks accept the shapes and KV
 dtype; unsupported shapes fall back to the jnp reference of the base class. With
-``prefill_mgpu`` (backend ``"pallas_mgpu"``, experimental, Hopper only) bf16/f16 prefill goes
-to the Mosaic GPU varlen kernel of ``prefill_mgpu.py`` instead for buckets of at least
-``MGPU_MIN_TOKENS`` (1024) tokens, and to the Triton kernel below: a static choice per bucket
+``prefill_mgpu`` (backend ``"pallas_mgpu"``, Hopper only; what ``"auto"`` picks there) bf16/f16
+prefill goes to the Mosaic GPU varlen kernel of ``prefill_mgpu.py`` instead for buckets of at
+least ``MGPU_MIN_TOKENS`` (2048) tokens, and to the Triton kernel below: a static choice per bucket
 (``prefill_mgpu.mgpu_route``; the Mosaic path's plan and gather cost more than it saves on
 short prefills). The Mosaic path falls back to the Triton kernel (``lax.cond``) when the
 contexts exceed its gathered K/V buffer of 2 T tokens, compiled in only for buckets whose worst

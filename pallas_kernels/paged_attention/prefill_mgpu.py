@@ -71,8 +71,10 @@ class MgpuPrefillConfig:
 
 # Prefill buckets of fewer tokens take the Triton kernel under "pallas_mgpu": session 5 on the
 # H200 (8B, TTFT) measured the Mosaic path 19 % slower at 128 tokens (its plan + gather cost
-# more than its faster attention saves) and 4 % faster at 4096 (kernel alone 1.76x Triton).
-MGPU_MIN_TOKENS = 1024
+# more than its faster attention saves) and 4 % faster at 4096 (kernel alone 1.76x Triton);
+# session 6 (module-level jit, min 1024): TTFT 1024 tokens 26.86 vs Triton 25.87 ms, 4096
+# tokens 101.9 vs 107.4 ms -> the 1024 bucket stays on Triton.
+MGPU_MIN_TOKENS = 2048
 
 # Buckets whose worst-case contexts exceed the gathered buffer: "cond" (the Mosaic kernel with
 # a lax.cond to the Triton kernel, a host sync per layer on XLA:GPU) or "triton" (the Triton

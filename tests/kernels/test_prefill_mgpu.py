@@ -107,19 +107,36 @@ def test_backend_selectable():
     assert get_backend("pallas").name == "pallas"
 
 
+def test_auto_picks_mgpu_on_hopper_only(monkeypatch):
+    """"auto": pallas_mgpu on compute capability 9.x, pallas on other GPUs, else reference."""
+    import jaxinfer.layers.attention as A
+
+    assert A.resolve_backend_name("pallas") == "pallas"
+    monkeypatch.setattr(A.jax, "default_backend", lambda: "cpu")
+    assert A.resolve_backend_name("auto") == "reference"
+    monkeypatch.setattr(A.jax, "default_backend", lambda: "gpu")
+    for cc, want in (("9.0", "pallas_mgpu"), ("8.0", "pallas"), ("10.0", "pallas")):
+        dev = type("Dev", (), {"compute_capability": cc})()
+        monkeypatch.setattr(A.jax, "devices", lambda dev=dev: [dev])
+        assert A.resolve_backend_name("auto") == want, cc
+
+
 TRITON = "__gpu$xla.gpu.triton"
 
 
 def test_route():
-    assert M.MGPU_MIN_TOKENS == 1024
+    assert M.MGPU_MIN_TOKENS == 2048
     # worst case: min(S, T) rows of maxp * page_size tokens
     assert worst_case_context(4096, 64, 272, 16) == 64 * 4352
     assert worst_case_context(8, 64, 4, 16) == 8 * 64
     assert mgpu_route(512, 1, 272, 16) == "triton"  # below the threshold
+    assert mgpu_route(1024, 64, 272, 16) == "triton"  # below the threshold
     assert mgpu_route(4096, 1, 272, 16) == "mgpu"  # 4352 <= 2 T: cannot overflow
-    assert mgpu_route(1024, 1, 272, 16) == "mgpu_cond"  # a 4352-token context > 2048
-    assert mgpu_route(1024, 64, 272, 16) == "mgpu_cond"  # the engine's Pallas buckets
-    assert mgpu_route(1024, 64, 272, 16, overflow="triton") == "triton"
+    assert mgpu_route(4096, 64, 272, 16) == "mgpu_cond"  # the engine's Pallas buckets
+    kw = {"min_tokens": 1024}
+    assert mgpu_route(1024, 1, 272, 16, **kw) == "mgpu_cond"  # a 4352-token context > 2048
+    assert mgpu_route(1024, 64, 272, 16, **kw) == "mgpu_cond"
+    assert mgpu_route(1024, 64, 272, 16, overflow="triton", **kw) == "triton"
     assert mgpu_route(256, 2, 16, 16, min_tokens=256) == "mgpu"
 
 

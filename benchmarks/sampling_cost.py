@@ -42,7 +42,11 @@ Search configurations (``jaxinfer.sampling_filters``' tunables, set before compi
 ``--buffer-method search,sort,topk`` (how that buffer decides:
 ``sampling_filters.BUFFER_METHOD``; the pivots do not reach "sort" / "topk"), the cross
 product, and ``--old`` adds the method of 76a6e80 (15 pivots, no buffer, top-20 logprobs by
-TopK over the vocabulary). A case whose compiled program is the same as one already timed (the
+TopK over the vocabulary). ``--search-impl jnp,pallas`` (``sampling_filters.SEARCH_IMPL``)
+times each configuration with the jnp searches and with the Pallas kernel
+(pallas_kernels/sampling: one launch per search), named ``pallas`` (``pallasP`` with
+``--pallas-pivots P,...``, the kernel's thresholds per pass; the jnp pivots do not reach it,
+so it takes the first of each list); "auto" is the kernel on a GPU, jnp elsewhere. A case whose compiled program is the same as one already timed (the
 tunable does not reach that mix) is not timed again. A table of device us per configuration
 is printed last.
 """
@@ -206,21 +210,39 @@ def _ints(text: str) -> list[int]:
 
 def search_configs(a) -> list[dict]:
     """The sampling_filters tunables to time, one dict each (``name`` + module values)."""
+    import jax
+
     from jaxinfer import sampling_filters as sf
 
     methods = [m for m in a.buffer_method.split(",") if m]
     for m in methods:
         if m not in sf.BUFFER_METHODS:
             raise SystemExit(f"--buffer-method {m!r}: one of {sf.BUFFER_METHODS}")
+    impls = [m for m in (a.search_impl or sf.SEARCH_IMPL).split(",") if m]
+    for m in impls:
+        if m not in sf.SEARCH_IMPLS:
+            raise SystemExit(f"--search-impl {m!r}: one of {sf.SEARCH_IMPLS}")
     tag = len(methods) > 1 or methods != ["search"]  # names stay p7/b15 for the default
-    buffer_pivots = _ints(a.buffer_pivots)
-    configs = [dict(name=f"p{p}/b{b}" + (f"/{m}" if tag else ""), PIVOTS=p, BUFFER_PIVOTS=b,
-                    BUFFER_TOP_K=sf.TOPK_STAGED, CHUNKED_TOP_VALUES=True, BUFFER_METHOD=m)
-               for m in methods for p in _ints(a.search_pivots)
-               for b in (buffer_pivots if m == "search" else buffer_pivots[:1])]
+    search_pivots, buffer_pivots = _ints(a.search_pivots), _ints(a.buffer_pivots)
+    pallas_pivots = [p or None for p in _ints(a.pallas_pivots or "0")]  # 0: kernel default
+    gpu = jax.default_backend() == "gpu"
+    configs = []
+    for impl in impls:
+        base = dict(BUFFER_TOP_K=sf.TOPK_STAGED, CHUNKED_TOP_VALUES=True, SEARCH_IMPL=impl)
+        if impl == "pallas" or (impl == "auto" and gpu):  # the kernel: no jnp pivots
+            configs += [dict(name=f"pallas{pp or ''}" + (f"/{m}" if tag else ""),
+                             PIVOTS=search_pivots[0], BUFFER_PIVOTS=buffer_pivots[0],
+                             BUFFER_METHOD=m, PALLAS_PIVOTS=pp, **base)
+                        for m in methods for pp in pallas_pivots]
+            continue
+        configs += [dict(name=f"p{p}/b{b}" + (f"/{m}" if tag else ""), PIVOTS=p,
+                         BUFFER_PIVOTS=b, BUFFER_METHOD=m, PALLAS_PIVOTS=None, **base)
+                    for m in methods for p in search_pivots
+                    for b in (buffer_pivots if m == "search" else buffer_pivots[:1])]
     if a.old:
         configs.append(dict(name="old", PIVOTS=15, BUFFER_PIVOTS=15, BUFFER_TOP_K=0,
-                            CHUNKED_TOP_VALUES=False, BUFFER_METHOD="search"))
+                            CHUNKED_TOP_VALUES=False, BUFFER_METHOD="search",
+                            SEARCH_IMPL="jnp", PALLAS_PIVOTS=None))
     return configs
 
 
@@ -253,6 +275,13 @@ def main() -> int:
                     help="comma list of sampling_filters.BUFFER_METHOD values to time: "
                          "search (threshold search), sort (one sort of the buffer), topk "
                          "(TOPK_FAST-sized top_k stages over the buffer)")
+    ap.add_argument("--search-impl", default=None,
+                    help="comma list of sampling_filters.SEARCH_IMPL values to time: jnp, "
+                         "pallas (the Pallas kernel; interpreted off a GPU), auto "
+                         "(default: the module's)")
+    ap.add_argument("--pallas-pivots", default=None,
+                    help="comma list: the kernel's thresholds per pass (0, the default: its "
+                         "default_pivots by batch)")
     ap.add_argument("--old", action="store_true",
                     help="also time the method of 76a6e80 (15 pivots, no buffer, full TopK)")
     a = ap.parse_args()

@@ -40,11 +40,13 @@ from pallas_kernels.paged_attention.fp8 import (
     e4m3_bits_to_f16,
     fp8_decode_config,
     quantize_rows_e4m3,
+    stage_v,
 )
 
 LOG2E = math.log2(math.e)
 KV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float8_e4m3fn)
 NUM_SMS_H200 = 132
+LAYOUTS = ("qk", "kq")
 
 
 def _pow2(n: int) -> bool:
@@ -58,7 +60,7 @@ def _next_pow2(n: int) -> int:
 def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
                    scale_log2: float, static_window: int | None, has_kscale: bool,
                    has_vscale: bool, split_out: bool, compute_dtype, fp8_widen: str = "cvt",
-                   fp8_dots: str = "none") -> None:
+                   fp8_dots: str = "none", layout: str = "qk", v_stage: bool = False) -> None:
     it = iter(refs)
     layer_ref = next(it)
     window_ref = next(it) if static_window is None else None
@@ -84,7 +86,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
     col = jnp.arange(D, dtype=jnp.int32)
     qrow = h * G + row  # q head of each row
     rmask = row < G
-    # q: [Gp, D]; rows past the group are zero (Triton's dot needs M >= 16).
+    # q: [Gp, D]; rows past the group are zero (Triton's dot needs M >= 16, N >= 8).
     q = plgpu.load(q_ref.at[b, qrow[:, None], col[None, :]], mask=rmask[:, None],
                    other=jnp.zeros((), q_ref.dtype))
     fp8 = k_ref.dtype == jnp.float8_e4m3fn
@@ -104,8 +106,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
     def widen(x):
         return e4m3_bits_to_f16(x) if bits else x.astype(compute_dtype)
 
-    def body(i, carry):
-        acc, m, l = carry
+    def load_kv(i):
         slot = start + i * bp + t_page  # [N] block-table column of each token
         tok = slot * ps + t_off  # [N] absolute position of each token
         valid = (slot < end) & (tok < seq_len) & (tok >= first_tok)
@@ -114,6 +115,15 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         zero = jnp.zeros((), k_ref.dtype)
         k = plgpu.load(k_ref.at[idx], mask=valid[:, None], other=zero)
         v = plgpu.load(v_ref.at[idx], mask=valid[:, None], other=zero)
+        return k, v, valid
+
+    def v_operand(v, valid):
+        v16 = widen(v)
+        return stage_v(v16, valid) if fp8 and v_stage else v16
+
+    def body_qk(i, carry):  # scores [Gp, N]: q rows are the MMA's M side
+        acc, m, l = carry
+        k, v, valid = load_kv(i)
         if qk8:
             sc = plgpu.dot(q, k, trans_b=True) * sm  # fp8 x fp8 -> f32
         else:
@@ -127,14 +137,33 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         if pv8:  # P * 2^8 in e4m3 against fp8 V
             pv = plgpu.dot((p * P_SCALE).astype(k_ref.dtype), v)
         else:
-            pv = plgpu.dot(p.astype(compute_dtype), widen(v), allow_tf32=False)
+            pv = plgpu.dot(p.astype(compute_dtype), v_operand(v, valid), allow_tf32=False)
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l
 
-    acc0 = jnp.zeros((Gp, D), jnp.float32)
+    def body_kq(i, carry):  # transposed: scores [N, Gp], acc = O^T [D, Gp]
+        acc, m, l = carry
+        k, v, valid = load_kv(i)
+        st = plgpu.dot(widen(k), q, trans_b=True, allow_tf32=False) * sm  # K q^T [N, Gp]
+        st = jnp.where(valid[:, None], st, -jnp.inf)
+        m_new = jnp.maximum(m, st.max(axis=0))
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(st - m_new[None, :])
+        l = l * alpha + p.sum(axis=0)
+        pv = plgpu.dot(v_operand(v, valid), p.astype(compute_dtype), trans_a=True,
+                       allow_tf32=False)  # V^T P [D, Gp]
+        acc = acc * alpha[None, :] + pv
+        return acc, m_new, l
+
     m0 = jnp.full((Gp,), -jnp.inf, jnp.float32)
     l0 = jnp.zeros((Gp,), jnp.float32)
-    acc, m, l = jax.lax.fori_loop(0, n_iter, body, (acc0, m0, l0))
+    if layout == "kq":
+        acc, m, l = jax.lax.fori_loop(0, n_iter, body_kq,
+                                      (jnp.zeros((D, Gp), jnp.float32), m0, l0))
+        acc = acc.T
+    else:
+        acc, m, l = jax.lax.fori_loop(0, n_iter, body_qk,
+                                      (jnp.zeros((Gp, D), jnp.float32), m0, l0))
 
     has = l > 0
     o = jnp.where(has[:, None], acc / jnp.where(has, l, 1.0)[:, None], 0.0)
@@ -225,19 +254,49 @@ def paged_decode_attention_supported(q_shape: tuple[int, ...], k_cache_shape: tu
             and jnp.dtype(kv_dtype) != jnp.dtype(jnp.float32))
 
 
+def _resolve_options(kv_dtype, variant: str | None, **opts) -> dict:
+    """The caller's options, FP8 caches' unset ones filled from the named variant
+    (:func:`fp8.fp8_decode_config`), then the defaults; checked."""
+    fp8 = jnp.dtype(kv_dtype) == jnp.dtype(jnp.float8_e4m3fn)
+    if fp8:
+        for k, v in fp8_decode_config(variant).items():
+            if k not in opts:
+                raise ValueError(f"paged_decode_attention: variant option {k!r} unknown")
+            if opts[k] is None:
+                opts[k] = v
+    defaults = {"num_warps": 4, "num_stages": 5, "fp8_widen": "cvt", "fp8_dots": "none",
+                "layout": "qk", "fp8_v_stage": False}
+    opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}
+    check_variant(opts["fp8_widen"], opts["fp8_dots"], opts["layout"])
+    if opts["layout"] not in LAYOUTS:
+        raise ValueError(f"paged_decode_attention: layout={opts['layout']!r}, one of {LAYOUTS}")
+    min_rows = 16 if opts["layout"] == "qk" else 8
+    if opts["group_rows"] is None:
+        opts["group_rows"] = min_rows
+    if not (_pow2(opts["group_rows"]) and opts["group_rows"] >= min_rows):
+        raise ValueError(f"paged_decode_attention: group_rows={opts['group_rows']} must be a "
+                         f"power of two >= {min_rows} with layout {opts['layout']!r}")
+    return opts
+
+
 def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            layer: jax.Array | int, block_tables: jax.Array,
                            seq_lens: jax.Array, *, scale: float, window: jax.Array | int = 0,
                            k_scale: jax.Array | float | None = None,
                            v_scale: jax.Array | float | None = None, interpret: bool = False,
                            block_tokens: int | None = None, num_splits: int | None = None,
-                           target_programs: int | None = None, num_warps: int = 4,
-                           num_stages: int = 5, fp8_compute_dtype=jnp.float16,
-                           fp8_widen: str | None = None,
-                           fp8_dots: str | None = None) -> jax.Array:
+                           target_programs: int | None = None, num_warps: int | None = None,
+                           num_stages: int | None = None, fp8_compute_dtype=jnp.float16,
+                           fp8_widen: str | None = None, fp8_dots: str | None = None,
+                           layout: str | None = None, group_rows: int | None = None,
+                           fp8_v_stage: bool | None = None,
+                           fp8_variant: str | None = None) -> jax.Array:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
-    Same contract as :func:`reference.paged_decode_attention_ref`.
+    Same contract as :func:`reference.paged_decode_attention_ref`. Every tuning option left
+    None takes, for an FP8 cache, the value of the named variant ``fp8_variant`` (None: the
+    table's default, :data:`fp8.FP8_DECODE_DEFAULT` or ``$JAXINFER_FP8_DECODE``), then the
+    default given below.
 
     Args:
       q: [B, Hq, D] bf16/f16/f32, queries at position ``seq_lens - 1``.
@@ -247,32 +306,44 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       scale: softmax scale. window: sliding window, 0 = none (int or traced int32 scalar).
       k_scale, v_scale: FP8 dequantisation scales (read = stored * scale), or None.
       interpret: run the Pallas interpreter (CPU tests).
-      block_tokens: tokens per inner-loop step, a power of two (None: measured default,
-        :func:`default_block_tokens`); raised to the page size if smaller.
-      num_splits: split-K count (None: :func:`choose_num_splits` with ``target_programs``).
-      num_warps / num_stages: Triton launch / software-pipelining parameters (stages 5
-        double-buffers the K/V tiles with Triton 3.x's pipeliner).
+      block_tokens: tokens per inner-loop step (pages per step = block_tokens / ps), a power
+        of two (None: measured default, :func:`default_block_tokens`); raised to the page
+        size if smaller (and to 16 with ``layout="kq"``).
+      num_splits: split-K count, how many programs share one sequence's pages (None:
+        :func:`choose_num_splits` with ``target_programs`` programs in the grid).
+      num_warps / num_stages: Triton launch / software-pipelining parameters (default 4 / 5;
+        stages 5 prefetches the K/V tiles two steps ahead with Triton 3.x's pipeliner,
+        stages 3-4 one buffer, no prefetch).
       fp8_compute_dtype: dtype FP8 K/V are widened to for the dots (f16: one instruction
         per two values from e4m3; q is clipped to the f16 range).
-      fp8_widen: "cvt" (``astype``) or "bits" (exact bit placement into f16, integer ops;
-        needs ``fp8_compute_dtype`` f16). fp8_dots: "none", "qk" (QK^T in fp8, q quantized
-        per row) or "qk_pv" (both dots in fp8). Only FP8 caches use them; see fp8.py and
-        :data:`fp8.FP8_DECODE_VARIANTS` for the named combinations. Both None: the
-        table's default (:func:`fp8.fp8_decode_config`, "cvt" / "none" until measured).
+      fp8_widen: "cvt" (``astype``, default) or "bits" (exact bit placement into f16,
+        integer ops; needs ``fp8_compute_dtype`` f16). fp8_dots: "none" (default), "qk"
+        (QK^T in fp8, q quantized per row) or "qk_pv" (both dots in fp8); ``layout="qk"``
+        only. fp8_v_stage: widen V before its transposition (see fp8.py; default False).
+        Only FP8 caches use these three; fp8.py and :data:`fp8.FP8_DECODE_VARIANTS` name
+        the combinations.
+      layout: "qk" (default: scores [rows, tokens], the q group is the MMA's M side,
+        padded to >= 16 rows) or "kq" (scores transposed, K q^T [tokens, rows] and
+        V^T P [D, rows]: tokens are the M side, the group padded to >= 8 rows).
+      group_rows: rows the G = Hq / Hkv q heads of a program are padded to at least, a
+        power of two (default and minimum: 16 with "qk", 8 with "kq").
+      fp8_variant: name in :data:`fp8.FP8_DECODE_VARIANTS` (FP8 caches only).
     Returns:
       [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
     Raises:
       PagedAttentionShapeError: inconsistent shapes or dtypes.
       PagedAttentionUnsupportedError: shapes the kernel does not handle (see
         :func:`paged_decode_attention_supported`).
-      ValueError: unknown ``fp8_widen`` / ``fp8_dots``, or "bits" with a bf16 compute dtype.
+      ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant``, fp8
+        dots with "kq", a bad ``group_rows``, or "bits" with a bf16 compute dtype.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
-    if fp8_widen is None and fp8_dots is None:
-        fp8_widen, fp8_dots = fp8_decode_config()
-    fp8_widen, fp8_dots = fp8_widen or "cvt", fp8_dots or "none"
-    check_variant(fp8_widen, fp8_dots)
-    if fp8_widen == "bits" and jnp.dtype(fp8_compute_dtype) != jnp.float16:
+    o = _resolve_options(k_cache.dtype, fp8_variant, block_tokens=block_tokens,
+                         num_splits=num_splits, target_programs=target_programs,
+                         num_warps=num_warps, num_stages=num_stages, fp8_widen=fp8_widen,
+                         fp8_dots=fp8_dots, layout=layout, group_rows=group_rows,
+                         fp8_v_stage=fp8_v_stage)
+    if o["fp8_widen"] == "bits" and jnp.dtype(fp8_compute_dtype) != jnp.float16:
         raise ValueError("paged_decode_attention: fp8_widen='bits' widens to f16 only")
     B, Hq, D = q.shape
     _, Hkv, _, ps, _ = k_cache.shape
@@ -281,17 +352,16 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
             f"paged_decode_attention: unsupported q{q.shape} k_cache{k_cache.shape} "
             f"{k_cache.dtype}; use paged_decode_attention_ref")
     G = Hq // Hkv
-    Gp = max(16, _next_pow2(G))
-    if block_tokens is None:
-        block_tokens = default_block_tokens(D, k_cache.dtype)
-    bt = max(block_tokens, ps)
+    Gp = max(o["group_rows"], _next_pow2(G))
+    block_tokens = o["block_tokens"] or default_block_tokens(D, k_cache.dtype)
+    bt = max(block_tokens, ps, 16 if o["layout"] == "kq" else 1)
     if not _pow2(bt):
         raise PagedAttentionUnsupportedError(
             f"paged_decode_attention: block_tokens={block_tokens} must be a power of two")
     bp = bt // ps
     maxp = block_tables.shape[1]
     n_blocks = -(-maxp // bp)
-    S = num_splits or choose_num_splits(B, Hkv, n_blocks, target_programs)
+    S = o["num_splits"] or choose_num_splits(B, Hkv, n_blocks, o["target_programs"])
     S = max(1, min(S, n_blocks))
     pps = -(-n_blocks // S) * bp  # pages per split, a multiple of bp
     S = -(-maxp // pps)
@@ -307,16 +377,20 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     else:
         out_shape = [jax.ShapeDtypeStruct((B, Hq, D), q.dtype)]
     fp8 = k_cache.dtype == jnp.float8_e4m3fn
-    variant = f"_{fp8_widen}_{fp8_dots}" if fp8 else ""
+    v_stage = fp8 and bool(o["fp8_v_stage"])
+    name = (f"paged_decode_bt{bt}_s{S}" + (f"_{o['fp8_widen']}_{o['fp8_dots']}" if fp8 else "")
+            + (f"_kq{Gp}" if o["layout"] == "kq" else "") + ("_vs" if v_stage else ""))
     kernel = functools.partial(
         _decode_kernel, ps=ps, bp=bp, pps=pps, G=G, Gp=Gp, D=D, scale_log2=scale * LOG2E,
         static_window=static_window, has_kscale=k_scale is not None,
         has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype,
-        fp8_widen=fp8_widen, fp8_dots=fp8_dots)
+        fp8_widen=o["fp8_widen"], fp8_dots=o["fp8_dots"], layout=o["layout"],
+        v_stage=v_stage)
     outs = pl.pallas_call(
         kernel, grid=(B, Hkv, S), out_shape=out_shape, interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        name=f"paged_decode_bt{bt}_s{S}{variant}",
+        compiler_params=plgpu.CompilerParams(num_warps=o["num_warps"],
+                                             num_stages=o["num_stages"]),
+        name=name,
     )(*operands)
     if not split_out:
         return outs[0]

@@ -17,6 +17,26 @@ MMA and softmax work per byte. The variants below cut that work; each is a kerne
   (scale = max|q_row| / 448, folded into that row's softmax scale): K is never widened.
 - ``dots="qk_pv"``: also P V in fp8, P scaled by 2^8 into e4m3 (FlashAttention-3's fp8 path):
   nothing is widened. Less exact: e4m3 keeps 3 mantissa bits of q and of p.
+
+Session-5 H200 result: none of these beat ``cvt``. A Triton 3.6 compile of the lowered kernel
+for sm_90 on a CPU machine (NOTES_paged_attention.md, "FP8 KV: static analysis") says why:
+the fp8 dots are upcast to f16 anyway (M = 16 rows is too small for wgmma, and sm_90's
+mma.sync has no e4m3), and the cost is elsewhere. The ``cvt`` kernel spends 1,196 SASS
+instructions a 128-token step (bf16: 485 a 64-token step, the same bytes) and 247 registers
+(2 programs an SM; bf16 3): V [tokens, D] is the B operand of P V with tokens as the
+reduction axis, and Triton widens the fp8 tile *after* loading it from shared memory in the
+MMA operand layout: 128 one-byte ``LDS.U8`` plus packing per thread and step. The options
+below cut that (each a kernel keyword and, combined, named entries of the table):
+
+- ``fp8_v_stage=True``: multiply the widened V by the token mask (1 or 0; masked tokens
+  are loaded as 0, so the product is exact). An elementwise op with a computed operand keeps
+  Triton from moving the widening past the shared-memory load: V is read with 16-byte
+  loads, widened, and transposed as an f16 tile through shared memory with ``ldmatrix.trans``
+  (bf16 V's path). 128-token step: 1,035 instructions, 168 registers.
+- ``layout="kq"``: scores transposed, Sᵀ = K qᵀ [tokens, rows] and Oᵀ = Vᵀ P [D, rows]
+  (tokens are the MMA's M side), so the q group is padded to ``group_rows=8`` instead of 16
+  (G = 4: half the MMA and softmax work). With the staged V: 805 instructions and 194
+  registers a 128-token step; 64-token steps 521 and 116 (4 programs an SM).
 """
 
 from __future__ import annotations
@@ -33,23 +53,32 @@ P_SCALE = 256.0  # p in [0, 1] times 2^8 into e4m3 (keeps p >= 2^-14 normal)
 FP8_WIDEN = ("cvt", "bits")
 FP8_DOTS = ("none", "qk", "qk_pv")
 
-# Named variants (kernel keyword arguments). "cvt" is the measured default; the others are
-# candidates until an H200 run of ``bench_paged_attention.py --fp8-sweep`` says otherwise.
+# Named variants: kernel keyword arguments, filled in where the caller leaves an option None
+# (the engine leaves all). "cvt" is the measured default; the others are candidates until an
+# H200 run of ``benchmarks/kernels/bench_paged_fp8_sweep.py`` says otherwise. Switching the
+# default is the one line FP8_DECODE_DEFAULT.
+KQ8 = {"layout": "kq", "group_rows": 8, "fp8_v_stage": True}
 FP8_DECODE_VARIANTS: dict[str, dict] = {
     "cvt": {},
     "bits": {"fp8_widen": "bits"},
-    "qk8": {"fp8_dots": "qk"},
-    "qk8_bits": {"fp8_dots": "qk", "fp8_widen": "bits"},
-    "qk8_pv8": {"fp8_dots": "qk_pv"},
+    "qk8": {"fp8_dots": "qk", "layout": "qk"},
+    "qk8_bits": {"fp8_dots": "qk", "fp8_widen": "bits", "layout": "qk"},
+    "qk8_pv8": {"fp8_dots": "qk_pv", "layout": "qk"},
+    "vstage": {"fp8_v_stage": True},
+    "kq8": dict(KQ8, block_tokens=128),
+    "kq8_bt64": dict(KQ8, block_tokens=64),
+    "kq8_bt64_tp528": dict(KQ8, block_tokens=64, target_programs=528),
+    "kq8_bt128_s3": dict(KQ8, block_tokens=128, num_stages=3),
+    "kq16": {"layout": "kq", "group_rows": 16, "fp8_v_stage": True, "block_tokens": 128},
 }
 FP8_DECODE_DEFAULT = "cvt"
 ENV_VARIANT = "JAXINFER_FP8_DECODE"  # overrides FP8_DECODE_DEFAULT, for end-to-end trials
 
 
-def fp8_decode_config(variant: str | None = None) -> tuple[str, str]:
-    """``(fp8_widen, fp8_dots)`` of the named variant; None: ``$JAXINFER_FP8_DECODE`` if set,
-    else :data:`FP8_DECODE_DEFAULT`. The decode kernel calls this when its caller (the
-    engine's fp8-KV decode path) leaves both options unset.
+def fp8_decode_config(variant: str | None = None) -> dict:
+    """Kernel keyword arguments of the named variant (a copy); None: ``$JAXINFER_FP8_DECODE``
+    if set, else :data:`FP8_DECODE_DEFAULT`. The decode kernel fills the options its caller
+    left None (the engine's fp8-KV decode path leaves all) from this.
 
     Raises:
       ValueError: an unknown variant name.
@@ -57,8 +86,14 @@ def fp8_decode_config(variant: str | None = None) -> tuple[str, str]:
     name = variant or os.environ.get(ENV_VARIANT) or FP8_DECODE_DEFAULT
     if name not in FP8_DECODE_VARIANTS:
         raise ValueError(f"unknown FP8 decode variant {name!r}; one of {list(FP8_DECODE_VARIANTS)}")
-    kw = FP8_DECODE_VARIANTS[name]
-    return kw.get("fp8_widen", "cvt"), kw.get("fp8_dots", "none")
+    return dict(FP8_DECODE_VARIANTS[name])
+
+
+def stage_v(v16: jax.Array, valid: jax.Array) -> jax.Array:
+    """Widened V [N, D] times the token mask ``valid`` [N] bool (1 or 0, exact: masked tokens
+    were loaded as 0). Keeps Triton from widening V after its shared-memory load (see the
+    module docstring, ``fp8_v_stage``)."""
+    return v16 * valid[:, None].astype(v16.dtype)
 
 
 def e4m3_bits_to_f16(x: jax.Array) -> jax.Array:
@@ -84,8 +119,10 @@ def quantize_rows_e4m3(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return x8, scale
 
 
-def check_variant(fp8_widen: str, fp8_dots: str) -> None:
-    """Raises ValueError for unknown option values."""
+def check_variant(fp8_widen: str, fp8_dots: str, layout: str = "qk") -> None:
+    """Raises ValueError for unknown option values, or fp8 dots with ``layout="kq"``."""
     if fp8_widen not in FP8_WIDEN or fp8_dots not in FP8_DOTS:
         raise ValueError(f"fp8_widen={fp8_widen!r} (one of {FP8_WIDEN}) / fp8_dots="
                          f"{fp8_dots!r} (one of {FP8_DOTS})")
+    if fp8_dots != "none" and layout != "qk":
+        raise ValueError(f"fp8_dots={fp8_dots!r} needs layout='qk', got {layout!r}")

@@ -1,0 +1,142 @@
+"""Decode-kernel layouts and FP8 variants vs the jnp reference (interpret mode on CPU).
+
+Covers the transposed ``layout="kq"`` (8 or 16 group rows), the staged FP8 V
+(``fp8_v_stage``) and every named entry of ``fp8.FP8_DECODE_VARIANTS``, with the conventions of
+test_paged_attention.py: fresh random inputs, NaN in every cache slot the kernel must not
+read, permuted pages, ragged lengths (1, page boundaries, a full table).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref
+from pallas_kernels.paged_attention.fp8 import FP8_DECODE_VARIANTS
+from tests.kernels.cuda_lowering import lower_paged_kernel
+from tests.kernels.test_paged_attention import LAYER, assert_close, make_case, run_both
+
+F8 = jnp.float8_e4m3fn
+SCALES = {"k_scale": jnp.float32(0.7), "v_scale": jnp.float32(1.9)}
+LENS = [1, 16, 33, 64, 128]  # 1, a page, past a page, 4 pages, the full 8-page table
+
+
+def case(seed: int, G: int, D: int, kv=F8, ps: int = 16, maxp: int = 8, Hkv: int = 1):
+    lens = [min(n, ps * maxp) for n in LENS]
+    return make_case(seed, B=len(lens), G=G, Hkv=Hkv, D=D, ps=ps, maxp=maxp, lens=lens,
+                     kv_dtype=kv)
+
+
+def assert_same(a, b) -> None:
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+@pytest.mark.parametrize("G,D,rows,bt,splits", [
+    (4, 128, 8, 128, None), (4, 64, 8, 32, 3), (1, 64, 8, 16, 2), (8, 128, 8, 64, 1),
+    (16, 64, 8, 32, 2), (4, 64, 16, 64, 2), (2, 256, 16, 128, None),
+])
+def test_kq_layout_f32_exact(G, D, rows, bt, splits):
+    """Transposed scores on f32 caches: the same numbers as the reference to 1e-4."""
+    c = case(G * D + bt, G, D, kv=jnp.float32, Hkv=2)
+    out, ref = run_both(c, layout="kq", group_rows=rows, block_tokens=bt, num_splits=splits)
+    assert_close(out, ref, tight=True)
+
+
+@pytest.mark.parametrize("G,D,rows,bt,splits", [
+    (4, 128, 8, 128, None), (1, 64, 8, 32, 3), (8, 64, 16, 32, 1),
+])
+def test_kq_layout_fp8_and_staged_v(G, D, rows, bt, splits):
+    """FP8 ``kq``: matches the reference; the staged V (a multiply by a 1/0 mask) changes no
+    bit; bit-placement widening equals ``cvt`` bit for bit, as in the ``qk`` layout."""
+    c = case(100 + G * D + bt, G, D)
+    kw = dict(layout="kq", group_rows=rows, block_tokens=bt, num_splits=splits, **SCALES)
+    staged, ref = run_both(c, fp8_v_stage=True, **kw)
+    plain, _ = run_both(c, fp8_v_stage=False, **kw)
+    bits, _ = run_both(c, fp8_v_stage=True, fp8_widen="bits", **kw)
+    assert_close(staged, ref, tight=False)
+    assert_same(staged, plain)
+    assert_same(bits, staged)
+
+
+@pytest.mark.parametrize("bt,splits", [(128, None), (32, 3)])
+def test_qk_layout_staged_v_changes_no_bit(bt, splits):
+    c = case(7 + bt, 4, 128)
+    kw = dict(block_tokens=bt, num_splits=splits, **SCALES)
+    staged, ref = run_both(c, fp8_v_stage=True, **kw)
+    plain, _ = run_both(c, **kw)
+    assert_close(staged, ref, tight=False)
+    assert_same(staged, plain)
+
+
+@pytest.mark.parametrize("window", [5, 40])
+def test_kq_window_traced_layer_traced_and_padding_rows(window):
+    lens = [0, 1, 17, 64, 0]
+    c = make_case(window, B=5, G=4, Hkv=2, D=64, ps=16, maxp=4, lens=lens, window=window,
+                  kv_dtype=F8)
+    q, kd, vd, kc, vc, bt, ln = c
+    f = jax.jit(functools.partial(paged_decode_attention, scale=0.2, interpret=True,
+                                  fp8_variant="kq8_bt64", num_splits=2, **SCALES))
+    out = f(q, kd, vd, jnp.int32(LAYER), bt, ln, window=jnp.int32(window))
+    ref = paged_decode_attention_ref(q, kc, vc, jnp.int32(LAYER), bt, ln, scale=0.2,
+                                     window=window, **SCALES)
+    assert_close(out, ref, tight=False)
+    assert np.all(np.asarray(out)[[0, 4]] == 0)
+
+
+@pytest.mark.parametrize("name", list(FP8_DECODE_VARIANTS))
+def test_every_named_variant(name):
+    """Each table entry by name (``fp8_variant``), as the engine would run it."""
+    c = case(300 + len(name), 4, 128)
+    out, ref = run_both(c, scale=128 ** -0.5, fp8_variant=name, **SCALES)
+    dots = FP8_DECODE_VARIANTS[name].get("fp8_dots", "none") != "none"
+    if dots:  # q / p in e4m3: a bound of their own (test_paged_attention.py)
+        o, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+        assert np.all(np.isfinite(o)) and np.linalg.norm(o - r) / np.linalg.norm(r) < 4e-2
+    else:
+        assert_close(out, ref, tight=False)
+
+
+@pytest.mark.parametrize("name", list(FP8_DECODE_VARIANTS))
+def test_named_variants_lower_for_cuda(name):
+    """Each table entry traces and lowers for an H200 (B32 ctx2048, Llama-3.1-8B heads)."""
+    B, Hq, Hkv, D, ps, maxp, L = 32, 32, 8, 128, 16, 128, 2
+    P, sds = B * maxp + 1, jax.ShapeDtypeStruct
+    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), F8),
+            sds((L, Hkv, P, ps, D), F8), sds((), jnp.int32), sds((B, maxp), jnp.int32),
+            sds((B,), jnp.int32)]
+    text = lower_paged_kernel(paged_decode_attention, args, F8, "traced", fp8_variant=name)
+    assert text.count("xla.gpu.triton") == 1
+
+
+def test_option_errors():
+    q, kd, vd, _, _, bt, lens = case(1, 4, 64)
+    call = functools.partial(paged_decode_attention, q, kd, vd, 1, bt, lens, scale=1.0,
+                             interpret=True)
+    with pytest.raises(ValueError, match="layout"):
+        call(layout="vk")
+    with pytest.raises(ValueError, match="group_rows"):
+        call(layout="qk", group_rows=8)
+    with pytest.raises(ValueError, match="group_rows"):
+        call(layout="kq", group_rows=12)
+    with pytest.raises(ValueError, match="needs layout='qk'"):
+        call(layout="kq", fp8_dots="qk")
+    with pytest.raises(ValueError, match="unknown FP8 decode variant"):
+        call(fp8_variant="nope")
+
+
+def test_variant_fills_only_unset_options(monkeypatch):
+    """A variant supplies the options the caller leaves None; explicit ones win. The table
+    default applies to FP8 caches only."""
+    from pallas_kernels.paged_attention.fp8 import ENV_VARIANT
+    c = case(500, 4, 64)
+    a, _ = run_both(c, fp8_variant="kq8", block_tokens=32, **SCALES)
+    b, _ = run_both(c, layout="kq", group_rows=8, fp8_v_stage=True, block_tokens=32, **SCALES)
+    assert_same(a, b)
+    monkeypatch.setenv(ENV_VARIANT, "nope")  # a bf16 cache never reads the table
+    c16 = case(501, 4, 64, kv=jnp.bfloat16)
+    out, ref = run_both(c16, block_tokens=32)
+    assert_close(out, ref, tight=False)

@@ -67,8 +67,10 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     "vstage": {"fp8_v_stage": True},
     "kq8": dict(KQ8, block_tokens=128),
     "kq8_bt64": dict(KQ8, block_tokens=64),
-    "kq8_bt64_tp528": dict(KQ8, block_tokens=64, target_programs=528),
+    "kq8_bt64_tp512": dict(KQ8, block_tokens=64, target_programs=512),
     "kq8_bt128_s3": dict(KQ8, block_tokens=128, num_stages=3),
+    "kq8_bt64_w8": dict(KQ8, block_tokens=64, num_warps=8),
+    "kq8_bt32": dict(KQ8, block_tokens=32),
     "kq16": {"layout": "kq", "group_rows": 16, "fp8_v_stage": True, "block_tokens": 128},
 }
 FP8_DECODE_DEFAULT = "cvt"

@@ -1,9 +1,11 @@
 """Decode-kernel layouts and FP8 variants vs the jnp reference (interpret mode on CPU).
 
 Covers the transposed ``layout="kq"`` (8 or 16 group rows), the staged FP8 V
-(``fp8_v_stage``) and every named entry of ``fp8.FP8_DECODE_VARIANTS``, with the conventions of
+(``fp8_v_stage``), every named entry of ``fp8.FP8_DECODE_VARIANTS`` and every config of the
+GPU sweep (benchmarks/kernels/bench_paged_fp8_sweep.py), with the conventions of
 test_paged_attention.py: fresh random inputs, NaN in every cache slot the kernel must not
-read, permuted pages, ragged lengths (1, page boundaries, a full table).
+read, permuted pages, ragged lengths (1, page boundaries, a full table). Launch options
+(warps, stages) do not change the interpreter's result; the CUDA lowering test covers them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS
 from pallas_kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref
 from pallas_kernels.paged_attention.fp8 import FP8_DECODE_VARIANTS
 from tests.kernels.cuda_lowering import lower_paged_kernel
@@ -98,6 +101,41 @@ def test_every_named_variant(name):
         assert np.all(np.isfinite(o)) and np.linalg.norm(o - r) / np.linalg.norm(r) < 4e-2
     else:
         assert_close(out, ref, tight=False)
+
+
+def _semantic_configs() -> dict[str, dict]:
+    """Sweep configs less those differing only in warps / stages (same interpreter run)."""
+    seen: dict[tuple, str] = {}
+    for name, kw, _ in CONFIGS:
+        key = tuple(sorted((k, v) for k, v in kw.items() if k not in ("num_warps",
+                                                                       "num_stages")))
+        seen.setdefault(key, name)
+    return {n: kw for n, kw, _ in CONFIGS if n in seen.values()}
+
+
+@pytest.mark.parametrize("name,kw", list(_semantic_configs().items()),
+                         ids=list(_semantic_configs()))
+def test_every_sweep_config(name, kw):
+    kw = dict(kw)
+    kv = F8 if kw.pop("kv") == "fp8" else jnp.bfloat16
+    c = case(400 + len(name), 4, 128, kv=kv)
+    out, ref = run_both(c, scale=128 ** -0.5, **(SCALES if kv == F8 else {}), **kw)
+    assert_close(out, ref, tight=False)
+
+
+@pytest.mark.parametrize("name,kw", [(n, kw) for n, kw, _ in CONFIGS],
+                         ids=[n for n, _, _ in CONFIGS])
+def test_sweep_configs_lower_for_cuda(name, kw):
+    """Each sweep config traces and lowers for an H200 at the sweep's B32 ctx2048 shape."""
+    kw = dict(kw)
+    kv = F8 if kw.pop("kv") == "fp8" else jnp.bfloat16
+    B, Hq, Hkv, D, ps, maxp, L = 32, 32, 8, 128, 16, 128, 2
+    P, sds = B * maxp + 1, jax.ShapeDtypeStruct
+    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv),
+            sds((L, Hkv, P, ps, D), kv), sds((), jnp.int32), sds((B, maxp), jnp.int32),
+            sds((B,), jnp.int32)]
+    text = lower_paged_kernel(paged_decode_attention, args, kv, "traced", **kw)
+    assert text.count("xla.gpu.triton") == 1
 
 
 @pytest.mark.parametrize("name", list(FP8_DECODE_VARIANTS))

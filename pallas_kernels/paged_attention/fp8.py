@@ -32,7 +32,7 @@ below cut that (each a kernel keyword and, combined, named entries of the table)
   are loaded as 0, so the product is exact). An elementwise op with a computed operand keeps
   Triton from moving the widening past the shared-memory load: V is read with 16-byte
   loads, widened, and transposed as an f16 tile through shared memory with ``ldmatrix.trans``
-  (bf16 V's path). 128-token step: 1,035 instructions, 168 registers.
+  (bf16 V's path). 128-token step: 1,061 instructions, 164 registers.
 - ``layout="kq"``: scores transposed, Sᵀ = K qᵀ [tokens, rows] and Oᵀ = Vᵀ P [D, rows]
   (tokens are the MMA's M side), so the q group is padded to ``group_rows=8`` instead of 16
   (G = 4: half the MMA and softmax work). With the staged V: 805 instructions and 194

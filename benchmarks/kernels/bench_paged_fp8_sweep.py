@@ -7,6 +7,9 @@ registers (2 programs an SM). This sweep times what the static analysis favours
 (``layout="kq"`` with 8 group rows, the staged V, 32-256-token steps, 2/4/8 warps, stages
 3 or 5, more split-K programs at B=1) next to the current ``cvt`` default, in one process:
 
+0. one config of each kernel class (cache dtype, layout, group rows, V path) is compiled and
+   run in a child process first, so a compiler crash (an abort: the N = 8 dot of ``kq8`` is
+   new to XLA's Triton) drops that class instead of the run (``--no-preflight``: skip);
 1. every config is checked against the jnp reference on this GPU first (B8 ctx2048, ragged
    lengths incl. 1, a page boundary and the full context); one that fails to compile or to
    match is not timed;
@@ -135,6 +138,56 @@ def check(c, a, ref, **tune) -> float:
     return rel_err(o, ref)
 
 
+def kernel_class(kw: dict) -> tuple:
+    """What decides the kernel's code shape beyond sizes: cache dtype, layout, rows, V path."""
+    return (kw["kv"], kw.get("layout", "qk"), kw.get("group_rows"), kw.get("fp8_v_stage", False))
+
+
+PREFLIGHT = """
+import sys, jax, jax.numpy as jnp
+from benchmarks.kernels.bench_paged_attention import make_case
+from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS, kernel_class, split_kv
+from pallas_kernels.paged_attention import paged_decode_attention
+for want in sys.argv[1:]:
+    name, kw, _ = next(c for c in CONFIGS if str(kernel_class(c[1])) == want)
+    dt, tune = split_kv(kw)
+    c = make_case(8, 256, kv_dtype=dt, L=2, tiny=True)
+    try:
+        jax.block_until_ready(paged_decode_attention(c["q"], c["kc"], c["vc"], 1, c["bt"],
+                              c["lens"], scale=0.1, **c["scales"], **tune))
+        print("PREFLIGHT OK", want, flush=True)
+    except Exception as ex:  # an exception is handled in the sweep itself
+        print("PREFLIGHT EXC", want, type(ex).__name__, flush=True)
+"""
+
+
+def preflight(configs: list) -> set:
+    """Compile and run one config of each kernel class in child processes, so that a
+    compiler crash (an abort, not an exception) costs that class, not the whole run.
+    Returns the classes whose child died."""
+    import subprocess
+    todo = list(dict.fromkeys(str(kernel_class(kw)) for _, kw, _ in configs))
+    crashed: set = set()
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    while todo:
+        try:
+            r = subprocess.run([sys.executable, "-c", PREFLIGHT, *todo], check=False,
+                               capture_output=True, text=True, env=env, timeout=90)
+        except subprocess.TimeoutExpired:
+            log("preflight: timed out; going on without it")
+            break
+        log(f"preflight rc {r.returncode}: {r.stdout.strip()}")
+        if r.returncode == 0:
+            break
+        n_done = sum(ln.startswith("PREFLIGHT ") for ln in r.stdout.splitlines())
+        if n_done >= len(todo):
+            break
+        crashed.add(todo[n_done])
+        log(f"preflight: the child died on {todo[n_done]}: {r.stderr[-600:]}")
+        todo = todo[n_done + 1:]
+    return crashed
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", ""))
@@ -144,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--configs", default="", help="comma list of names (default: all)")
     p.add_argument("--smoke", "--cpu-smoke", dest="smoke", action="store_true",
                    help="tiny shapes, interpret mode (CPU)")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="skip compiling one config of each kernel class in a child first")
     args = p.parse_args(argv)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -157,6 +212,13 @@ def main(argv: list[str] | None = None) -> None:
     shapes = [(2, 128), (1, 256)] if args.smoke else SHAPES
     if args.smoke:
         configs = [(n, kw, None) for n, kw, _ in configs]
+    if not (args.smoke or args.no_preflight):  # before this process takes the GPU
+        crashed = preflight(configs)
+        for name, kw, _ in configs:
+            if str(kernel_class(kw)) in crashed:
+                records.add(f"paged_decode_fp8_sweep/check_rel_err/{name}", float("nan"),
+                            "rel_l2", {"config": name, "ok": False, "crash": True})
+        configs = [c for c in configs if str(kernel_class(c[1])) not in crashed]
     log("devices", jax.devices(), "jax", jax.__version__, "configs", len(configs))
 
     # 1. bf16 default per shape (the ratio's denominator); FP8 / bf16 cases kept for reuse

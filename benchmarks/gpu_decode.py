@@ -147,11 +147,11 @@ def make_engine(model, backend: str, batches: list[int], ctx: int, steps: int,
     from jaxinfer.engine import LLMEngine
 
     backend, _, quant = backend.partition(":")
-    return LLMEngine(model, dtype="bfloat16", attention_backend=backend,
-                     quantization=quant or None, scan_layers=scan_layers,
-                     max_model_len=ctx + steps + 16, max_num_seqs=max(batches),
-                     decode_buckets=tuple(batches), max_num_batched_tokens=ctx,
-                     prefill_buckets=(ctx,), max_prefill_seqs=1, **engine_args)
+    args = dict(dtype="bfloat16", attention_backend=backend, quantization=quant or None,
+                scan_layers=scan_layers, max_model_len=ctx + steps + 16,
+                max_num_seqs=max(batches), decode_buckets=tuple(batches),
+                max_num_batched_tokens=ctx, prefill_buckets=(ctx,), max_prefill_seqs=1)
+    return LLMEngine(model, **{**args, **engine_args})
 
 
 def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/profile_decode.py --out $OUT
         [--model dummy:llama-3.1-8b] [--backend pallas[:fp8]] [--batch 1] [--ctx 512]
-        [--steps 20] [--scan-layers auto|true|false]
+        [--steps 20] [--scan-layers auto|true|false] [--max-model-len N] [--host-profile]
 
 Builds an LLMEngine as benchmarks/gpu_decode.py does, compiles the decode bucket, then traces
 (``jax.profiler.trace(..., create_perfetto_trace=True)``) two phases:
@@ -131,6 +131,12 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--scan-layers", choices=["auto", "true", "false"], default="auto")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="engine max_model_len (default ctx + 4 steps + 24; the bench suites "
+                         "use 4352: 272-page block tables)")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="after the traced phases, run --steps engine steps under cProfile and "
+                         "write the top functions by own time (host_profile.txt)")
     ap.add_argument("--synthetic", action="store_true",
                     help="no prompts: compile the decode bucket and replay it with each row at "
                          "--ctx on its own pages (KV contents random); device-only phase only")
@@ -146,9 +152,11 @@ def main() -> None:
 
     scan = {"auto": None, "true": True, "false": False}[ns.scan_layers]
     b = ns.batch
-    eng = make_engine(ns.model, ns.backend, [b], ns.ctx, 4 * ns.steps + 8, scan)
+    extra = {"max_model_len": ns.max_model_len} if ns.max_model_len else {}
+    eng = make_engine(ns.model, ns.backend, [b], ns.ctx, 4 * ns.steps + 8, scan, **extra)
     rng = np.random.default_rng(0)
-    sp = SamplingParams(temperature=0.0, max_tokens=4 * ns.steps, ignore_eos=True)
+    sp = SamplingParams(temperature=0.0, max_tokens=(5 if ns.host_profile else 4) * ns.steps,
+                        ignore_eos=True)
     if ns.synthetic:
         from jaxinfer.batch import Bucket
 
@@ -184,6 +192,27 @@ def main() -> None:
             continue
         summary[phase] = {"wall_ms_per_step": wall_ms, **s}
         report.append(format_summary(phase, s, wall_ms))
+    if ns.host_profile and not ns.synthetic:
+        import cProfile
+        import io
+        import pstats
+
+        pr = cProfile.Profile()
+        t0 = time.perf_counter()
+        pr.enable()
+        for _ in range(ns.steps):
+            eng.step()
+        pr.disable()
+        jax.block_until_ready(eng.runner.cache)
+        wall_ms = 1000 * (time.perf_counter() - t0) / ns.steps
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+        (out / "host_profile.txt").write_text(f"wall {wall_ms:.3f} ms/step under cProfile\n"
+                                              + buf.getvalue())
+        summary["host_profile_wall_ms_per_step"] = wall_ms
+        report.append(f"== engine under cProfile: wall {wall_ms:.3f} ms/step; top functions "
+                      f"by own time in host_profile.txt")
+        report.extend(buf.getvalue().splitlines()[:22])
     (out / "profile_summary.json").write_text(json.dumps(summary, indent=1, default=str))
     text = "\n".join(report)
     (out / "profile_summary.txt").write_text(text + "\n")

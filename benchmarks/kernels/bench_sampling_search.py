@@ -13,10 +13,12 @@ benchmarks/sampling_cost.py), in this order:
    accepted only when top_p lies within 1e-5 of a prefix mass (float64 sort on the host:
    float32 rounding decides there), and keep a float64 sort's tokens on up to 32 rows. A
    failed check or a kernel that does not compile exits 1 before any timing;
-2. timing (kernel_bench.time_fn: runs queued back to back, ``calls`` searches chained in one
-   jit with distinct k / top_p; per search): "kth" (top-k search) and "nucleus" (top-p search,
-   top-k off), jnp (``sampling_filters.PIVOTS``) and the kernel at its default pivots, then the
-   kernel's ``--pivots`` and ``--num-warps`` sweeps while ``--deadline-s`` allows.
+2. timing (kernel_bench.time_fn: runs queued back to back, each ``calls`` searches with
+   distinct k / top_p in one jit, a ``lax.map`` loop; per search): "kth" (top-k search) and
+   "nucleus" (top-p search, top-k off), jnp (``sampling_filters.PIVOTS``), the kernel in its
+   default mode and pivots (rows split into segments, a launch per pass, below
+   ``SPLIT_ROWS`` rows; else one launch), the kernel in the other mode, then its ``--pivots``
+   and ``--num-warps`` sweeps while ``--deadline-s`` allows. Step 1 checks both modes at S = 1.
 
 A table with the speed-ups prints last; every number is a record in ``<out>/results.json``.
 """
@@ -43,6 +45,8 @@ from pallas_kernels.sampling import threshold_search as ts
 T0 = time.time()
 RECORDS = RunRecords("benchmarks/kernels/bench_sampling_search.py")
 ROWS: list[tuple] = []
+# The kernel's loop geometry (--cpu-smoke: short segments, so that rows split).
+GEOMETRY = {"segment": ts.SEGMENT, "block": ts.BLOCK, "unroll": ts.UNROLL}
 
 
 def log(*a) -> None:
@@ -57,11 +61,13 @@ def make_rows(S: int, V: int, seed: int = 0):
     return x, k, p
 
 
-def searches(impl: str, interpret: bool, pivots: int | None = None, num_warps: int = 4):
+def searches(impl: str, interpret: bool, pivots: int | None = None, num_warps: int = 4,
+             split: bool | None = None):
     """(kth(x, top, k), nucleus(x, top, kth, k, top_p)) of one implementation."""
     if impl == "jnp":
         return sf.kth_largest, sf.nucleus_cut
-    kw = dict(pivots=pivots, num_warps=num_warps, interpret=interpret)
+    kw = {"pivots": pivots, "num_warps": num_warps, "split": split, "interpret": interpret,
+          **GEOMETRY}
     return (functools.partial(ts.kth_largest, **kw), functools.partial(ts.nucleus_cut, **kw))
 
 
@@ -75,11 +81,15 @@ def prefix_gap(row: np.ndarray, k: int, p: float) -> tuple[float, float]:
     return float(srt[n - 1]), float(np.min(np.abs(before[1:] - p), initial=np.inf))
 
 
-def check(S: int, V: int, interpret: bool) -> bool:
+def split_default(S: int, V: int) -> bool:
+    return S < ts.SPLIT_ROWS and V > GEOMETRY["segment"]
+
+
+def check(S: int, V: int, interpret: bool, split: bool) -> bool:
     x, k, p = make_rows(S, V)
     xs, top, kk, pp = map(jnp.asarray, (x, x.max(-1), k, p))
     kth_j = np.asarray(jax.jit(sf.kth_largest)(xs, top, kk))
-    kth_fn, nuc_fn = searches("pallas", interpret)
+    kth_fn, nuc_fn = searches("pallas", interpret, split=split)
     kth_p = np.asarray(jax.jit(kth_fn)(xs, top, kk))
     want = -np.sort(-x, axis=-1)[np.arange(S), k - 1]
     kth_eq = int((kth_p == kth_j).sum())
@@ -99,39 +109,41 @@ def check(S: int, V: int, interpret: bool) -> bool:
         if gap >= 1e-5 and not np.array_equal(x[i] >= cut_p[i], x[i] >= np.float32(cut64)):
             bad.append(int(i))
     ok = kth_eq == S and sort_eq == S and not bad
-    log(f"check S={S}: kth equal {kth_eq}/{S} (jnp = sort {sort_eq}/{S}); top-p cuts equal "
+    log(f"check S={S} split={split}: kth equal {kth_eq}/{S} (jnp = sort {sort_eq}/{S}); top-p cuts equal "
         f"{S - len(bad) - len(tolerated)}/{S}, within float32 rounding {tolerated}, "
         f"wrong {sorted(set(bad))} -> {'OK' if ok else 'FAILED'}")
-    RECORDS.add(f"sampling_search_check_s{S}", int(ok), "ok",
-                {"S": S, "V": V, "kth_equal": kth_eq, "jnp_equals_sort": sort_eq,
+    RECORDS.add(f"sampling_search_check_{'split' if split else 'row'}_s{S}", int(ok), "ok",
+                {"S": S, "V": V, "split": split, "kth_equal": kth_eq, "jnp_equals_sort": sort_eq,
                  "cut_rows_tolerated": tolerated, "cut_rows_wrong": sorted(set(bad))})
     return ok
 
 
-def time_case(S: int, V: int, fn: str, impl: str, args, pivots=None, num_warps=4) -> None:
+def time_case(S: int, V: int, fn: str, impl: str, args, pivots=None, num_warps=4,
+              split=None) -> None:
     x, k, p = make_rows(S, V)
-    calls = 16 if S < 64 else 4
+    calls = 16 if S < 64 else 4  # one search traced (lax.map): each kernel compiled once
     xs, top = jnp.asarray(x), jnp.asarray(x.max(-1))
-    kth_fn, nuc_fn = searches(impl, args.cpu_smoke, pivots, num_warps)
+    kth_fn, nuc_fn = searches(impl, args.cpu_smoke, pivots, num_warps, split)
     if fn == "kth":
         ks = jnp.asarray(np.stack([np.minimum(k + 7 * i, V) for i in range(calls)]))
-        run = jax.jit(lambda x, t, ks: jnp.stack([kth_fn(x, t, ks[i]) for i in range(calls)]))
+        run = jax.jit(lambda x, t, ks: jax.lax.map(lambda kv: kth_fn(x, t, kv), ks))
         a = (xs, top, ks)
     else:  # top-p alone: top-k off
         ps = jnp.asarray(np.stack([p - np.float32(0.01 * i) for i in range(calls)]))
         kth, kv = jnp.full((S,), -jnp.inf, jnp.float32), jnp.full((S,), V, jnp.int32)
-        run = jax.jit(lambda x, t, ps: jnp.stack(
-            [nuc_fn(x, t, kth, kv, ps[i]) for i in range(calls)]))
+        run = jax.jit(lambda x, t, ps: jax.lax.map(lambda pv: nuc_fn(x, t, kth, kv, pv), ps))
         a = (xs, top, ps)
     us = 1e6 * time_fn(run, [a], args.repeats) / calls
-    P = sf.PIVOTS if impl == "jnp" else (pivots or ts.default_pivots(S))
-    name = "jnp" if impl == "jnp" else f"pallas_p{P}_w{num_warps}"
+    split = split_default(S, V) if split is None else split
+    P = sf.PIVOTS if impl == "jnp" else (pivots or ts.default_pivots(S, split))
+    mode = "split" if split else "row"
+    name = "jnp" if impl == "jnp" else f"pallas_{mode}_p{P}_w{num_warps}"
     ROWS.append((S, fn, name, us))
     log(f"S={S:4d} {fn:8s} {name:16s} {us:9.1f} us")
     RECORDS.add(f"sampling_search_{fn}_{name}_s{S}", us, "us",
                 {"S": S, "V": V, "fn": fn, "impl": impl, "pivots": P,
                  "num_warps": num_warps if impl != "jnp" else None,
-                 "block": ts.BLOCK, "unroll": ts.UNROLL, "calls_per_run": calls,
+                 "mode": None if impl == "jnp" else mode, **GEOMETRY, "calls_per_run": calls,
                  "repeats": args.repeats})
 
 
@@ -144,42 +156,48 @@ def main() -> int:
     ap.add_argument("--num-warps", default="4,8", help="kernel sweep (default pivots)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--deadline-s", type=float, default=100.0, help="no new case after this")
-    ap.add_argument("--cpu-smoke", action="store_true", help="V 2048, S 1 and 4, interpret")
+    ap.add_argument("--cpu-smoke", action="store_true", help="V 2048, S 1 and 4, segments of 512, interpret")
     args = ap.parse_args()
     if args.cpu_smoke:
         args.vocab, args.batches, args.repeats, args.pivots, args.num_warps = (
             2048, [1, 4], 1, "3", "4")
+        GEOMETRY.update(segment=512, block=128, unroll=2)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         RECORDS.out_dir = args.out
     sf.SEARCH_IMPL = "jnp"  # sf.* is the jnp reference here; the kernel is called directly
     log("devices", jax.devices(), "jax", jax.__version__, "vocab", args.vocab)
     interpret = args.cpu_smoke
-    for S in args.batches:
-        try:
-            if not check(S, args.vocab, interpret):
+    V = args.vocab
+    for S in args.batches:  # the default mode; at S = 1 both
+        for split in dict.fromkeys([split_default(S, V), False]):
+            try:
+                if not check(S, V, interpret, split):
+                    return 1
+            except Exception:  # noqa: BLE001 - a kernel that does not lower / compile / run
+                traceback.print_exc()
+                log(f"check S={S} split={split}: the kernel raised (above)")
                 return 1
-        except Exception:  # noqa: BLE001 - a kernel that does not lower / compile / run
-            traceback.print_exc()
-            log(f"check S={S}: the kernel raised (above)")
-            return 1
-    cases = [(S, fn, "jnp", None, 4) for S in args.batches for fn in ("kth", "nucleus")]
-    cases += [(S, fn, "pallas", None, 4) for S in args.batches for fn in ("kth", "nucleus")]
+    fns = ("kth", "nucleus")
+    cases = [(S, fn, "jnp", None, 4, None) for S in args.batches for fn in fns]
+    cases += [(S, fn, "pallas", None, 4, None) for S in args.batches for fn in fns]
+    cases += [(S, fn, "pallas", None, 4, not split_default(S, V)) for S in args.batches
+              for fn in fns if V > GEOMETRY["segment"]]
     for S in args.batches:
-        d = ts.default_pivots(S)
-        cases += [(S, fn, "pallas", P, 4) for P in map(int, args.pivots.split(",")) if P != d
-                  for fn in ("nucleus", "kth")]
-        cases += [(S, fn, "pallas", None, w) for w in map(int, args.num_warps.split(","))
-                  if w != 4 for fn in ("nucleus", "kth")]
-    for S, fn, impl, P, w in cases:
+        d = ts.default_pivots(S, split_default(S, V))
+        cases += [(S, fn, "pallas", P, 4, None) for P in map(int, args.pivots.split(","))
+                  if P != d for fn in ("nucleus", "kth")]
+        cases += [(S, "nucleus", "pallas", None, w, None)
+                  for w in map(int, args.num_warps.split(",")) if w != 4]
+    for S, fn, impl, P, w, split in cases:
         if time.time() - T0 > args.deadline_s:
-            log(f"deadline: skipped S={S} {fn} {impl} pivots={P} warps={w}")
+            log(f"deadline: skipped S={S} {fn} {impl} pivots={P} warps={w} split={split}")
             continue
         try:
-            time_case(S, args.vocab, fn, impl, args, P, w)
+            time_case(S, V, fn, impl, args, P, w, split)
         except Exception:  # noqa: BLE001 - keep timing the other cases
             traceback.print_exc()
-            log(f"S={S} {fn} {impl} pivots={P} warps={w}: raised (above)")
+            log(f"S={S} {fn} {impl} pivots={P} warps={w} split={split}: raised (above)")
     base = {(S, fn): us for S, fn, name, us in ROWS if name == "jnp"}
     print("\n| S | search | impl | us per search | vs jnp |\n|---:|---|---|---:|---:|")
     for S, fn, name, us in ROWS:

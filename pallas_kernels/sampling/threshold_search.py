@@ -1,4 +1,4 @@
-"""Exact top-k / top-p threshold search of a row in one Pallas GPU kernel launch (Triton lowering).
+"""Exact top-k / top-p threshold search as a Pallas GPU kernel (Triton lowering).
 
 The jnp reference is :mod:`jaxinfer.sampling_filters` (``kth_largest``, ``nucleus_cut``); its
 module docstring explains the method: the k-th largest value is the largest threshold t with
@@ -6,46 +6,46 @@ module docstring explains the method: the k-th largest value is the largest thre
 ``mass(x >= t) >= top_p * mass(top k)``, found by narrowing a bracket in the order-preserving
 uint32 image of float32 (``order_key``) by ``P + 1`` per pass, P thresholds compared per pass
 (the pivot search of FlashInfer's sorting-free sampling, ``top_k_mask_logits`` /
-``top_p_renorm_probs``, and of vLLM's Qrita kernels). XLA runs each pass as a few kernels:
-a variadic P-output row reduction (far from memory-bound on the H200: ~120 us a pass at
-[256, 128256] f32 against ~30 us for one read of the logits) and the bracket updates, so
-that at batch 1 a search is ~50 small launches. Here one program per row runs every pass:
+``top_p_renorm_probs``, and of vLLM's Qrita kernels). XLA runs each pass as a few kernels: a
+variadic P-output row reduction (far from memory-bound on the H200: ~120 us a pass at
+[256, 128256] f32 against ~30 us for one read of the logits) and the bracket updates, so that
+at batch 1 a search is ~50 small launches. Here:
 
-* the bracket [lo, hi] stays in registers; a ``lax.while_loop`` runs at most
-  ``search_passes(P)`` passes and stops early once lo == hi (rows with k <= 1 or top_p >= 1
-  start closed: no pass);
-* a pass walks the row in steps of ``block`` elements, ``unroll`` steps per loop iteration,
-  the next iteration's loads issued before this one's compares (register prefetch). Each of
-  the P thresholds keeps a [block] accumulator (int32 counts, or float32 masses
-  ``exp(x - top)``), summed once at the end of the pass. The tail past V is masked (-inf,
-  which no threshold reaches and whose mass is 0);
-* the pivots, the bracket update and the final key are the jnp search's ops on scalars, so
-  both visit the same brackets; the nucleus search computes ``mass(top k)`` (count and mass
-  of x > kth) in its first pass instead of a pass of its own.
+* one-launch mode (``split=False``): one program per row runs every pass. The bracket stays in
+  registers; a ``lax.while_loop`` runs at most ``search_passes(P)`` passes and stops once
+  lo == hi (rows with k <= 1 or top_p >= 1 start closed: no pass);
+* split mode (``split=True``, the default below ``SPLIT_ROWS`` rows): a row's segments go to
+  programs of their own, one launch per pass; each launch first sums the previous pass's
+  per-segment measures (in segment order), narrows the bracket, then measures its segment at
+  the new pivots. ``search_passes(P) + 1`` launches, no XLA op in between;
+* a pass walks segments of ``segment`` elements in steps of ``block``, ``unroll`` steps per loop
+  iteration, the next iteration's loads issued before this one's compares (register
+  prefetch). Each threshold keeps a [block] accumulator (int32 counts, or float32 masses
+  ``exp(x - top)``), summed at the end of each segment; the row's measure is the segment sums
+  added in segment order, in both modes, so a row's result is the same in either mode, at any
+  S, with any P. The tail past V is masked (-inf: no threshold reaches it, its mass is 0);
+* pivots, bracket updates and the final key are the jnp search's ops on scalars (both visit the
+  same brackets); the nucleus search measures ``mass(top k)`` (count and mass of x > kth) in
+  its first pass instead of a pass of its own.
 
-Results. ``kth_largest``: the same float32 value, bit for bit (counts are exact). The result
-does not depend on P either: the search returns the largest key whose measure passes,
-whichever pivots visit it. ``nucleus_cut``: the masses are summed in another order than XLA's
-(per-lane sums over the row, then a tree), and ``exp`` is CUDA's ``expf``, so where
-``top_p * mass(top k)`` sits within float32 rounding of a prefix mass the two may cut one
-value apart -- the tolerance of the jnp search itself against a sorted cumulative sum
+Results. ``kth_largest``: the jnp search's float32 value, bit for bit (counts are exact).
+``nucleus_cut``: masses are summed in another order than XLA's and ``exp`` is CUDA's ``expf``,
+so where ``top_p * mass(top k)`` lies within float32 rounding of a prefix mass the two may cut
+one value apart -- the jnp search's own tolerance against a sorted cumulative sum
 (tests/core/test_sampling_filters.py). The kernel's masses are a monotone function of the
-threshold (same summation order for every threshold, round-to-nearest is monotone), so its
-cut does not depend on P, nor on S or the other rows. Inputs with subnormal floats may differ
-where a backend flushes them (XLA:CPU compares them as 0).
+threshold (one summation order for every threshold; rounding to nearest is monotone), so the
+largest passing key does not depend on which pivots visit it. Inputs with subnormal floats may
+differ where a backend flushes them (XLA:CPU compares them as 0).
 
-Cost model (not measured when written; ``benchmarks/kernels/bench_sampling_search.py``
-measures it). Per element and pivot a pass does a compare, a select and an add (~3 ops; the
-nucleus adds an ``expf``, ~10 ops, per element). At [256, 128256] every pass reads the 131 MB
-of logits from HBM (~30 us on the H200) and does ~3P + 2 ops per element (P = 7: ~0.75 G ops,
-~30 us at ~26 T simple ops/s): memory- and compute-bound alike, so P = 7 (11 passes, ~350 us a
-top-k search, ~450 us a top-p one) against 16 at P = 3 and 8 slower ones at P = 15. At batch
-1 one program, on one SM, does all the work of a row: 128256 * (3P + 2) ops a pass at ~128
-ops/clock (~1.98 GHz): ~12 us at P = 7 (11 passes: ~130 us), ~6 us at P = 3 (16 passes:
-~90 us), while the 512 KB row stays in L2. Fewer pivots are cheaper when compute-bound, so
-:func:`default_pivots` takes P = 3 below one program per SM. Splitting a row over programs
-would need a grid-wide barrier each pass (or a launch per pass): not done; at small batch
-this kernel's gain is the launches it saves, at large batch the passes it speeds up.
+Cost model (estimates, not measurements; benchmarks/kernels/bench_sampling_search.py measures).
+A pass costs a compare, a select and an add per element and threshold (~3P + 2 ops; the
+nucleus adds an ``expf``, ~10), plus P tree sums per segment. [256, 128256]: each pass reads
+131 MB from HBM (~30 us) and does ~0.75 G ops at P = 7 (~30 us at ~26 T simple ops/s):
+P = 7, 11 passes, ~350-500 us a search (jnp: ~1,350 us top-p). Batch 1 in one launch: one SM
+does the row, ~128256 (3P + 2) ops a pass at ~128 ops a clock: ~6 us at P = 3, 16 passes
+~100-160 us, no better than jnp; split into 8 segments of 16384 (8 SMs): ~1.5-2 us of work a
+launch plus the launch, ~12 launches at P = 7: ~50-70 us. The segment length trades the
+one-launch mode's tree sums (P per 16384 elements, ~15 % at P = 7) against split parallelism.
 """
 
 from __future__ import annotations
@@ -63,15 +63,17 @@ from jaxinfer.sampling_filters import key_value, order_key, search_passes
 NUM_SMS_H200 = 132
 BLOCK = 1024  # elements per vector step (a power of two)
 UNROLL = 4  # vector steps per loop iteration: the loads in flight per program
+SEGMENT = 16384  # elements per segment: the unit of summation order and of split programs
+SPLIT_ROWS = 64  # split=None splits rows over programs below this many rows
 NUM_WARPS = 4
 _U32 = jnp.uint32
 _LO = 0x007FFFFF  # order_key(-inf): the k-th search's lower bound
 
 
-def default_pivots(rows: int) -> int:
-    """Thresholds per pass for ``rows`` programs (module docstring): 3 while the programs
-    do not fill the SMs of an H200 (compute-bound per program), else 7."""
-    return 3 if rows < NUM_SMS_H200 else 7
+def default_pivots(rows: int, split: bool = False) -> int:
+    """Thresholds per pass (module docstring): 7 when split or when the rows fill the SMs of
+    an H200, else 3 (one program per row, compute-bound: fewer ops per element)."""
+    return 7 if split or rows >= NUM_SMS_H200 else 3
 
 
 def _pivots(lo: jax.Array, hi: jax.Array, P: int) -> list[jax.Array]:
@@ -90,58 +92,62 @@ def _narrow(lo, hi, piv: Sequence[jax.Array], ok: Sequence[jax.Array]):
     return new_lo, jnp.maximum(new_hi, new_lo)
 
 
-def _sweep(x_ref, row, *, V: int, N: int, U: int, ts: Sequence[jax.Array],
-           top: jax.Array | None = None, above: jax.Array | None = None) -> list[jax.Array]:
-    """One pass over row ``row`` of ``x_ref`` [S, V]: for each threshold t of ``ts`` the
-    count (``top`` None, int32) or the mass ``sum exp(x - top)`` (float32) of x >= t; with
-    ``above``, two more: the count and the mass of x > above."""
-    n_iter = pl.cdiv(V, N * U)
-    masked = V % (N * U) != 0
+def _sweep(x_ref, row, s0, ns, *, g: dict, ts: Sequence[jax.Array], top=None,
+           above=None) -> list[jax.Array]:
+    """Measures of segments [s0, s0 + ns) of row ``row`` of ``x_ref`` [S, V], segment sums
+    added in order: per threshold t of ``ts`` the count (``top`` None, int32) or the mass
+    ``sum exp(x - top)`` (float32) of x >= t; with ``above``, the count and mass of x > above.
+    ``g``: geometry (:func:`_geometry`)."""
+    V, N, U, SI = g["V"], g["N"], g["U"], g["SI"]
     lanes = jnp.arange(N, dtype=jnp.int32)
-    ninf = jnp.float32(-jnp.inf)
+    last = g["n_seg"] * SI - 1
 
-    def load(i):  # U blocks of N elements: iteration i's
+    def load(i):  # U blocks of N elements: iteration i's (masked past V)
         out = []
         for u in range(U):
             idx = (i * U + u) * N + lanes
-            out.append(plgpu.load(x_ref.at[row, idx], mask=idx < V, other=ninf) if masked
-                       else plgpu.load(x_ref.at[row, idx]))
+            out.append(plgpu.load(x_ref.at[row, idx], mask=idx < V, other=-jnp.inf)
+                       if g["masked"] else plgpu.load(x_ref.at[row, idx]))
         return tuple(out)
 
     def add(accs, xs):
         accs = list(accs)
+        n = len(ts)
         for x in xs:
-            if top is None:
-                one = jnp.ones((N,), jnp.int32)
-                accs[:len(ts)] = [a + jnp.where(x >= t, one, 0) for a, t in zip(accs, ts)]
-            else:
-                w = jnp.exp(x - top)
-                accs[:len(ts)] = [a + jnp.where(x >= t, w, 0.0) for a, t in zip(accs, ts)]
+            one = jnp.ones((N,), jnp.int32)
+            w = one if top is None else jnp.exp(x - top)
+            accs[:n] = [a + jnp.where(x >= t, w, 0) for a, t in zip(accs, ts)]
             if above is not None:
                 gt = x > above
-                accs[-2] = accs[-2] + jnp.where(gt, jnp.ones((N,), jnp.int32), 0)
-                accs[-1] = accs[-1] + jnp.where(gt, w, 0.0)
+                accs[n] = accs[n] + jnp.where(gt, one, 0)
+                accs[n + 1] = accs[n + 1] + jnp.where(gt, w, 0.0)
         return tuple(accs)
 
-    def body(i, carry):
-        accs, xs = carry
-        nxt = load(jnp.minimum(i + 1, n_iter - 1))  # issued before this iteration's compares
-        return add(accs, xs), nxt
+    dts = [jnp.int32 if top is None else jnp.float32] * len(ts)
+    dts += [jnp.int32, jnp.float32] if above is not None else []
 
-    dt = jnp.int32 if top is None else jnp.float32
-    zeros = [jnp.zeros((N,), dt) for _ in ts]
-    if above is not None:
-        zeros += [jnp.zeros((N,), jnp.int32), jnp.zeros((N,), jnp.float32)]
-    accs, _ = jax.lax.fori_loop(0, n_iter, body, (tuple(zeros), load(0)))
-    return [jnp.sum(a) for a in accs]
+    def segment(s, carry):
+        tots, xs = carry
+
+        def step(t, c):
+            accs, xs = c
+            i = s * SI + t
+            nxt = load(i + 1 if g["masked"] else jnp.minimum(i + 1, last))  # in flight
+            return add(accs, xs), nxt
+
+        zeros = tuple(jnp.zeros((N,), d) for d in dts)
+        accs, xs = jax.lax.fori_loop(0, SI, step, (zeros, xs))
+        return tuple(a + jnp.sum(b) for a, b in zip(tots, accs)), xs
+
+    tots = tuple(jnp.zeros((), d) for d in dts)
+    return list(jax.lax.fori_loop(s0, s0 + ns, segment, (tots, load(s0 * SI)))[0])
 
 
 def _search(lo, hi, P: int, passes: int, measure: Callable, ok: Callable) -> jax.Array:
     """Largest key in [lo, hi] whose measure passes (lo taken to pass), at most ``passes``
     passes of P pivots; stops when the bracket is one key."""
     def cond(c):
-        i, lo, hi = c
-        return (i < passes) & (lo < hi)
+        return (c[0] < passes) & (c[1] < c[2])
 
     def body(c):
         i, lo, hi = c
@@ -153,106 +159,192 @@ def _search(lo, hi, P: int, passes: int, measure: Callable, ok: Callable) -> jax
     return jax.lax.while_loop(cond, body, (jnp.int32(0), lo, hi))[1]
 
 
-def _kth_kernel(hi_ref, k_ref, x_ref, o_ref, *, V: int, P: int, N: int, U: int) -> None:
+# Per search kind: the row operands, the initial bracket, the measure's extras.
+_NPARAM = {"kth": 2, "nucleus": 6}
+
+
+def _start(kind: str, params: list) -> tuple:
+    """(lo, hi, row values) of a row from its operands' values."""
+    if kind == "kth":
+        hi, k = params
+        return jnp.where(k <= 1, hi, _U32(_LO)), hi, {"k": k}  # k <= 1: the maximum
+    top, hi, kth, lo, k, p = params
+    hi = jnp.where(p >= 1.0, lo, hi)  # top_p 1 keeps the whole top-k: the cut is kth
+    return lo, hi, {"top": top, "kth": kth, "k": k, "p": p}
+
+
+def _target(v: dict, n_above, mass_above) -> jax.Array:
+    """top_p * mass(top k): the elements above kth plus the ties of kth inside the top k."""
+    ties = v["k"] - n_above
+    w_kth = jnp.where(ties > 0, jnp.exp(v["kth"] - v["top"]), 0.0)
+    return v["p"] * (mass_above + ties.astype(jnp.float32) * w_kth)
+
+
+def _row_kernel(*refs, kind: str, P: int, g: dict) -> None:
+    """One-launch mode: program ``row`` runs every pass of its row."""
+    *param_refs, x_ref, o_ref = refs
     row = pl.program_id(0)
-    k, hi = k_ref[row], hi_ref[row]
-    lo = jnp.where(k <= 1, hi, _U32(_LO))  # k <= 1: the maximum itself, no pass
-    sweep = functools.partial(_sweep, x_ref, row, V=V, N=N, U=U)
-    o_ref[row] = _search(lo, hi, P, search_passes(P), lambda ts: sweep(ts=ts),
-                         lambda c: c >= k)
+    lo, hi, v = _start(kind, [r[row] for r in param_refs])
+    passes = search_passes(P)
+    sweep = functools.partial(_sweep, x_ref, row, 0, g["n_seg"], g=g, top=v.get("top"))
+    if kind == "kth":
+        o_ref[row] = _search(lo, hi, P, passes, lambda ts: sweep(ts=ts), lambda c: c >= v["k"])
+        return
 
-
-def _nucleus_kernel(top_ref, hi_ref, kth_ref, lo_ref, k_ref, p_ref, x_ref, o_ref, *, V: int,
-                    P: int, N: int, U: int) -> None:
-    row = pl.program_id(0)
-    top, kth, k, p, lo = top_ref[row], kth_ref[row], k_ref[row], p_ref[row], lo_ref[row]
-    hi = jnp.where(p >= 1.0, lo, hi_ref[row])  # top_p 1 keeps the top-k: the cut is kth
-    sweep = functools.partial(_sweep, x_ref, row, V=V, N=N, U=U, top=top)
-
-    def first():  # the first pass also measures the top-k's mass (x > kth, plus its ties)
+    def first():  # the first pass also measures the top-k's mass
         piv = _pivots(lo, hi, P)
-        *m, n_above, mass_above = sweep(ts=[key_value(q) for q in piv], above=kth)
-        ties = k - n_above
-        w_kth = jnp.where(ties > 0, jnp.exp(kth - top), 0.0)
-        target = p * (mass_above + ties.astype(jnp.float32) * w_kth)
-        return (*_narrow(lo, hi, piv, [v >= target for v in m]), target)
+        *m, n_above, mass_above = sweep(ts=[key_value(q) for q in piv], above=v["kth"])
+        target = _target(v, n_above, mass_above)
+        return (*_narrow(lo, hi, piv, [x >= target for x in m]), target)
 
-    def closed():  # no pass: the target is not used (a traced value: Triton's scf.yield
-        return lo, hi, p  # takes no literal)
+    def closed():  # no pass; the target is unused (traced: Triton's scf.yield takes no literal)
+        return lo, hi, v["p"]
 
     lo, hi, target = jax.lax.cond(lo < hi, first, closed)
-    o_ref[row] = _search(lo, hi, P, search_passes(P) - 1, lambda ts: sweep(ts=ts),
-                         lambda v: v >= target)
+    o_ref[row] = _search(lo, hi, P, passes - 1, lambda ts: sweep(ts=ts), lambda m: m >= target)
 
 
-def _check(name: str, x: jax.Array, **rows: jax.Array) -> None:
+def _split_kernel(*refs, kind: str, P: int, g: dict, phase: str, after_first: bool) -> None:
+    """Split mode, one launch per pass: program (row, s) narrows the row's bracket from the
+    previous launch's per-segment measures (``phase`` "mid" / "last"), then measures segment s
+    at the new pivots (``phase`` "first" / "mid"); "last" writes the row's key."""
+    it = iter(refs)
+    row, s = pl.program_id(0), pl.program_id(1)
+    lo, hi, v = _start(kind, [next(it)[row] for _ in range(_NPARAM[kind])])
+    tbits = lo - lo  # the nucleus target's bits, set after the first pass (traced zero)
+    if phase != "first":
+        state_ref, part_ref = next(it), next(it)
+        lo, hi, tbits = state_ref[row, 0], state_ref[row, 1], state_ref[row, 2]
+        target = jax.lax.bitcast_convert_type(tbits, jnp.float32)
+        m = [part_ref[row, 0, j] for j in range(part_ref.shape[2])]
+        for t in range(1, g["n_seg"]):  # segment order: the one-launch mode's sum
+            m = [a + part_ref[row, t, j] for j, a in enumerate(m)]
+        if kind == "nucleus" and after_first:
+            target = _target(v, m[P].astype(jnp.int32), m[P + 1])
+            tbits = jax.lax.bitcast_convert_type(target, _U32)
+        ok = [c >= v["k"] for c in m[:P]] if kind == "kth" else [x >= target for x in m[:P]]
+        lo, hi = _narrow(lo, hi, _pivots(lo, hi, P), ok)
+    if phase == "last":
+        next(it)[row] = lo
+        return
+    x_ref, state_out, part_out = it
+    above = v["kth"] if kind == "nucleus" and phase == "first" else None
+    ts = [key_value(q) for q in _pivots(lo, hi, P)]
+    dt = part_out.dtype
+    n = P + (0 if above is None else 2)
+    zero = (lo - lo).astype(dt)  # traced: Triton's scf.yield takes no literal
+    m = jax.lax.cond(lo < hi, lambda: tuple(c.astype(dt) for c in _sweep(
+        x_ref, row, s, 1, g=g, ts=ts, top=v.get("top"), above=above)), lambda: (zero,) * n)
+    for j, c in enumerate(m):
+        part_out[row, s, j] = c
+
+    @pl.when(s == 0)
+    def _():
+        state_out[row, 0] = lo
+        state_out[row, 1] = hi
+        state_out[row, 2] = tbits
+
+
+def _geometry(V: int, block: int, unroll: int, segment: int) -> dict:
+    if block & (block - 1) or segment % (block * unroll):
+        raise ValueError(f"block {block} must be a power of two and segment {segment} a "
+                         f"multiple of block * unroll")
+    return {"V": V, "N": block, "U": unroll, "SI": segment // (block * unroll),
+            "n_seg": -(-V // segment), "masked": V % segment != 0}
+
+
+def _search_call(kind: str, name: str, params: list[jax.Array], x: jax.Array, *,
+                 pivots: int | None, split: bool | None, block: int, unroll: int,
+                 segment: int, num_warps: int, num_stages: int, interpret: bool) -> jax.Array:
     if x.ndim != 2 or x.dtype != jnp.float32:
         raise ValueError(f"{name}: x must be [S, V] float32, got {x.shape} {x.dtype}")
     S, V = x.shape
     if V < 1 or S * V >= 2 ** 31:
         raise ValueError(f"{name}: needs 1 <= V and S * V < 2^31 (int32 offsets), got {x.shape}")
-    for arg, a in rows.items():
+    for i, a in enumerate(params):
         if a.shape != (S,):
-            raise ValueError(f"{name}: {arg} must be [{S}], got {a.shape}")
-
-
-def _call(kernel, name: str, args: list[jax.Array], *, interpret: bool, num_warps: int,
-          num_stages: int) -> jax.Array:
-    S = args[-1].shape[0]
+            raise ValueError(f"{name}: row operand {i} must be [{S}], got {a.shape}")
+    g = _geometry(V, block, unroll, segment)
+    if split is None:
+        split = S < SPLIT_ROWS and g["n_seg"] > 1
+    P = pivots or default_pivots(S, split)
     spec = pl.BlockSpec(memory_space=pl.ANY)
-    key = pl.pallas_call(
-        kernel, grid=(S,), out_shape=jax.ShapeDtypeStruct((S,), _U32),
-        in_specs=[spec] * len(args), out_specs=spec, interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        name=name)(*args)
-    return key_value(key)
+    cp = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    call = functools.partial(pl.pallas_call, interpret=interpret, compiler_params=cp)
+    keys = jax.ShapeDtypeStruct((S,), _U32)
+    if not split:
+        kernel = functools.partial(_row_kernel, kind=kind, P=P, g=g)
+        key = call(kernel, grid=(S,), out_shape=keys, in_specs=[spec] * (len(params) + 1),
+                   out_specs=spec, name=f"{name}_p{P}")(*params, x)
+        return key_value(key)
+    M = P + (2 if kind == "nucleus" else 0)
+    dt = jnp.int32 if kind == "kth" else jnp.float32
+    carry = [jax.ShapeDtypeStruct((S, 3), _U32), jax.ShapeDtypeStruct((S, g["n_seg"], M), dt)]
+    passes = search_passes(P)
+
+    def launch(phase: str, state: list[jax.Array], after_first: bool = False) -> list:
+        kernel = functools.partial(_split_kernel, kind=kind, P=P, g=g, phase=phase,
+                                   after_first=after_first)
+        last = phase == "last"
+        args = [*params, *state] + ([] if last else [x])
+        return call(kernel, grid=(S, 1 if last else g["n_seg"]),
+                    out_shape=[keys] if last else carry, in_specs=[spec] * len(args),
+                    out_specs=[spec] * (1 if last else 2),
+                    name=f"{name}_split_p{P}_{phase}")(*args)
+
+    # Launch i narrows by pass i - 1 and measures pass i: first, passes - 1 mids (the first of
+    # them computes the nucleus target; the rest in a loop of known trip count, which XLA:GPU
+    # runs without a host sync), last.
+    state = launch("first", [])
+    state = launch("mid", state, after_first=True)
+    state = jax.lax.fori_loop(0, passes - 2, lambda _, st: launch("mid", list(st)), state)
+    return key_value(launch("last", list(state))[0])
 
 
 def kth_largest(x: jax.Array, top: jax.Array, k: jax.Array, *, pivots: int | None = None,
-                block: int = BLOCK, unroll: int = UNROLL, num_warps: int = NUM_WARPS,
-                num_stages: int = 1, interpret: bool = False) -> jax.Array:
+                split: bool | None = None, block: int = BLOCK, unroll: int = UNROLL,
+                segment: int = SEGMENT, num_warps: int = NUM_WARPS, num_stages: int = 1,
+                interpret: bool = False) -> jax.Array:
     """[S] float32 k-th largest value of each row (ties counted): ``sampling_filters.
-    kth_largest`` in one launch, the same value bit for bit.
+    kth_largest``, the same value bit for bit.
 
     Args:
       x: [S, V] float32 without NaN.  top: [S] float32 the row maxima.
       k: [S] int32 in [1, V] (k <= 1 gives ``top``; k > V gives -inf, as the jnp search).
-      pivots: thresholds per pass (default :func:`default_pivots` of S).
-      block / unroll / num_warps / num_stages: vector step (a power of two), steps per loop
-        iteration, Triton launch parameters.  interpret: Pallas interpreter (CPU tests).
+      pivots: thresholds per pass (default :func:`default_pivots`).
+      split: rows split over programs, one launch per pass (None: below ``SPLIT_ROWS`` rows
+        when a row has more than one segment), else one launch, one program per row.
+      block / unroll / segment: vector step (a power of two), steps per loop iteration,
+        elements per segment (a multiple of block * unroll; it fixes the summation order).
+      num_warps / num_stages: Triton launch parameters.  interpret: Pallas interpreter (CPU).
     Raises:
-      ValueError: shapes or dtypes other than above, or S * V >= 2^31.
+      ValueError: shapes or dtypes other than above, S * V >= 2^31, or a bad geometry.
     """
-    _check("kth_largest", x, top=top, k=k)
-    S, V = x.shape
-    P = pivots or default_pivots(S)
-    kernel = functools.partial(_kth_kernel, V=V, P=P, N=block, U=unroll)
-    return _call(kernel, f"kth_search_p{P}", [order_key(top), k.astype(jnp.int32), x],
-                 interpret=interpret, num_warps=num_warps, num_stages=num_stages)
+    return _search_call("kth", "kth_search", [order_key(top), k.astype(jnp.int32)], x,
+                        pivots=pivots, split=split, block=block, unroll=unroll,
+                        segment=segment, num_warps=num_warps, num_stages=num_stages,
+                        interpret=interpret)
 
 
 def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array, top_p: jax.Array,
-                *, pivots: int | None = None, block: int = BLOCK, unroll: int = UNROLL,
-                num_warps: int = NUM_WARPS, num_stages: int = 1,
-                interpret: bool = False) -> jax.Array:
+                *, pivots: int | None = None, split: bool | None = None, block: int = BLOCK,
+                unroll: int = UNROLL, segment: int = SEGMENT, num_warps: int = NUM_WARPS,
+                num_stages: int = 1, interpret: bool = False) -> jax.Array:
     """[S] smallest value that top-p keeps within the top-k of each row:
-    ``sampling_filters.nucleus_cut`` in one launch (masses summed in another order: the
-    module docstring says what may differ).
+    ``sampling_filters.nucleus_cut`` (masses summed in another order: module docstring).
 
     Args:
       x: [S, V] float32 without NaN.  top: [S] row maxima.  kth: [S] the k-th largest value
         (-inf when top-k is off).  k: [S] int32 top-k in [1, V] (V when off).
       top_p: [S] float32 in (0, 1]; >= 1 keeps the whole top-k (the cut is ``kth``, no pass).
-      pivots, block, unroll, num_warps, num_stages, interpret: as :func:`kth_largest`.
+      pivots, split, block, unroll, segment, num_warps, num_stages, interpret: as
+        :func:`kth_largest`.
     Raises:
-      ValueError: shapes or dtypes other than above, or S * V >= 2^31.
+      ValueError: shapes or dtypes other than above, S * V >= 2^31, or a bad geometry.
     """
-    _check("nucleus_cut", x, top=top, kth=kth, k=k, top_p=top_p)
-    S, V = x.shape
-    P = pivots or default_pivots(S)
     f32 = jnp.float32
-    kernel = functools.partial(_nucleus_kernel, V=V, P=P, N=block, U=unroll)
-    args = [top.astype(f32), order_key(top), kth.astype(f32), order_key(kth),
-            k.astype(jnp.int32), top_p.astype(f32), x]
-    return _call(kernel, f"nucleus_search_p{P}", args, interpret=interpret,
-                 num_warps=num_warps, num_stages=num_stages)
+    params = [top.astype(f32), order_key(top), kth.astype(f32), order_key(kth),
+              k.astype(jnp.int32), top_p.astype(f32)]
+    return _search_call("nucleus", "nucleus_search", params, x, pivots=pivots, split=split,
+                        block=block, unroll=unroll, segment=segment, num_warps=num_warps,
+                        num_stages=num_stages, interpret=interpret)

@@ -1,10 +1,11 @@
 """Pallas threshold search (pallas_kernels/sampling, interpret mode on CPU) against the jnp search
 of jaxinfer.sampling_filters on fresh random rows: ties, -inf rows, +-0, k = 1 and k = V,
-top_p = 1 and tiny top_p, V not a multiple of the kernel's loop step. The k-th value must be
-equal bit for bit; the nucleus cut keeps the same tokens wherever top_p is not within float32
-rounding of a prefix mass (the jnp search's own tolerance, tests/core/test_sampling_filters.py).
-A last group lowers both kernels for CUDA on this machine (Triton lowering errors) and checks
-the sampler's dispatch (sampling_filters.SEARCH_IMPL)."""
+top_p = 1 and tiny top_p, V not a multiple of the kernel's loop step nor of its segment. The
+k-th value must be equal bit for bit; the nucleus cut keeps the same tokens wherever top_p is
+not within float32 rounding of a prefix mass (the jnp search's own tolerance,
+tests/core/test_sampling_filters.py). The split mode (a launch per pass) must give the
+one-launch mode's values bit for bit. A last group lowers the kernels for CUDA on this machine
+(Triton lowering errors) and checks the sampler's dispatch (sampling_filters.SEARCH_IMPL)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from jaxinfer import sampling_filters as sf
 from pallas_kernels.sampling import threshold_search as ts
 from tests.kernels.cuda_lowering import lower_for_cuda
 
-SMALL = {"block": 128, "unroll": 2, "interpret": True}  # loop steps of 256 elements
+# Loop steps of 256 elements, segments of 512: several of each per row, one launch per search.
+SMALL = {"block": 128, "unroll": 2, "segment": 512, "split": False, "interpret": True}
 
 
 def _rows(seed: int, S: int, V: int) -> np.ndarray:
@@ -57,8 +59,8 @@ def test_kth_largest_equals_the_jnp_search_bit_for_bit(V, pivots):
 
 
 def test_kth_largest_at_the_default_step_pivot_counts_and_out_of_range_k():
-    """Default block / unroll (no tail: V a multiple of 4096 -> unmasked loads; and a tail);
-    every pivot count gives the same value; k <= 0 gives the maximum, k > V -inf (as jnp)."""
+    """Default block / unroll, one segment (V = 4096: unmasked loads; V = 1500: a tail); every
+    pivot count gives the same value; k <= 0 gives the maximum, k > V -inf (as jnp)."""
     for V, pivots in ((4096, (1, 7)), (1500, (2,))):
         x = _rows(V, 4, V)
         k = np.array([0, 7, V + 3, V // 2], np.int32)
@@ -66,7 +68,7 @@ def test_kth_largest_at_the_default_step_pivot_counts_and_out_of_range_k():
         want = np.asarray(jax.jit(sf.kth_largest)(*args))
         assert want[0] == x[0].max() and want[2] == -np.inf
         for P in pivots:
-            got = ts.kth_largest(*args, pivots=P, interpret=True)
+            got = ts.kth_largest(*args, pivots=P, segment=4096, interpret=True)
             np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"V={V} P={P}")
 
 
@@ -128,16 +130,39 @@ def test_a_row_s_cuts_do_not_depend_on_its_batch_nor_on_the_pivot_count():
         np.testing.assert_array_equal(np.asarray(one)[0], cut[i])
 
 
+def test_split_mode_equals_the_one_launch_mode_bit_for_bit():
+    """Rows split over programs (segments of 256, one launch per pass, the previous pass's
+    segment sums reduced in the next launch): the same k-th values and cuts as one launch."""
+    V, S = 1000, 5
+    x = _rows(21, S, V)
+    k = np.array([V, 9, 1, 300, V], np.int32)
+    p = np.array([0.7, 0.9, 0.5, 1.0, 1e-7], np.float32)
+    xs, top, kk, pp = _args(x, k, p)
+    geo = {"block": 64, "unroll": 2, "segment": 256, "pivots": 7, "interpret": True}
+    kth = {m: ts.kth_largest(xs, top, kk, split=m, **geo) for m in (False, True)}
+    np.testing.assert_array_equal(np.asarray(kth[True]), np.asarray(kth[False]))
+    np.testing.assert_array_equal(np.asarray(kth[True]), np.asarray(sf.kth_largest(xs, top, kk)))
+    kth_n = jnp.where(kk < V, kth[False], -jnp.inf)
+    cut = {m: np.asarray(ts.nucleus_cut(xs, top, kth_n, kk, pp, split=m, **geo))
+           for m in (False, True)}
+    np.testing.assert_array_equal(cut[True], cut[False])
+    np.testing.assert_array_equal(cut[True][3], np.asarray(kth_n)[3])  # top_p 1
+    np.testing.assert_array_equal(cut[True][4], x[4].max())  # tiny top_p
+
+
 def test_bad_inputs_raise():
     x = jnp.zeros((2, 8), jnp.float32)
     with pytest.raises(ValueError, match="float32"):
         ts.kth_largest(x.astype(jnp.bfloat16), x[:, 0], jnp.ones(2, jnp.int32))
-    with pytest.raises(ValueError, match=r"k must be \[2\]"):
+    with pytest.raises(ValueError, match=r"operand 1 must be \[2\]"):
         ts.kth_largest(x, x[:, 0], jnp.ones(3, jnp.int32))
+    with pytest.raises(ValueError, match="multiple of block"):
+        ts.kth_largest(x, x[:, 0], jnp.ones(2, jnp.int32), segment=1000)
 
 
 def test_default_pivots_and_the_lower_bound_key():
     assert ts.default_pivots(1) == 3 and ts.default_pivots(256) == 7
+    assert ts.default_pivots(1, split=True) == 7
     assert int(sf.order_key(jnp.float32(-jnp.inf))) == ts._LO
 
 
@@ -175,13 +200,15 @@ def test_search_impl_dispatch_and_the_sampler_on_the_kernel(monkeypatch):
 _SDS = jax.ShapeDtypeStruct
 
 
-@pytest.mark.parametrize("S, V, pivots", [(1, 128256, 3), (256, 128256, 7), (8, 4096, 15),
-                                          (3, 1000, 7)])
-def test_kernels_lower_for_cuda(S, V, pivots):
+@pytest.mark.parametrize("S, V, pivots, split", [
+    (1, 128256, 3, False), (256, 128256, 7, False), (8, 4096, 15, False), (3, 1000, 7, False),
+    (1, 131072, 7, True)])
+def test_kernels_lower_for_cuda(S, V, pivots, split):
     rows = _SDS((S,), jnp.float32)
-    text = lower_for_cuda(functools.partial(ts.kth_largest, pivots=pivots),
+    tag = f"_split_p{pivots}_first" if split else f"_p{pivots}"
+    text = lower_for_cuda(functools.partial(ts.kth_largest, pivots=pivots, split=split),
                           _SDS((S, V), jnp.float32), rows, _SDS((S,), jnp.int32))
-    assert f"kth_search_p{pivots}" in text
-    text = lower_for_cuda(functools.partial(ts.nucleus_cut, pivots=pivots),
+    assert f"kth_search{tag}" in text
+    text = lower_for_cuda(functools.partial(ts.nucleus_cut, pivots=pivots, split=split),
                           _SDS((S, V), jnp.float32), rows, rows, _SDS((S,), jnp.int32), rows)
-    assert f"nucleus_search_p{pivots}" in text
+    assert f"nucleus_search{tag}" in text

@@ -50,11 +50,11 @@ summed as reductions rather than as a cumulative sum over sorted values.
 
 ``SEARCH_IMPL`` picks who runs the threshold searches (:func:`kth_largest`, :func:`nucleus_cut`,
 so also the buffered "search" method): the jnp ops below, or the Pallas GPU kernel of
-``pallas_kernels/sampling/threshold_search.py`` (Triton lowering), which runs a row's whole
-search, every pass, in one launch (one program per row); "auto" takes the kernel on a GPU
-backend and jnp elsewhere (CPU: CI, laptops). Both give the same k-th value bit for bit; the
-nucleus cut may differ where float32 rounding of the mass sums decides (that module's
-docstring).
+``pallas_kernels/sampling/threshold_search.py`` (Triton lowering), which runs every pass of a
+search in one launch, one program per row (below 64 rows: a launch per pass, a row's segments
+on several programs, no XLA op in between); "auto" takes the kernel on a GPU backend and jnp
+elsewhere (CPU: CI, laptops). Both give the same k-th value bit for bit; the nucleus cut may
+differ where float32 rounding of the mass sums decides (that module's docstring).
 
 Searches run as ``lax.fori_loop`` with a static trip count: XLA:GPU runs such loops without
 reading a predicate back to the host (``WhileThunk`` with a known trip count), unlike
@@ -92,7 +92,7 @@ BUFFER_TOP_K = TOPK_STAGED
 BUFFER_METHOD = "search"
 BUFFER_METHODS = ("search", "sort", "topk")
 CHUNKED_TOP_VALUES = True
-# Who runs kth_largest / nucleus_cut: "jnp" (XLA ops), "pallas" (one kernel launch per search,
+# Who runs kth_largest / nucleus_cut: "jnp" (XLA ops), "pallas" (the Pallas kernel of
 # pallas_kernels.sampling; run by the Pallas interpreter off a GPU, for tests) or "auto" (pallas
 # on a GPU backend, else jnp). PALLAS_PIVOTS: the kernel's thresholds per pass (None: its
 # default_pivots by row count); the ``pivots`` arguments and PIVOTS / BUFFER_PIVOTS are the jnp

@@ -18,7 +18,9 @@ benchmarks/sampling_cost.py), in this order:
    "nucleus" (top-p search, top-k off), jnp (``sampling_filters.PIVOTS``), the kernel in its
    default mode and pivots (rows split into segments, a launch per pass, below
    ``SPLIT_ROWS`` rows; else one launch), the kernel in the other mode, then its ``--pivots``
-   and ``--num-warps`` sweeps while ``--deadline-s`` allows. Step 1 checks both modes at S = 1.
+   and ``--num-warps`` sweeps, and the split mode with ``--split-segments`` (a segment length
+   changes the one-launch mode's sums too: ``threshold_search.SEGMENT`` is one constant for
+   both), while ``--deadline-s`` allows. Step 1 checks both modes at S = 1.
 
 A table with the speed-ups prints last; every number is a record in ``<out>/results.json``.
 """
@@ -119,8 +121,11 @@ def check(S: int, V: int, interpret: bool, split: bool) -> bool:
 
 
 def time_case(S: int, V: int, fn: str, impl: str, args, pivots=None, num_warps=4,
-              split=None) -> None:
+              split=None, segment=None) -> None:
     x, k, p = make_rows(S, V)
+    geometry = dict(GEOMETRY)
+    if segment:
+        GEOMETRY["segment"] = segment
     calls = 16 if S < 64 else 4  # one search traced (lax.map): each kernel compiled once
     xs, top = jnp.asarray(x), jnp.asarray(x.max(-1))
     kth_fn, nuc_fn = searches(impl, args.cpu_smoke, pivots, num_warps, split)
@@ -138,6 +143,7 @@ def time_case(S: int, V: int, fn: str, impl: str, args, pivots=None, num_warps=4
     P = sf.PIVOTS if impl == "jnp" else (pivots or ts.default_pivots(S, split))
     mode = "split" if split else "row"
     name = "jnp" if impl == "jnp" else f"pallas_{mode}_p{P}_w{num_warps}"
+    name += f"_seg{segment}" if segment else ""
     ROWS.append((S, fn, name, us))
     log(f"S={S:4d} {fn:8s} {name:16s} {us:9.1f} us")
     RECORDS.add(f"sampling_search_{fn}_{name}_s{S}", us, "us",
@@ -145,6 +151,7 @@ def time_case(S: int, V: int, fn: str, impl: str, args, pivots=None, num_warps=4
                  "num_warps": num_warps if impl != "jnp" else None,
                  "mode": None if impl == "jnp" else mode, **GEOMETRY, "calls_per_run": calls,
                  "repeats": args.repeats})
+    GEOMETRY.update(geometry)
 
 
 def main() -> int:
@@ -154,14 +161,17 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--pivots", default="3,7,15", help="kernel sweep: thresholds per pass")
     ap.add_argument("--num-warps", default="4,8", help="kernel sweep (default pivots)")
+    ap.add_argument("--split-segments", default="8192",
+                    help="split-mode sweep below 64 rows: segment lengths (elements)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--deadline-s", type=float, default=100.0, help="no new case after this")
+    ap.add_argument("--deadline-s", type=float, default=90.0, help="no new case after this")
     ap.add_argument("--cpu-smoke", action="store_true", help="V 2048, S 1 and 4, segments of 512, interpret")
     args = ap.parse_args()
     if args.cpu_smoke:
         args.vocab, args.batches, args.repeats, args.pivots, args.num_warps = (
             2048, [1, 4], 1, "3", "4")
         GEOMETRY.update(segment=512, block=128, unroll=2)
+        args.split_segments = "256"
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         RECORDS.out_dir = args.out
@@ -179,25 +189,29 @@ def main() -> int:
                 log(f"check S={S} split={split}: the kernel raised (above)")
                 return 1
     fns = ("kth", "nucleus")
-    cases = [(S, fn, "jnp", None, 4, None) for S in args.batches for fn in fns]
-    cases += [(S, fn, "pallas", None, 4, None) for S in args.batches for fn in fns]
-    cases += [(S, fn, "pallas", None, 4, not split_default(S, V)) for S in args.batches
+    cases = [(S, fn, "jnp", None, 4, None, None) for S in args.batches for fn in fns]
+    cases += [(S, fn, "pallas", None, 4, None, None) for S in args.batches for fn in fns]
+    cases += [(S, fn, "pallas", None, 4, not split_default(S, V), None) for S in args.batches
               for fn in fns if V > GEOMETRY["segment"]]
     for S in args.batches:
         d = ts.default_pivots(S, split_default(S, V))
-        cases += [(S, fn, "pallas", P, 4, None) for P in map(int, args.pivots.split(","))
+        cases += [(S, fn, "pallas", P, 4, None, None) for P in map(int, args.pivots.split(","))
                   if P != d for fn in ("nucleus", "kth")]
-        cases += [(S, "nucleus", "pallas", None, w, None)
+        cases += [(S, "nucleus", "pallas", None, w, None, None)
                   for w in map(int, args.num_warps.split(",")) if w != 4]
-    for S, fn, impl, P, w, split in cases:
+        cases += [(S, fn, "pallas", None, 4, True, seg) for seg in
+                  map(int, filter(None, args.split_segments.split(",")))
+                  if split_default(S, V) and seg != GEOMETRY["segment"] for fn in fns]
+    for S, fn, impl, P, w, split, seg in cases:
+        what = f"S={S} {fn} {impl} pivots={P} warps={w} split={split} segment={seg}"
         if time.time() - T0 > args.deadline_s:
-            log(f"deadline: skipped S={S} {fn} {impl} pivots={P} warps={w} split={split}")
+            log(f"deadline: skipped {what}")
             continue
         try:
-            time_case(S, V, fn, impl, args, P, w, split)
+            time_case(S, V, fn, impl, args, P, w, split, seg)
         except Exception:  # noqa: BLE001 - keep timing the other cases
             traceback.print_exc()
-            log(f"S={S} {fn} {impl} pivots={P} warps={w} split={split}: raised (above)")
+            log(f"{what}: raised (above)")
     base = {(S, fn): us for S, fn, name, us in ROWS if name == "jnp"}
     print("\n| S | search | impl | us per search | vs jnp |\n|---:|---|---|---:|---:|")
     for S, fn, name, us in ROWS:

@@ -45,10 +45,10 @@ product, and ``--old`` adds the method of 76a6e80 (15 pivots, no buffer, top-20 
 TopK over the vocabulary). ``--search-impl jnp,pallas`` (``sampling_filters.SEARCH_IMPL``)
 times each configuration with the jnp searches and with the Pallas kernel
 (pallas_kernels/sampling, no XLA op between passes), named ``pallas`` (``pallasP`` with
-``--pallas-pivots P,...``, the kernel's thresholds per pass; the jnp pivots do not reach it,
-so it takes the first of each list); "auto" is the kernel on a GPU, jnp elsewhere. A case whose compiled program is the same as one already timed (the
-tunable does not reach that mix) is not timed again. A table of device us per configuration
-is printed last.
+``--pallas-pivots P,...``, the kernel's thresholds per pass; the jnp pivots do not reach it, so
+it takes the first of each list); "auto" is the kernel on a GPU, jnp elsewhere. A case whose
+compiled program is the same as one already timed (the tunable does not reach that mix) is not
+timed again. A table of device us per configuration is printed last.
 """
 
 from __future__ import annotations

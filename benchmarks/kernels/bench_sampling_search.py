@@ -111,7 +111,8 @@ def check(S: int, V: int, interpret: bool, split: bool) -> bool:
         if gap >= 1e-5 and not np.array_equal(x[i] >= cut_p[i], x[i] >= np.float32(cut64)):
             bad.append(int(i))
     ok = kth_eq == S and sort_eq == S and not bad
-    log(f"check S={S} split={split}: kth equal {kth_eq}/{S} (jnp = sort {sort_eq}/{S}); top-p cuts equal "
+    log(f"check S={S} split={split}: kth equal {kth_eq}/{S} (jnp = sort {sort_eq}/{S}); "
+        f"top-p cuts equal "
         f"{S - len(bad) - len(tolerated)}/{S}, within float32 rounding {tolerated}, "
         f"wrong {sorted(set(bad))} -> {'OK' if ok else 'FAILED'}")
     RECORDS.add(f"sampling_search_check_{'split' if split else 'row'}_s{S}", int(ok), "ok",
@@ -165,7 +166,8 @@ def main() -> int:
                     help="split-mode sweep below 64 rows: segment lengths (elements)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--deadline-s", type=float, default=90.0, help="no new case after this")
-    ap.add_argument("--cpu-smoke", action="store_true", help="V 2048, S 1 and 4, segments of 512, interpret")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="V 2048, S 1 and 4, segments of 512, interpret")
     args = ap.parse_args()
     if args.cpu_smoke:
         args.vocab, args.batches, args.repeats, args.pivots, args.num_warps = (

@@ -275,7 +275,7 @@ def _search_call(kind: str, name: str, params: list[jax.Array], x: jax.Array, *,
     if not split:
         kernel = functools.partial(_row_kernel, kind=kind, P=P, g=g)
         key = call(kernel, grid=(S,), out_shape=keys, in_specs=[spec] * (len(params) + 1),
-                   out_specs=spec, name=f"{name}_p{P}")(*params, x)
+                   out_specs=spec, name=f"{name}_p{P}_v{V}")(*params, x)
         return key_value(key)
     M = P + (2 if kind == "nucleus" else 0)
     dt = jnp.int32 if kind == "kth" else jnp.float32
@@ -290,7 +290,7 @@ def _search_call(kind: str, name: str, params: list[jax.Array], x: jax.Array, *,
         return call(kernel, grid=(S, 1 if last else g["n_seg"]),
                     out_shape=[keys] if last else carry, in_specs=[spec] * len(args),
                     out_specs=[spec] * (1 if last else 2),
-                    name=f"{name}_split_p{P}_{phase}")(*args)
+                    name=f"{name}_split_p{P}_v{V}_{phase}{'1' if after_first else ''}")(*args)
 
     # Launch i narrows by pass i - 1 and measures pass i: first, passes - 1 mids (the first of
     # them computes the nucleus target; the rest in a loop of known trip count, which XLA:GPU

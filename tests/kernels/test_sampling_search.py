@@ -205,7 +205,7 @@ _SDS = jax.ShapeDtypeStruct
     (1, 131072, 7, True)])
 def test_kernels_lower_for_cuda(S, V, pivots, split):
     rows = _SDS((S,), jnp.float32)
-    tag = f"_split_p{pivots}_first" if split else f"_p{pivots}"
+    tag = f"_split_p{pivots}_v{V}_first" if split else f"_p{pivots}_v{V}"
     text = lower_for_cuda(functools.partial(ts.kth_largest, pivots=pivots, split=split),
                           _SDS((S, V), jnp.float32), rows, _SDS((S,), jnp.int32))
     assert f"kth_search{tag}" in text

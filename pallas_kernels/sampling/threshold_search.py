@@ -17,7 +17,8 @@ at batch 1 a search is ~50 small launches. Here:
 * split mode (``split=True``, the default below ``SPLIT_ROWS`` rows): a row's segments go to
   programs of their own, one launch per pass; each launch first sums the previous pass's
   per-segment measures (in segment order), narrows the bracket, then measures its segment at
-  the new pivots. ``search_passes(P) + 1`` launches, no XLA op in between;
+  the new pivots. ``search_passes(P) + 1`` launches, no XLA op in between (the middle ones
+  in a ``lax.fori_loop`` of known trip count, which XLA:GPU runs without a host sync);
 * a pass walks segments of ``segment`` elements in steps of ``block``, ``unroll`` steps per loop
   iteration, the next iteration's loads issued before this one's compares (register
   prefetch). Each threshold keeps a [block] accumulator (int32 counts, or float32 masses

@@ -88,15 +88,18 @@ BUFFER_TOP_K = TOPK_STAGED
 # kernels, launch-bound at small batch), "sort" (one sort of the buffer per row, then the k-th
 # value and the nucleus read off its BUFFER_TOP_K best values: a fixed handful of kernels) or
 # "topk" (the BUFFER_TOP_K best values by TOPK_FAST-sized lax.top_k stages, no sort op).
-# Same kept sets (tested); benchmarks/sampling_cost.py --buffer-method sweeps them.
-BUFFER_METHOD = "search"
+# Same kept sets (tested); benchmarks/sampling_cost.py --buffer-method sweeps them. H200
+# (session 6, RESULTS.md "Sampling cost"), top_k + top_p variant search / sort / topk:
+# B=1 325 / 239 / 466 us, B=256 963 / 629 / 989 us -> "sort".
+BUFFER_METHOD = "sort"
 BUFFER_METHODS = ("search", "sort", "topk")
 CHUNKED_TOP_VALUES = True
 # Who runs kth_largest / nucleus_cut: "jnp" (XLA ops), "pallas" (the Pallas kernel of
 # pallas_kernels.sampling; run by the Pallas interpreter off a GPU, for tests) or "auto" (pallas
 # on a GPU backend, else jnp). PALLAS_PIVOTS: the kernel's thresholds per pass (None: its
 # default_pivots by row count); the ``pivots`` arguments and PIVOTS / BUFFER_PIVOTS are the jnp
-# search's.
+# search's. H200 (session 6), the top_p variant (full-vocabulary nucleus search) jnp / pallas:
+# B=1 122.6 / 103.4 us, B=256 1,355 / 959 us of device time.
 SEARCH_IMPL = "auto"
 SEARCH_IMPLS = ("auto", "jnp", "pallas")
 PALLAS_PIVOTS: int | None = None

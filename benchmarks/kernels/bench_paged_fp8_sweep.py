@@ -56,8 +56,11 @@ CHECK_LIMIT = 2e-2  # cvt: 3.4e-4 on the H200 (session 5)
 
 def cfg(layout: str = "qk", rows: int | None = None, vs: bool = False, bt: int = 128,
         w: int = 4, st: int = 5, tp: int | None = None, kv: str = "fp8") -> dict:
-    """Kernel keyword arguments of one sweep point (``kv``: "fp8" or "bf16" cache)."""
-    kw = {"layout": layout, "block_tokens": bt, "num_warps": w, "num_stages": st, "kv": kv}
+    """Kernel keyword arguments of one sweep point (``kv``: "fp8" or "bf16" cache). Options
+    left out take the plain defaults (``fp8_variant="cvt"`` fills nothing), not those of the
+    batch's default variant."""
+    kw = {"layout": layout, "block_tokens": bt, "num_warps": w, "num_stages": st, "kv": kv,
+          "fp8_variant": "cvt"}
     if rows:
         kw["group_rows"] = rows
     if vs:
@@ -74,7 +77,7 @@ def kq8(**kw) -> dict:
 def named(name: str) -> dict:
     """A :data:`fp8.FP8_DECODE_VARIANTS` entry as a sweep config (the winner's name is then
     the one-line default switch, ``fp8.FP8_DECODE_DEFAULT``)."""
-    return dict(V[name], kv="fp8")
+    return dict(V[name], kv="fp8", fp8_variant="cvt")
 
 
 # (name, kernel kwargs, shapes or None = all), most promising first: the deadline drops the
@@ -98,7 +101,7 @@ CONFIGS: list[tuple[str, dict, list | None]] = [
     ("kq8_bt128_tp528", kq8(tp=528), B1),
     ("kq8_bt64_tp1056", kq8(bt=64, tp=1056), B1),
     ("kq8_bt32_tp1056", kq8(bt=32, tp=1056), B1),
-    ("cvt_tp528", {"kv": "fp8", "target_programs": 528}, B1),
+    ("cvt_tp528", {"kv": "fp8", "target_programs": 528, "fp8_variant": "cvt"}, B1),
     ("kq8_bt128_s4", kq8(st=4), B32 + [(128, 2048)]),  # = s3 in Triton 3.6; XLA's?
     ("kq8_bt64_w2", kq8(bt=64, w=2), None),  # 194 regs, 4/SM, 791 a warp
     ("kq8_bt256_w8_s3", kq8(bt=256, w=8, st=3), None),  # 161 regs, 135 KB, 1/SM, 773

@@ -254,12 +254,13 @@ def paged_decode_attention_supported(q_shape: tuple[int, ...], k_cache_shape: tu
             and jnp.dtype(kv_dtype) != jnp.dtype(jnp.float32))
 
 
-def _resolve_options(kv_dtype, variant: str | None, **opts) -> dict:
+def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, **opts) -> dict:
     """The caller's options, FP8 caches' unset ones filled from the named variant
-    (:func:`fp8.fp8_decode_config`), then the defaults; checked."""
+    (:func:`fp8.fp8_decode_config`, by ``batch`` rows for the default), then the defaults;
+    checked."""
     fp8 = jnp.dtype(kv_dtype) == jnp.dtype(jnp.float8_e4m3fn)
     if fp8:
-        for k, v in fp8_decode_config(variant).items():
+        for k, v in fp8_decode_config(variant, batch).items():
             if k not in opts:
                 raise ValueError(f"paged_decode_attention: variant option {k!r} unknown")
             if opts[k] is None:
@@ -338,7 +339,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         dots with "kq", a bad ``group_rows``, or "bits" with a bf16 compute dtype.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
-    o = _resolve_options(k_cache.dtype, fp8_variant, block_tokens=block_tokens,
+    o = _resolve_options(k_cache.dtype, fp8_variant, q.shape[0], block_tokens=block_tokens,
                          num_splits=num_splits, target_programs=target_programs,
                          num_warps=num_warps, num_stages=num_stages, fp8_widen=fp8_widen,
                          fp8_dots=fp8_dots, layout=layout, group_rows=group_rows,

@@ -72,20 +72,39 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     "kq8_bt64_w8": dict(KQ8, block_tokens=64, num_warps=8),
     "kq8_bt32": dict(KQ8, block_tokens=32),
     "kq16": {"layout": "kq", "group_rows": 16, "fp8_v_stage": True, "block_tokens": 128},
+    "kq8_bt64_w2": dict(KQ8, block_tokens=64, num_warps=2),
 }
-FP8_DECODE_DEFAULT = "cvt"
+# The default by batch size (rows of the decode bucket): the fastest variant of the session-6
+# H200 sweep (bench_paged_fp8_sweep.py, 8B heads, NOTES_paged_attention.md) at the measured
+# batch nearest to it -- B1 ctx32k kq8 0.718x bf16's time (cvt 0.774), B32 ctx2048 cvt 0.707
+# (kq8 0.716), B128 ctx1024 / 2048 kq8_bt64_w2 0.626 / 0.610 (cvt 0.720 / 0.671). Boundaries:
+# the geometric midpoints of the measured batches, rounded to the decode buckets.
+FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((64, "kq8_bt64_w2"), (8, "cvt"), (1, "kq8"))
+FP8_DECODE_DEFAULT = "by_batch"
 ENV_VARIANT = "JAXINFER_FP8_DECODE"  # overrides FP8_DECODE_DEFAULT, for end-to-end trials
 
 
-def fp8_decode_config(variant: str | None = None) -> dict:
+def variant_for_batch(batch: int) -> str:
+    """The :data:`FP8_DECODE_BY_BATCH` variant for ``batch`` rows (the first with
+    ``batch >= min_rows``)."""
+    for min_rows, name in FP8_DECODE_BY_BATCH:
+        if batch >= min_rows:
+            return name
+    return FP8_DECODE_BY_BATCH[-1][1]
+
+
+def fp8_decode_config(variant: str | None = None, batch: int = 1) -> dict:
     """Kernel keyword arguments of the named variant (a copy); None: ``$JAXINFER_FP8_DECODE``
-    if set, else :data:`FP8_DECODE_DEFAULT`. The decode kernel fills the options its caller
-    left None (the engine's fp8-KV decode path leaves all) from this.
+    if set, else :data:`FP8_DECODE_DEFAULT`; ``"by_batch"``: :func:`variant_for_batch` of
+    ``batch`` (the decode call's rows). The decode kernel fills the options its caller left
+    None (the engine's fp8-KV decode path leaves all) from this.
 
     Raises:
       ValueError: an unknown variant name.
     """
     name = variant or os.environ.get(ENV_VARIANT) or FP8_DECODE_DEFAULT
+    if name == "by_batch":
+        name = variant_for_batch(batch)
     if name not in FP8_DECODE_VARIANTS:
         raise ValueError(f"unknown FP8 decode variant {name!r}; one of {list(FP8_DECODE_VARIANTS)}")
     return dict(FP8_DECODE_VARIANTS[name])

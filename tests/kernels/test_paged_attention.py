@@ -225,7 +225,7 @@ def test_fp8_dot_variants(variant, G, D, splits):
     case = fp8_case(200 + G * D, G, D)
     out, ref = run_both(case, scale=D ** -0.5, k_scale=jnp.float32(0.7),
                         v_scale=jnp.float32(1.9), block_tokens=32, num_splits=splits,
-                        **FP8_DECODE_VARIANTS[variant])
+                        fp8_variant="cvt", **FP8_DECODE_VARIANTS[variant])
     out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
     assert np.all(np.isfinite(out))
     rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
@@ -251,7 +251,7 @@ def test_fp8_variants_lower_for_cuda(variant):
     args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), f8),
             sds((L, Hkv, P, ps, D), f8), sds((), jnp.int32), sds((B, maxp), jnp.int32),
             sds((B,), jnp.int32)]
-    text = lower_paged_kernel(paged_decode_attention, args, f8, "traced",
+    text = lower_paged_kernel(paged_decode_attention, args, f8, "traced", fp8_variant="cvt",
                               **FP8_DECODE_VARIANTS[variant])
     assert text.count("xla.gpu.triton") == 1
 

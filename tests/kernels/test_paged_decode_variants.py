@@ -178,3 +178,20 @@ def test_variant_fills_only_unset_options(monkeypatch):
     c16 = case(501, 4, 64, kv=jnp.bfloat16)
     out, ref = run_both(c16, block_tokens=32)
     assert_close(out, ref, tight=False)
+
+
+def test_default_fp8_variant_follows_the_batch(monkeypatch):
+    """FP8_DECODE_DEFAULT "by_batch": the H200 sweep's fastest variant at the nearest measured
+    batch (1 -> kq8, 32 -> cvt, 128 -> kq8_bt64_w2); $JAXINFER_FP8_DECODE still overrides."""
+    from pallas_kernels.paged_attention import fp8
+
+    monkeypatch.delenv(fp8.ENV_VARIANT, raising=False)
+    assert fp8.FP8_DECODE_DEFAULT == "by_batch"
+    got = {b: fp8.variant_for_batch(b) for b in (1, 4, 8, 16, 32, 63, 64, 128, 256)}
+    assert got == {1: "kq8", 4: "kq8", 8: "cvt", 16: "cvt", 32: "cvt", 63: "cvt",
+                   64: "kq8_bt64_w2", 128: "kq8_bt64_w2", 256: "kq8_bt64_w2"}
+    assert fp8.fp8_decode_config(None, 128) == fp8.FP8_DECODE_VARIANTS["kq8_bt64_w2"]
+    assert fp8.fp8_decode_config(None, 1) == fp8.FP8_DECODE_VARIANTS["kq8"]
+    assert fp8.fp8_decode_config("cvt", 128) == {}
+    monkeypatch.setenv(fp8.ENV_VARIANT, "cvt")
+    assert fp8.fp8_decode_config(None, 128) == {}

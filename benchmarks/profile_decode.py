@@ -3,6 +3,13 @@
     PYTHONPATH=. python3 benchmarks/profile_decode.py --out $OUT
         [--model dummy:llama-3.1-8b] [--backend pallas[:fp8]] [--batch 1] [--ctx 512]
         [--steps 20] [--scan-layers auto|true|false] [--max-model-len N] [--host-profile]
+        [--cache-dir DIR]
+
+The engine compiles its programs one after the other (~20-30 s each for the 8B shape); with
+--cache-dir it loads them from a cache filled first, in parallel, by
+``jaxinfer compile --model llama-3.1-8b --load-format dummy --dtype bfloat16
+--attention-backend pallas --max-model-len M --max-num-seqs B --decode-buckets B
+--max-num-batched-tokens CTX --prefill-buckets CTX --max-prefill-seqs 1 --cache-dir DIR``.
 
 Builds an LLMEngine as benchmarks/gpu_decode.py does, compiles the decode bucket, then traces
 (``jax.profiler.trace(..., create_perfetto_trace=True)``) two phases:
@@ -134,6 +141,9 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="engine max_model_len (default ctx + 4 steps + 24; the bench suites "
                          "use 4352: 272-page block tables)")
+    ap.add_argument("--cache-dir", default=None,
+                    help="compile cache to load the programs from (fill it first with "
+                         "`jaxinfer compile` and this engine's options, see the docstring)")
     ap.add_argument("--host-profile", action="store_true",
                     help="after the traced phases, run --steps engine steps under cProfile and "
                          "write the top functions by own time (host_profile.txt)")
@@ -153,6 +163,8 @@ def main() -> None:
     scan = {"auto": None, "true": True, "false": False}[ns.scan_layers]
     b = ns.batch
     extra = {"max_model_len": ns.max_model_len} if ns.max_model_len else {}
+    if ns.cache_dir:
+        extra["compile_cache_dir"] = ns.cache_dir
     eng = make_engine(ns.model, ns.backend, [b], ns.ctx, 4 * ns.steps + 8, scan, **extra)
     rng = np.random.default_rng(0)
     sp = SamplingParams(temperature=0.0, max_tokens=(5 if ns.host_profile else 4) * ns.steps,

@@ -1,7 +1,8 @@
 """Host time of ``LLMEngine.step()`` per decode step on a tiny random model (CPU).
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/host_step_time.py [--batches 16 256]
-        [--label HEAD] [--out benchmarks/results]
+        [--label HEAD] [--out benchmarks/results] [--prompt-len 16] [--max-model-len 256]
+        [--runs 3]
 
 B sequences of 16-token prompts decode 64 tokens each (temperature 1, EOS ignored), three
 times per batch size. Per step: wall time of ``step()``, "device" = the compiled program's
@@ -24,13 +25,22 @@ import numpy as np
 from jaxinfer.bench.records import record  # not benchmarks.common: runs against older checkouts too
 
 
-def measure(B: int, runs: int = 3, new_tokens: int = 64) -> dict[str, float]:
+def measure(B: int, runs: int = 3, new_tokens: int = 64, prompt_len: int = 16,
+            max_model_len: int = 256) -> dict[str, float]:
+    import dataclasses
+
     from jaxinfer.engine import LLMEngine
+    from jaxinfer.loading import dummy
     from jaxinfer.sampling_params import SamplingParams
 
-    eng = LLMEngine("dummy:tiny-llama", max_model_len=256, max_num_seqs=B,
-                    max_num_batched_tokens=2048, max_prefill_seqs=64, decode_buckets=(B,),
-                    prefill_buckets=(2048,), num_kv_pages=B * 16 + 8)
+    if max_model_len > dummy.DUMMY_CONFIGS["tiny-llama"].max_position_embeddings:
+        dummy.DUMMY_CONFIGS["tiny-llama"] = dataclasses.replace(
+            dummy.DUMMY_CONFIGS["tiny-llama"], max_position_embeddings=max_model_len)
+    pages = -(-(prompt_len + new_tokens) // 16) + 1
+    eng = LLMEngine("dummy:tiny-llama", max_model_len=max_model_len, max_num_seqs=B,
+                    max_num_batched_tokens=max(2048, prompt_len), max_prefill_seqs=64,
+                    decode_buckets=(B,), prefill_buckets=(max(2048, prompt_len),),
+                    num_kv_pages=B * max(16, pages) + 8)
     device = [0.0]
     executable = eng.runner.executable
 
@@ -49,7 +59,7 @@ def measure(B: int, runs: int = 3, new_tokens: int = 64) -> dict[str, float]:
 
     def run(n_out: int) -> tuple[np.ndarray, np.ndarray]:
         for _ in range(B):
-            eng.add_request(rng.integers(0, 200, 16).tolist(),
+            eng.add_request(rng.integers(0, 200, prompt_len).tolist(),
                             SamplingParams(temperature=1.0, max_tokens=n_out, ignore_eos=True))
         steps, devs = [], []
         while eng.has_unfinished_requests():
@@ -74,13 +84,19 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 256])
     ap.add_argument("--label", default="HEAD", help="the code measured, for the records")
     ap.add_argument("--out", default=None, help="records directory (default benchmarks/results)")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--max-model-len", type=int, default=256,
+                    help="block-table width = this / 16 pages (the bench suites: 4352)")
+    ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
     for B in a.batches:
-        r = measure(B)
+        r = measure(B, a.runs, prompt_len=a.prompt_len, max_model_len=a.max_model_len)
         for k, v in r.items():
             record(f"host_step_{k.removesuffix('_ms')}_ms", float(v), "ms",
-                   {"batch": B, "model": "dummy:tiny-llama", "label": a.label}, a.out)
-        print(f"{a.label} B={B}: step {r['step_ms']:.2f} ms, device {r['device_ms']:.2f} ms, "
+                   {"batch": B, "model": "dummy:tiny-llama", "label": a.label,
+                    "prompt_len": a.prompt_len, "max_model_len": a.max_model_len}, a.out)
+        print(f"{a.label} B={B} prompt {a.prompt_len} max_model_len {a.max_model_len}: "
+              f"step {r['step_ms']:.2f} ms, device {r['device_ms']:.2f} ms, "
               f"host {r['host_ms']:.2f} ms", flush=True)
 
 

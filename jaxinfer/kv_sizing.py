@@ -10,13 +10,17 @@ The KV dtype is ``EngineConfig.kv_cache_dtype``: the model dtype ("auto") or flo
 ("fp8" / "fp8_e4m3"; 1 byte, so twice the pages of bf16 in the same budget, plus
 ``scale_bytes`` = 2 * L * 4 for the per-layer float32 k/v scales, see layers/attention.py).
 
-``bytes_limit`` / ``bytes_in_use`` come from ``jax.Device.memory_stats()`` (XLA's allocator:
-``bytes_limit`` is itself ``XLA_PYTHON_CLIENT_MEM_FRACTION``, default 0.75, of the device's
-memory, or all of it with ``XLA_PYTHON_CLIENT_PREALLOCATE=false``); ``bytes_in_use`` holds
-the weights; ``activation_bytes`` is the larger temporary-buffer size XLA reports
+``bytes_limit`` / ``bytes_in_use`` come from ``jax.Device.memory_stats()``
+(:func:`device_memory_stats`; XLA's BFC allocator: ``bytes_limit`` is
+``XLA_PYTHON_CLIENT_MEM_FRACTION``, default 0.75, of the device's memory, with or without
+``XLA_PYTHON_CLIENT_PREALLOCATE=false``, which only defers the reservation: XLA's
+gpu_helpers.cc ``CreateBFCAllocator``); ``bytes_in_use`` holds the weights;
+``activation_bytes`` is the larger temporary-buffer size XLA reports
 (``compiled.memory_analysis().temp_size_in_bytes``) for the largest prefill and the largest
 decode bucket, compiled against a 2-page pool (temporaries do not depend on the pool size;
-vLLM measures the same thing with a profiling forward pass).
+vLLM measures the same thing with a profiling forward pass). ``jaxinfer compile`` holds no
+weights: it passes their bytes from the parameter shapes as ``weights_bytes`` and estimates
+the activations from shallow probes (jaxinfer/compile_kv.py).
 
 On the CPU (``memory_stats()`` is None) the pool is what ``max_num_seqs`` sequences of
 ``max_model_len`` tokens need (``EngineConfig.total_kv_pages``), capped by
@@ -57,6 +61,7 @@ class KVSizing:
     activation_bytes: int | None = None
     kv_dtype: str = "float32"
     scale_bytes: int = 0
+    note: str = ""  # how the numbers were obtained, appended to describe() ("" for none)
 
     @property
     def max_tokens(self) -> int:
@@ -82,7 +87,7 @@ class KVSizing:
                 f"{self.page_size} tokens (+ the null page) "
                 f"= {self.max_tokens} tokens, {self.pool_bytes / gib:.2f} GiB; max concurrency "
                 f"at max_model_len {max_model_len}: {self.max_tokens / max_model_len:.2f}x"
-                f"{extra}")
+                f"{extra}" + (f" ({self.note})" if self.note else ""))
 
 
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: Any) -> np.dtype:
@@ -125,9 +130,19 @@ def host_available_bytes() -> int | None:
         return None
 
 
+def device_memory_stats() -> dict[str, int] | None:
+    """``memory_stats()`` of the first JAX device (bytes: ``bytes_limit``, ``bytes_in_use``,
+    ...), or None where the backend reports none or no ``bytes_limit`` (the CPU). The one place
+    both the engine and ``jaxinfer compile`` read device memory (tests replace it)."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats()
+    return stats if stats and "bytes_limit" in stats else None
+
+
 def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
                  memory_stats: dict[str, int] | None, activation_bytes: int = 0,
-                 host_bytes: int | None = None) -> KVSizing:
+                 host_bytes: int | None = None, weights_bytes: int = 0) -> KVSizing:
     """Choose the pool size (module docstring) from numbers measured by the caller.
 
     Args:
@@ -136,6 +151,9 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
         ``bytes_limit`` and ``bytes_in_use``), or None on the CPU.
       activation_bytes: temporaries of the largest programs (device path only).
       host_bytes: available host RAM in bytes (CPU path), None if unknown (no cap).
+      weights_bytes: device bytes of weights not yet in ``bytes_in_use`` (``jaxinfer
+        compile``, which loads none; device path only: the caller takes them off
+        ``host_bytes`` itself). ``KVSizing.weights_bytes`` is in use plus these.
     Raises:
       ConfigError: the budget cannot hold one ``max_model_len`` sequence (+ the null page).
     """
@@ -150,7 +168,8 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
         return pool(ec.num_kv_pages, source="num_kv_pages")
     util = ec.gpu_memory_utilization
     if memory_stats is not None and "bytes_limit" in memory_stats:
-        limit, in_use = int(memory_stats["bytes_limit"]), int(memory_stats["bytes_in_use"])
+        limit = int(memory_stats["bytes_limit"])
+        in_use = int(memory_stats["bytes_in_use"]) + weights_bytes
         budget = int(util * limit) - in_use - activation_bytes
         sizing = pool(max(0, budget - scales) // page, source="device memory",
                       budget_bytes=budget, weights_bytes=in_use,
@@ -181,13 +200,14 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
     return sizing
 
 
-def profile_activation_bytes(net: Any, ec: EngineConfig, dtype: Any) -> int:
-    """Device bytes a step needs besides weights and KV pool, for the largest prefill and
-    decode buckets of ``ec`` (max of the two), compiled against a 2-page pool of ``ec``'s KV
-    dtype (``dtype``: the model's): the model program's temporaries plus the [S, V] float32
-    logits it hands to the sampler, or the all-True sampler program's temporaries plus those
-    logits, whichever is larger (see runner.py). Costs three compilations; called only when
-    the pool is sized from device memory."""
+def lower_probes(net: Any, ec: EngineConfig, dtype: Any, *, sampler: bool = True
+                 ) -> list[tuple[str, Any, int]]:
+    """The activation probes of ``ec`` for ``net`` (abstract or not), traced and lowered but
+    not compiled: ``(name, jax.stages.Lowered, logits bytes)`` for "prefill" (largest prefill
+    bucket), "decode" (largest decode bucket) and, with ``sampler``, "sampler" (the all-True
+    sampler program at the larger row count); each against a 2-page pool of ``ec``'s KV dtype
+    (``dtype``: the model's) with the widest page bucket. The logits bytes are the
+    [S, V] float32 logits the model program returns and the sampler reads."""
     from jaxinfer.batch import Bucket
     from jaxinfer.layers.attention import get_backend
     from jaxinfer.runner import SAMPLE, SAMPLER, ModelRunner
@@ -197,32 +217,57 @@ def profile_activation_bytes(net: Any, ec: EngineConfig, dtype: Any) -> int:
                         attention=get_backend(ec.attention_backend),
                         kv_dtype=resolve_kv_dtype(ec.kv_cache_dtype, dtype), abstract=True)
     P = ec.page_buckets[-1]
-    buckets = [Bucket("prefill", ec.prefill_buckets[-1], ec.prefill_seq_buckets[-1], P),
-               Bucket("decode", ec.decode_buckets[-1], ec.decode_buckets[-1], P)]
-    S = max(b.num_seqs for b in buckets)
-    programs = [(b, SAMPLE) for b in buckets] + [(sampler_bucket(S, "full"), SAMPLER)]
-    temps = []
-    for b, mode in programs:
-        stats = probe.lower(b, mode).compile().memory_analysis()
-        logits = b.num_seqs * net.cfg.vocab_size * 4  # returned by one, read by the other
-        temps.append(int(getattr(stats, "temp_size_in_bytes", 0) or 0) + logits)
-        log.info("activation probe %s %s: %.1f MiB temporaries + logits", mode, b,
-                 temps[-1] / 2**20)
-    return max(temps)
+    buckets = {"prefill": Bucket("prefill", ec.prefill_buckets[-1], ec.prefill_seq_buckets[-1],
+                                 P),
+               "decode": Bucket("decode", ec.decode_buckets[-1], ec.decode_buckets[-1], P)}
+    programs = [(name, b, SAMPLE) for name, b in buckets.items()]
+    if sampler:
+        S = max(b.num_seqs for b in buckets.values())
+        programs.append(("sampler", sampler_bucket(S, "full"), SAMPLER))
+    V = net.cfg.vocab_size
+    return [(name, probe.lower(b, mode), b.num_seqs * V * 4) for name, b, mode in programs]
+
+
+def compile_probes(lowered: list[tuple[str, Any, int]], threads: int = 1) -> dict[str, int]:
+    """Compile :func:`lower_probes`' programs (``threads`` at a time: XLA compiles outside
+    the GIL) and return ``{name: temporaries + logits bytes}``; the executables are dropped."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def temps(item: tuple[str, Any, int]) -> int:
+        name, low, logits = item
+        stats = low.compile().memory_analysis()
+        n = int(getattr(stats, "temp_size_in_bytes", 0) or 0) + logits
+        log.info("activation probe %s: %.1f MiB temporaries + logits", name, n / 2**20)
+        return n
+
+    if threads <= 1 or len(lowered) <= 1:
+        sizes = [temps(item) for item in lowered]
+    else:
+        with ThreadPoolExecutor(min(threads, len(lowered))) as ex:
+            sizes = list(ex.map(temps, lowered))
+    return {name: n for (name, _, _), n in zip(lowered, sizes)}
+
+
+def profile_activation_bytes(net: Any, ec: EngineConfig, dtype: Any) -> int:
+    """Device bytes a step needs besides weights and KV pool, for the largest prefill and
+    decode buckets of ``ec`` (max of the two), compiled against a 2-page pool of ``ec``'s KV
+    dtype (``dtype``: the model's): the model program's temporaries plus the [S, V] float32
+    logits it hands to the sampler, or the all-True sampler program's temporaries plus those
+    logits, whichever is larger (see runner.py). Costs three compilations; called only when
+    the pool is sized from device memory."""
+    return max(compile_probes(lower_probes(net, ec, dtype)).values())
 
 
 def size_for_engine(net: Any, model_config: ModelConfig, ec: EngineConfig, dtype: Any
                     ) -> KVSizing:
     """Measure (device memory, activations or host RAM) and size the engine's pool
     (``dtype``: the model dtype; the pool's is ``KVSizing.kv_dtype``)."""
-    import jax
-
     if ec.num_kv_pages is not None:
         return size_kv_pool(model_config, ec, dtype, memory_stats=None)
-    stats = jax.devices()[0].memory_stats()
-    if stats and "bytes_limit" in stats:
+    stats = device_memory_stats()
+    if stats is not None:
         act = profile_activation_bytes(net, ec, dtype)
-        stats = jax.devices()[0].memory_stats()  # after the probe's compilations
+        stats = device_memory_stats() or stats  # after the probe's compilations
         return size_kv_pool(model_config, ec, dtype, memory_stats=stats, activation_bytes=act)
     return size_kv_pool(model_config, ec, dtype, memory_stats=None,
                         host_bytes=host_available_bytes())

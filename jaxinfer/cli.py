@@ -24,7 +24,7 @@ def _engine_args(ns: argparse.Namespace) -> dict:
         args["max_model_len"] = ns.max_model_len
     for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
                  "prefill_buckets", "page_buckets", "prefill_seq_buckets", "quantization",
-                 "kv_cache_dtype", "matmul_backend"):  # None: the default
+                 "kv_cache_dtype", "matmul_backend", "gpu_memory_utilization"):  # None: default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
     if getattr(ns, "async_scheduling", None) is not None:
@@ -95,8 +95,15 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
     b.add_argument("--max-num-batched-tokens", type=int, help="most tokens in a prefill step")
     b.add_argument("--max-prefill-seqs", type=int, help="most sequences in a prefill step")
-    b.add_argument("--num-kv-pages", type=int, help="KV pool pages (default: max_num_seqs "
-                                                    "full-length sequences)")
+    b.add_argument("--gpu-memory-utilization", type=float,
+                   help="fraction (0, 1] of XLA's device memory limit (CPU: available RAM) "
+                        "for weights, activations and the KV pool when --num-kv-pages is "
+                        "not given (default 0.9, vLLM's)")
+    b.add_argument("--num-kv-pages", type=int,
+                   help="KV pool pages, the null page included (default: sized from device "
+                        "memory on a GPU, --gpu-memory-utilization; on the CPU max_num_seqs "
+                        "full-length sequences, capped by RAM; `jaxinfer compile` caps either "
+                        "at max_num_seqs full-length sequences)")
     b.add_argument("--decode-buckets", type=_ints, help="batch sizes, e.g. 1,2,4,8")
     b.add_argument("--prefill-buckets", type=_ints, help="packed token counts, e.g. 16,64,512")
     b.add_argument("--page-buckets", type=_ints, help="block-table widths in pages")

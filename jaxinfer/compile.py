@@ -152,20 +152,14 @@ def model_config_of(model: str) -> ModelConfig:
 def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:
     """A ModelRunner over ShapeDtypeStruct weights and KV pool: it lowers and compiles the
     engine's programs for ``ec`` without allocating either (8B/70B shapes on a small host)."""
-    import jax
-    from flax import nnx
-
+    from jaxinfer.compile_kv import abstract_net
     from jaxinfer.engine import _resolve_dtype
     from jaxinfer.kv_sizing import resolve_kv_dtype
     from jaxinfer.layers.attention import get_backend
-    from jaxinfer.models.params import param_shapes
-    from jaxinfer.models.transformer import CausalLM, model_options
     from jaxinfer.runner import ModelRunner
 
     dtype = _resolve_dtype(ec.dtype)
-    shapes = {k: jax.ShapeDtypeStruct(s, dtype) for k, s in param_shapes(model_config).items()}
-    net = nnx.eval_shape(lambda p: CausalLM(model_config, p, dtype, **model_options(ec)),
-                         shapes)
+    net = abstract_net(model_config, ec)
     return ModelRunner(net, num_pages=ec.total_kv_pages, page_size=ec.block_size,
                        attention=get_backend(ec.attention_backend),
                        kv_dtype=resolve_kv_dtype(ec.kv_cache_dtype, dtype),
@@ -285,8 +279,10 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Program]) -> str:
-    """Header of ``jaxinfer compile``: model, KV pool memory and program counts."""
+def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Program],
+             sizing: Any = None) -> str:
+    """Header of ``jaxinfer compile``: model, KV pool memory (with ``sizing``, a
+    ``kv_sizing.KVSizing``: how its page count was chosen) and program counts."""
     from jaxinfer.engine import _resolve_dtype
     from jaxinfer.kv_sizing import kv_scale_bytes, resolve_kv_dtype
     from jaxinfer.layers.attention import get_backend
@@ -320,6 +316,7 @@ def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Progr
          f"2 x L {mc.num_layers} x Hkv {mc.num_kv_heads} x {ec.total_kv_pages} x "
          f"{ec.block_size} x D {mc.head_dim} x {kv_dtype.itemsize} B"
          + (f" + {scales} B scales" if scales else "") + f" = {kv:,} bytes ({_gib(kv)})"),
+        *([f"KV pool sizing: {sizing.describe(ec.max_model_len)}"] if sizing else []),
         f"programs: {len(programs)} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")",
     ]
     if rows:
@@ -347,8 +344,17 @@ def add_compile_command(sub: Any) -> None:
     """Register ``jaxinfer compile`` on the CLI's subparsers (called by cli.build_parser)."""
     from jaxinfer import cli
 
-    p = sub.add_parser("compile", help="compile every bucket of a configuration ahead of time "
-                                       "into --cache-dir (start-ups then compile nothing)")
+    p = sub.add_parser(
+        "compile", help="compile every bucket of a configuration ahead of time into "
+                        "--cache-dir (start-ups then compile nothing)",
+        description="Compile every program of a configuration into --cache-dir. The KV "
+                    "pool's page count is part of every program: --num-kv-pages, else the "
+                    "pool an engine would size on this device (GPU: "
+                    "--gpu-memory-utilization of XLA's memory limit less the weights, "
+                    "computed from the parameter shapes, and the largest buckets' "
+                    "activations; CPU: max_num_seqs x max_model_len, capped by available "
+                    "RAM), at most max_num_seqs x max_model_len. An engine started with the "
+                    "cache adopts it.")
     cli._add_engine_options(p)
     p.add_argument("--list", action="store_true",
                    help="print the bucket table and the KV memory it implies; compile nothing")
@@ -387,14 +393,17 @@ def cmd_compile(ns: Any) -> int:
         mc = model_config_of(ns.model)
         phases.mark("model config")
         ec = engine_config_for(mc, args)
-        if ec.num_kv_pages is None:
-            # The pool's shape is part of every program, so a compile cache fixes it; an
-            # engine started with the cache adopts it (LLMEngine) instead of sizing from free
-            # memory.
-            ec = dataclasses.replace(ec, num_kv_pages=ec.total_kv_pages)
+        # The pool's shape is part of every program, so a compile cache fixes it; an engine
+        # started with the cache adopts it (LLMEngine). Without --num-kv-pages: the pool that
+        # engine would size from this device's memory, at most total_kv_pages (compile_kv).
+        from jaxinfer.compile_kv import size_for_compile
+
+        sizing = size_for_compile(mc, ec)
+        ec = dataclasses.replace(ec, num_kv_pages=sizing.num_pages)
+        phases.mark("KV pool sized")
         programs = enumerate_programs(ec, [m.strip() for m in ns.modes.split(",")
                                            if m.strip()])
-        print(describe(ns.model, mc, ec, programs), flush=True)
+        print(describe(ns.model, mc, ec, programs, sizing), flush=True)
         phases.mark("configuration described")
         if ns.list:
             print(bucket_table(programs))

@@ -53,8 +53,10 @@ def test_list_logs_its_phases_in_order_and_starts_no_worker(caplog):
     caplog.set_level(logging.INFO, logger="jaxinfer.compile")
     assert cli.main(["compile", "--model", MODEL, *CLI_ENGINE, "--list", "--jobs", "2"]) == 0
     ph = _phases(caplog)
-    assert list(ph) == ["command parsed", "model config", "configuration described"]
-    assert 0 < ph["command parsed"] <= ph["model config"] <= ph["configuration described"]
+    assert list(ph) == ["command parsed", "model config", "KV pool sized",
+                        "configuration described"]
+    assert 0 < ph["command parsed"] <= ph["model config"] <= ph["KV pool sized"] <= ph[
+        "configuration described"]
 
 
 def test_pool_starts_workers_at_once_and_only_those_needed():

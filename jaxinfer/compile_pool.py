@@ -61,6 +61,10 @@ def _compile_program(runner: Any, program: Program) -> tuple[bytes, float]:
 
     from jaxinfer.compile_cache import CompileCacheError, serialize_program, xla_compilations
 
+    # From scratch: a program this process already built (the runner's shared sampler and
+    # helper programs, see runner._SHARED) would come from jit's in-memory cache, compiled by
+    # nobody here and refused below.
+    jax.clear_caches()
     before, t0 = xla_compilations(), time.perf_counter()
     from jaxinfer.runner import COMPILER_OPTIONS
 

@@ -3,8 +3,9 @@
 Each bucket (see ``batch.Bucket``) is lowered and compiled once, ahead of time, with the KV
 pool donated so page writes happen in place. ``num_compilations`` counts programs compiled by
 XLA so tests can assert that serving compiles nothing after warm-up; ``num_loaded`` counts
-programs loaded instead (from a ``jaxinfer compile`` cache set as ``program_store``, or from
-JAX's persistent compilation cache).
+programs loaded instead (from a ``jaxinfer compile`` cache set as ``program_store``, from
+JAX's persistent compilation cache, or, for the model-independent programs, from an earlier
+runner of this process: see ``_SHARED``).
 
 A sample step is two programs, dispatched back to back (no host round trip between them):
 the model program of the step's bucket, which returns the [S, V] float32 logits of the rows
@@ -109,6 +110,18 @@ def _make_sampler(needs: SamplerNeeds):
     return jax.jit(run, donate_argnums=(1 + len(SamplingArrays._fields),))
 
 
+# The programs that do not depend on the model (sampler variants, penalty history, page copy,
+# token gather) are jitted once per process and shared by every runner: jit caches the traced,
+# lowered and compiled program of each argument shape, so a second engine (the synchronous
+# twin of an async one, a benchmark's next configuration, the test suite's many engines) takes
+# them from memory instead of tracing and compiling them again. Their shapes carry everything
+# they depend on (S, V, num_slots, the pool's); ``jax.clear_caches()`` drops them, and a
+# change to a module constant read while tracing (sampling_filters' tunables) needs it.
+_SHARED_SAMPLERS = {name: _make_sampler(needs) for name, needs in SAMPLER_VARIANTS.items()}
+_SHARED = {HISTORY: jax.jit(load_token_history, donate_argnums=(0,)),
+           COPY: jax.jit(copy_pages, donate_argnums=(0,)), GATHER: jax.jit(_gather_tokens)}
+
+
 def _metadata(inputs: StepInputs) -> AttentionMetadata:
     return AttentionMetadata(inputs.positions, inputs.slot_mapping, inputs.seq_ids,
                              inputs.block_tables, inputs.seq_lens, inputs.logits_indices,
@@ -159,12 +172,10 @@ class ModelRunner:
         self.compile_seconds: dict[tuple[str, Bucket], float] = {}
         self._executables: dict[tuple[str, Bucket], Any] = {}
         self._samplers: dict[tuple[int, str], Any] = {}  # (S, variant) -> program, per step
+        # The model programs close over this model's graph and attention backend: per runner.
         self._jitted = {SAMPLE: self._make_step(SAMPLE), LOGITS: self._make_step(LOGITS),
-                        HISTORY: jax.jit(load_token_history, donate_argnums=(0,)),
-                        COPY: jax.jit(copy_pages, donate_argnums=(0,)),
-                        GATHER: jax.jit(_gather_tokens)}
-        self._jitted_samplers = {name: _make_sampler(needs)
-                                 for name, needs in SAMPLER_VARIANTS.items()}
+                        **_SHARED}
+        self._jitted_samplers = _SHARED_SAMPLERS
 
     # ----------------------------------------------------------------- programs
     def _make_step(self, mode: str):

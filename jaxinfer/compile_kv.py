@@ -30,7 +30,8 @@ adopts it (``LLMEngine``, ``compile.cached_num_kv_pages``):
   in a tiny model, 1.6 %); growing slower only makes it high (fewer pages, never more).
   Its cost for 8B activations of 2.46 GiB (an H200 probe, RESULTS.md): 63 pages of 2 MiB.
 * CPU (no ``memory_stats()``): ``kv_sizing.size_kv_pool``'s host path, the available RAM
-  less the weights the engine will hold there.
+  less the weights the engine will hold there; where the weights alone exceed the RAM (a
+  bucket set compiled for another machine), ``total_kv_pages`` with a warning.
 
 A budget that cannot hold one ``max_model_len`` sequence raises ConfigError (size_kv_pool).
 """
@@ -146,6 +147,15 @@ def size_for_compile(model_config: ModelConfig, ec: EngineConfig) -> KVSizing:
     # Read through the module: tests replace kv_sizing.device_memory_stats.
     if kv_sizing.device_memory_stats() is None:
         host = kv_sizing.host_available_bytes()
+        if host is not None and host <= weights:
+            # The weights alone exceed this host's RAM: the programs are compiled here for
+            # another machine (a 70B-shaped bucket set on a laptop), so its RAM says nothing
+            # about the pool: max_num_seqs full-length sequences, as before the RAM cap.
+            log.warning("KV pool: the weights (%.2f GiB) exceed this host's available RAM "
+                        "(%.2f GiB): sized for max_num_seqs x max_model_len; pass "
+                        "--num-kv-pages for the machine that will run it", weights / 2**30,
+                        host / 2**30)
+            host = None
         sizing = size_kv_pool(model_config, ec, dtype, memory_stats=None,
                               host_bytes=None if host is None else max(0, host - weights))
         note = (f"of the host RAM less {weights / 2**30:.2f} GiB weights from the parameter "

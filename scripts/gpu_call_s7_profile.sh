@@ -19,3 +19,16 @@ run compile-prof 120 $JI compile $ENG --cache-dir /tmp/pc --jobs 14
 TAIL=60 run profile-b256 200 python3 -u benchmarks/profile_decode.py --out "$OUT/records/prof" \
   --batch 256 --ctx 1024 --steps 10 --max-model-len 4352 --host-profile --cache-dir /tmp/pc
 echo "packed $(du -h "$FINAL/results.tgz" | cut -f1)"
+# Then the compile's own KV sizing (46b3eb1, unmeasured on a GPU): no --num-kv-pages, the
+# 8192-token prefill bucket (the activation peak), an engine adopting the cache runs a
+# 4096-token prompt and 256 streams.
+VER="--model llama-3.1-8b --load-format dummy --max-model-len 4352 --max-num-seqs 256
+  --max-num-batched-tokens 8192 --max-prefill-seqs 64 --prefill-buckets 1024,8192
+  --decode-buckets 1,256 --cache-dir /tmp/kvc"
+# shellcheck disable=SC2086
+TAIL=20 run compile-kvsize 150 $JI compile $VER --modes sample --jobs 14 -v
+# shellcheck disable=SC2086
+TAIL=30 run latency-kvsize 170 $JI bench latency $VER --out "$OUT/records" --prompt-lens 4096 \
+  --concurrency 1,256 --input-len 128 --output-len 64
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$OUT/logs/nvidia-smi-end.txt"
+pack

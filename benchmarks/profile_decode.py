@@ -144,6 +144,9 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None,
                     help="compile cache to load the programs from (fill it first with "
                          "`jaxinfer compile` and this engine's options, see the docstring)")
+    ap.add_argument("--num-kv-pages", type=int, default=None,
+                    help="KV pool pages (give the --cache-dir compile's value: the pool size is "
+                         "part of the programs' fingerprint)")
     ap.add_argument("--host-profile", action="store_true",
                     help="after the traced phases, run --steps engine steps under cProfile and "
                          "write the top functions by own time (host_profile.txt)")
@@ -165,7 +168,11 @@ def main() -> None:
     extra = {"max_model_len": ns.max_model_len} if ns.max_model_len else {}
     if ns.cache_dir:
         extra["compile_cache_dir"] = ns.cache_dir
+    if ns.num_kv_pages:
+        extra["num_kv_pages"] = ns.num_kv_pages
     eng = make_engine(ns.model, ns.backend, [b], ns.ctx, 4 * ns.steps + 8, scan, **extra)
+    print(f"[{time.perf_counter():.0f}] engine ready; programs compiled so far: "
+          f"{eng.runner.num_compilations}", flush=True)
     rng = np.random.default_rng(0)
     sp = SamplingParams(temperature=0.0, max_tokens=(5 if ns.host_profile else 4) * ns.steps,
                         ignore_eos=True)
@@ -183,6 +190,8 @@ def main() -> None:
         while not all(s.num_output_tokens > 2 for s in eng.scheduler.running) \
                 or len(eng.scheduler.running) < b:
             eng.step()  # prefill + first decode steps: everything compiled
+        print(f"[{time.perf_counter():.0f}] {b} rows decoding; programs compiled: "
+              f"{eng.runner.num_compilations}", flush=True)
     report, summary = [], {"config": vars(ns), "device": jax.devices()[0].device_kind}
     replay = decode_replay(eng, b, ns.ctx, distinct=ns.synthetic)
     jax.block_until_ready(replay())

@@ -11,13 +11,13 @@
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh
-ENG="--model llama-3.1-8b --load-format dummy --dtype bfloat16 --attention-backend pallas
+ENG="--model dummy:llama-3.1-8b --load-format dummy --dtype bfloat16 --attention-backend pallas
   --max-model-len 4352 --max-num-seqs 256 --decode-buckets 256 --max-num-batched-tokens 1024
   --prefill-buckets 1024 --max-prefill-seqs 1 --num-kv-pages 36000"
 # shellcheck disable=SC2086
 run compile-prof 120 $JI compile $ENG --cache-dir /tmp/pc --jobs 14
 TAIL=60 run profile-b256 200 python3 -u benchmarks/profile_decode.py --out "$OUT/records/prof" \
-  --batch 256 --ctx 1024 --steps 10 --max-model-len 4352 --host-profile --cache-dir /tmp/pc
+  --batch 256 --ctx 1024 --steps 10 --max-model-len 4352 --num-kv-pages 36000 --host-profile --cache-dir /tmp/pc
 echo "packed $(du -h "$FINAL/results.tgz" | cut -f1)"
 # Then the compile's own KV sizing (46b3eb1, unmeasured on a GPU): no --num-kv-pages, the
 # 8192-token prefill bucket (the activation peak), an engine adopting the cache runs a

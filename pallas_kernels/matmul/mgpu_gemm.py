@@ -57,6 +57,10 @@ def mgpu_supported(M: int, K: int, N: int, dtype: jnp.dtype,
         jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8))
 
 
+def _round_up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
 def _num_sms() -> int:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is not None and getattr(mesh, "abstract_device", None) is not None:
@@ -89,6 +93,11 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
         plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
         plgpu.SwizzleTransform(out_swizzle))
 
+    # A TMA copy's shared-memory address must be 128-byte aligned: each scale slice starts on
+    # a 32-float boundary (a decode tile of 8 tokens, unpadded, put warpgroup 1's slices at
+    # 288 / 544 bytes: "CUDA misaligned address" on the H200).
+    seg_m, seg_n = _round_up(tile_m, 32), _round_up(tile_n, 32)
+
     def get_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
             body, grid=(k_iters,), memory_registers=40,
@@ -108,7 +117,7 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(x_gmem, w_gmem),
         out_smem=plgpu.SMEM((2, num_out_slots, epi_m, epi_n), out_dtype,
                             transforms=out_transforms),
-        scale_smem=plgpu.SMEM((2, tile_m + tile_n), jnp.float32),
+        scale_smem=plgpu.SMEM((2, seg_m + seg_n), jnp.float32),
         scale_barrier=plgpu.Barrier(num_barriers=4),
         collective_axes="wg")
     def _scope(pipeline_allocs, out_smem, scale_smem, scale_barrier):
@@ -132,7 +141,7 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
                                    acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
                 def _acc_scope(acc_ref):
                     xs_s = scale_smem.at[wg_idx, pl.ds(0, tile_m)]
-                    ws_s = scale_smem.at[wg_idx, pl.ds(tile_m, tile_n)]
+                    ws_s = scale_smem.at[wg_idx, pl.ds(seg_m, tile_n)]
                     xs_bar = scale_barrier.at[2 * wg_idx]
                     ws_bar = scale_barrier.at[2 * wg_idx + 1]
                     if has_xs:
@@ -229,20 +238,28 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
 
 
 def decode_config(M: int, K: int, N: int, dtype: jnp.dtype, split_k: int | None = None,
-                  stages: int = 8) -> MgpuConfig:
-    """Tiles for :func:`mgpu_decode_linear`: 64 weight rows x (M padded to 16k) tokens."""
+                  stages: int = 8, tile_m: int = 64, waves: int = 1,
+                  num_sms: int = 132) -> MgpuConfig:
+    """Tiles for :func:`mgpu_decode_linear`: ``tile_m`` weight rows (64 or 128, shared by
+    both consumer warpgroups) x (M padded to 16k) tokens, split in two across them.
+
+    ``split_k=None`` doubles split-K while the ``(N / tile_m) * split_k`` work units fill
+    fewer than ``waves`` waves of ``num_sms`` SMs and each unit keeps >= 512 K columns;
+    ``stages`` (TMA pipeline depth) is capped so stages fit in 160 KiB of shared memory.
+    """
     m_pad = max(16, -(-M // 16) * 16)
     tile_k = 128 if jnp.dtype(dtype).itemsize == 1 else 64
     if split_k is None:
         split_k = 1
-        while (N // 64) * split_k < 132 and K % (tile_k * split_k * 2) == 0 and \
-                K // (split_k * 2) >= 512:
+        while (N // tile_m) * split_k < num_sms * waves and \
+                K % (tile_k * split_k * 2) == 0 and K // (split_k * 2) >= 512:
             split_k *= 2
-    per_stage = (64 + m_pad) * tile_k * jnp.dtype(dtype).itemsize
+    per_stage = (tile_m + m_pad) * tile_k * jnp.dtype(dtype).itemsize
     stages = max(2, min(stages, (160 * 1024) // per_stage))  # leave room for the epilogue
-    return MgpuConfig(tile_m=64, tile_n=m_pad // 2, tile_k=tile_k, max_concurrent_steps=stages,
-                      epi_tile_m=64, epi_tile_n=min(64, m_pad // 2), grid_minor_n=False,
-                      grid_tile_width=1, split_k=split_k)
+    return MgpuConfig(tile_m=tile_m, tile_n=m_pad // 2, tile_k=tile_k,
+                      max_concurrent_steps=stages, epi_tile_m=64,
+                      epi_tile_n=min(64, m_pad // 2), grid_minor_n=False, grid_tile_width=1,
+                      split_k=split_k)
 
 
 def mgpu_decode_supported(M: int, K: int, N: int, dtype: jnp.dtype) -> bool:
@@ -259,13 +276,16 @@ def mgpu_decode_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None 
     """Decode GEMM on wgmma with A and B swapped ("swap-AB", as TensorRT-LLM's FP8 GEMV).
 
     wgmma's M is at least 64, so for a handful of tokens it computes ``outᵀ = w_nk · xᵀ``:
-    64 weight rows fill the MMA's M side and the tokens (padded to a multiple of 16) its N
+    64 (or 128) weight rows fill the MMA's M side and the tokens (padded to a multiple of 16) its N
     side, so no tensor-core work is spent on 64-row padding of x. Weights stream through
     TMA ``max_concurrent_steps`` deep; ``split_k`` fills the SMs for small N (float32
     partials added by XLA, fused with the transpose back to ``[M, N]``).
 
     Args and dtypes as :func:`mgpu_linear` (x and w of one dtype: bf16, or FP8 with both
-    scales). Returns ``[M, N]`` in ``out_dtype``.
+    scales); ``config`` from :func:`decode_config`. Returns ``[M, N]`` in ``out_dtype``.
+    Raises:
+      ValueError: M above the config's padded token count, N not a multiple of
+        ``config.tile_m`` (the weight would be padded, i.e. copied), or :func:`mgpu_linear`'s.
     """
     M, K = x.shape
     N = w_nk.shape[0]
@@ -273,6 +293,8 @@ def mgpu_decode_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None 
     m_pad = 2 * cfg.tile_n
     if M > m_pad:
         raise ValueError(f"mgpu_decode_linear: M={M} exceeds the config's {m_pad} tokens")
+    if N % cfg.tile_m:
+        raise ValueError(f"mgpu_decode_linear: N={N} is not a multiple of {cfg.tile_m} rows")
     if m_pad != M:
         x = jnp.pad(x, ((0, m_pad - M), (0, 0)))
         if x_scale is not None:

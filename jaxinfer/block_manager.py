@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import Counter, OrderedDict, deque
+from collections.abc import Collection
 from typing import NamedTuple
 
 from jaxinfer.sequence import Sequence
@@ -56,7 +57,7 @@ class PrefixMatch(NamedTuple):
     """The cached prefix of a sequence: ``pages`` hold its first ``num_tokens`` tokens
     (``len(pages) * page_size``)."""
 
-    pages: list[int]
+    pages: list[int | None]  # None: a page that a step in flight fills (match_prefix)
     num_tokens: int
 
 
@@ -273,16 +274,20 @@ class BlockManager:
                                         tokens[i * ps:(i + 1) * ps]))
         return hashes
 
-    def match_prefix(self, seq: Sequence) -> PrefixMatch:
+    def match_prefix(self, seq: Sequence, filling: Collection[bytes] = ()) -> PrefixMatch:
         """Longest run of cached pages that starts ``seq`` (``seq`` holds no pages yet),
-        leaving at least its last token to compute. Read-only; see ``take_prefix``."""
+        leaving at least its last token to compute. Read-only; see ``take_prefix``.
+
+        ``filling``: prefix keys of pages that a step in flight fills (registered when it is
+        read back); they extend the run as pages in use, ``None`` in ``pages`` (such a match
+        is for ``pages_to_admit`` only, not for ``take_prefix``)."""
         if not self.enable_prefix_caching or seq.block_table:
             return NO_MATCH
         limit = (seq.num_tokens - 1) // self.page_size
-        pages: list[int] = []
+        pages: list[int | None] = []
         for key in self.page_hashes(seq)[:limit]:
             page = self._cached.get(key)
-            if page is None:
+            if page is None and key not in filling:
                 break
             pages.append(page)
         return PrefixMatch(pages, len(pages) * self.page_size)
@@ -295,7 +300,7 @@ class BlockManager:
         """Free pages consumed if ``seq`` takes ``match`` and then grows to ``num_tokens``
         tokens: fresh pages for the rest, plus matched pages that are now evictable."""
         fresh = max(0, self.pages_for_tokens(num_tokens) - len(match.pages))
-        return fresh + sum(1 for p in match.pages if self.ref_count[p] == 0)
+        return fresh + sum(1 for p in match.pages if p is not None and self.ref_count[p] == 0)
 
     def take_prefix(self, seq: Sequence, match: PrefixMatch) -> None:
         """Put ``match.pages`` at the start of ``seq``'s (empty) block table, one more

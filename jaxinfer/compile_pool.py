@@ -113,9 +113,8 @@ def _worker_hold() -> tuple[int, dict, dict]:
 def _worker_setup(model_config: ModelConfig, ec: EngineConfig) -> tuple[int, dict, dict]:
     """Build this worker's abstract runner and fingerprint for (model_config, ec) once;
     returns (pid, phase times, fingerprint)."""
-    from jaxinfer.compile_cache import fingerprint
-
     from jaxinfer.compile import abstract_runner
+    from jaxinfer.compile_cache import fingerprint
 
     if _worker.get("config") != (model_config, ec):
         runner = abstract_runner(model_config, ec)

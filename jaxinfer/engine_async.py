@@ -151,19 +151,12 @@ def admission_blocked(scheduler: Scheduler, rows: list[ScheduledChunk]) -> bool:
     if held + places(head) > cfg.max_num_seqs:
         return True
     ps = bm.page_size
-    matched: list[int | None] = []  # None: a page that step ``rows`` fills (in use)
-    if cfg.enable_prefix_caching:
-        filled = {bm.page_hashes(c.seq)[c.start // ps] for c in rows if (c.start + 1) % ps == 0}
-        for key in bm.page_hashes(head)[:(head.num_tokens - 1) // ps]:  # as match_prefix
-            page = bm.cached_page(key)
-            if page is None and key not in filled:
-                break
-            matched.append(page)
-    if (not cfg.enable_chunked_prefill and head.num_tokens - len(matched) * ps
+    filled = ({bm.page_hashes(c.seq)[c.start // ps] for c in rows if (c.start + 1) % ps == 0}
+              if cfg.enable_prefix_caching else set())
+    match = bm.match_prefix(head, filling=filled)
+    if (not cfg.enable_chunked_prefill and head.num_tokens - match.num_tokens
             - head.fork_pending > cfg.max_num_batched_tokens):
         return True
-    # bm.pages_to_admit over that match, plus a page per sample still to fork.
-    need = (max(0, bm.pages_for_tokens(head.num_tokens) - len(matched))
-            + sum(1 for p in matched if p is not None and bm.ref_count[p] == 0)
-            + (head.group.n - 1 if head.fork_pending else 0))
+    need = (bm.pages_to_admit(head, match, head.num_tokens)
+            + (head.group.n - 1 if head.fork_pending else 0))  # a page per sample to fork
     return need > bm.num_free_pages

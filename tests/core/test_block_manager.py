@@ -294,6 +294,25 @@ def test_prefix_caching_off_and_reset() -> None:
     check_pages(bm, [b])
 
 
+def test_match_prefix_with_pages_in_flight() -> None:
+    """``filling``: keys of pages a step in flight fills extend the match as pages in use
+    (None), which pages_to_admit counts as neither fresh nor evictable."""
+    bm = BlockManager(num_pages=10, page_size=2)
+    a = Sequence(1, [1, 2, 3, 4, 5])  # pages [1,2] [3,4] cached, [5] partial
+    compute(bm, a, 5)
+    bm.free(a)  # both cached pages evictable now
+    head = Sequence(2, [1, 2, 3, 4, 5, 6, 7, 8, 9])  # 5 pages, 4 full before its last token
+    plain = bm.match_prefix(head)
+    assert plain.num_tokens == 4 and None not in plain.pages
+    third = bm.page_hashes(head)[2]  # the page [5, 6]: not cached, being filled
+    m = bm.match_prefix(head, filling={third})
+    assert m.pages == plain.pages + [None] and m.num_tokens == 6
+    # 5 pages for 9 tokens: 2 fresh + the 2 evictable cached pages; the one in flight is free
+    assert bm.pages_to_admit(head, m, 9) == 2 + 2
+    assert bm.pages_to_admit(head, plain, 9) == 3 + 2
+    assert bm.match_prefix(head, filling={bm.page_hashes(head)[3]}) == plain  # not contiguous
+
+
 def test_take_prefix_errors() -> None:
     bm = BlockManager(num_pages=10, page_size=2)
     a = Sequence(1, [1, 2, 3, 4, 5])

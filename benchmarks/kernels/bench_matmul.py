@@ -29,6 +29,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -40,7 +41,7 @@ from jaxinfer.bench.records import make_record
 from pallas_kernels.matmul import api, gate_up_ref, linear_ref, quantize_rows_fp8
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from matmul_plans import SHAPES, plan, plan_decode, plan_w8a8  # noqa: E402
+from matmul_plans import SHAPES, mdec_jobs, plan, plan_decode, plan_mdec, plan_w8a8  # noqa: E402
 
 FP8 = jnp.float8_e4m3fn
 T0 = time.time()
@@ -75,8 +76,8 @@ def kernel_time_us(fn, args, iters=5, cupti=True) -> tuple[float, float]:
     return kern, statistics.median(walls)
 
 
-def ceilings() -> dict:
-    out = {}
+def ceilings(flops: bool = True) -> dict:
+    out = {"bf16_TFLOPs": math.inf, "fp8_TFLOPs": math.inf}
     n = 1 << 28  # 256 Mi f32 = 1 GiB
     a = jnp.arange(n, dtype=jnp.float32).reshape(n // 8192, 8192)
     copies = [jax.jit(lambda a: a + 1.0), jax.jit(lambda a: a * 2.0)]
@@ -85,6 +86,11 @@ def ceilings() -> dict:
     reads = [jax.jit(lambda a: jnp.sum(a, axis=1)), jax.jit(lambda a: jnp.sum(a, axis=0))]
     out["read_TBps"] = max(n * 4 / (kernel_time_us(f, (a,))[0] * 1e-6) / 1e12 for f in reads)
     del a
+    if not flops:  # bandwidth only (decode plans: M <= 64 is never compute-bound)
+        log("ceilings", {k: round(v, 2) for k, v in out.items()})
+        for key in ("copy_TBps", "read_TBps"):
+            record(f"ceiling_{key}", out[key], key.split("_")[1], what=key)
+        return out
     s = 8192
     x = jax.random.normal(jax.random.key(1), (s, s), jnp.bfloat16)
     y = jax.random.normal(jax.random.key(2), (s, s), jnp.bfloat16)
@@ -153,6 +159,46 @@ def ref_out(kind, gate_up, x, w):
     return f(xq, w["q_nk"], w["ws"], xs, out_dtype=jnp.bfloat16)
 
 
+GUARD_SHAPE = "4096,4096"  # K,N of the guard's one small shape (the 8B o_proj)
+
+
+def guard_child(ms, shape: str) -> None:
+    """Child process of the guard: every ``mgpu_decode`` tiling of :func:`plan_mdec` on one
+    ``"K,N"`` shape at each M, checked against the float32 reference; exit 0 iff all are
+    finite with relative L2 error < 1e-2 (a CUDA fault kills only this process). On a CPU
+    the kernels run in the Mosaic GPU interpreter (tests)."""
+    K, N = (int(v) for v in shape.split(","))
+    gu, shapes = False, {"guard": (K, N, False)}
+    interpret = jax.default_backend() == "cpu"
+    w = make_weights(K, N, 1, seed=99)[0]
+    ok = True
+    for M in ms:
+        x = jax.random.normal(jax.random.key(1000 + M), (M, K), jnp.bfloat16)
+        for _, _, fam, kind, backend, cfg in mdec_jobs("guard", M, shapes):
+            one = ours_fn(kind, gu, backend, cfg, interpret=interpret)
+            out = jax.jit(one)(x, w).astype(jnp.float32)
+            ref = ref_out(kind, gu, x, w).astype(jnp.float32)
+            err = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+            good = bool(jnp.isfinite(out).all()) and err < 1e-2
+            ok &= good
+            print(f"GUARD {fam} M={M} rel_err={err:.2e} {'ok' if good else 'WRONG'}",
+                  flush=True)
+    sys.exit(0 if ok else 1)
+
+
+def run_guard(ms, timeout: float, shape: str = GUARD_SHAPE) -> tuple[bool, str]:
+    """Run :func:`guard_child` in a subprocess (before this process touches the GPU);
+    ``(passed, the end of its output)``."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--guard-child",
+           "--ms", ",".join(str(m) for m in ms), "--guard-shape", shape]
+    try:
+        p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+        tail = (p.stdout + p.stderr)[-1500:]
+        return p.returncode == 0, tail
+    except subprocess.TimeoutExpired as e:
+        return False, f"guard timed out after {timeout:.0f}s: {str(e.stdout)[-500:]}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/bench_matmul")
@@ -162,8 +208,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
-    ap.add_argument("--plan", choices=("full", "decode", "w8a8"), default="full",
-                    help="decode: the session-4 W8A16 candidates first (plan_decode)")
+    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec"), default="full",
+                    help="decode: the session-4 W8A16 candidates first (plan_decode); "
+                         "mdec: the Mosaic GPU swap-AB decode kernel vs the engine's paths")
+    ap.add_argument("--ceilings", choices=("all", "bw"), default="all",
+                    help="bw: copy / read bandwidth only (skip the 8192^3 matmul rates)")
+    ap.add_argument("--guard-timeout", type=float, default=45.0)
+    ap.add_argument("--guard-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--guard-shape", default=GUARD_SHAPE, help="K,N of the guard's shape")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, interpret mode (CPU)")
     args = ap.parse_args()
     if args.smoke:
@@ -171,14 +223,28 @@ def main() -> None:
         SHAPES.update({"tiny": (256, 512, False), "tiny_gu": (256, 512, True)})
         args.ms, args.shapes, args.budget = "8,128", "tiny,tiny_gu", 1e9
     deadline = T0 + args.budget
-    os.makedirs(args.out, exist_ok=True)
-    log("device", jax.devices()[0].device_kind, "jax", jax.__version__)
-    ceil = ceilings() if not args.smoke else dict(
-        read_TBps=1.0, copy_TBps=1.0, bf16_TFLOPs=1.0, fp8_TFLOPs=1.0)
     ms = [int(m) for m in args.ms.split(",")]
+    if args.guard_child:
+        guard_child(ms, args.guard_shape)
+    os.makedirs(args.out, exist_ok=True)
     shapes = args.shapes.split(",")
-    jobs = {"decode": plan_decode, "w8a8": plan_w8a8}.get(
+    jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec}.get(
         args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
+    guard = None
+    if any(j[4] == "mgpu_decode" for j in jobs) and not args.smoke:
+        # First, before this process touches the GPU: the Mosaic decode kernel in a child
+        # process (its first H200 run faulted and took the CUDA context with it).
+        ok, tail = run_guard([m for m in ms if m <= 128], args.guard_timeout,
+                             args.guard_shape)
+        log(f"guard {'passed' if ok else 'FAILED: mgpu_decode jobs dropped'}\n{tail}")
+        guard = (ok, tail)
+        if not ok:
+            jobs = [j for j in jobs if j[4] != "mgpu_decode"]
+    log("device", jax.devices()[0].device_kind, "jax", jax.__version__)
+    if guard is not None:
+        record("mdec_guard_passed", guard[0], "bool", shape=args.guard_shape, tail=guard[1])
+    ceil = ceilings(args.ceilings == "all") if not args.smoke else dict(
+        read_TBps=1.0, copy_TBps=1.0, bf16_TFLOPs=1.0, fp8_TFLOPs=1.0)
     weights, xs, nrep = {}, {}, {}
     for sname in shapes:
         K, N, _ = SHAPES[sname]
@@ -216,8 +282,8 @@ def main() -> None:
             json.dump(RECORDS, f, indent=1)
 
     for ji, j in enumerate(jobs):
+        dump()  # after every job: a CUDA fault loses nothing measured before it
         if ji % 25 == 0:
-            dump()
             log(f"job {ji}/{len(jobs)}")
         if time.time() > deadline:
             log("deadline reached; skipping the rest")
@@ -287,6 +353,7 @@ def main() -> None:
     fams = ["xla_bf16", "tri_bf16", "tri_bf16_swap", "mdec_bf16", "mgpu_bf16", "xla_w8a16",
             "tri_w8a16", "tri_w8a16_swap", "tri_w8a16_fast", "tri_w8a16_swap_fast",
             "xla_w8a8", "tri_w8a8", "tri_w8a8_swap", "mdec_w8a8", "mgpu_w8a8"]
+    fams += sorted({k[2] for k in best} - set(fams))
     fams = [f for f in fams if any(k[2] == f for k in best)]
     print("\nµs per call (weight TB/s for M<=256, TFLOP/s above); floor = max(bytes/read_bw,"
           f" flops/peak); read {ceil['read_TBps']:.2f} TB/s, copy {ceil['copy_TBps']:.2f} TB/s,"

@@ -3,14 +3,17 @@ tile config) jobs a run measures, in priority order (a run's deadline cuts the t
 
 ``plan`` is the broad sweep of sessions 1–2, ``plan_decode`` the session-4 W8A16 candidates
 (swap-AB, Marlin-style dequantization) plus the Mosaic GPU prefill jobs, ``plan_w8a8`` the
-session-4 W8A8 swap-AB decode candidates. Results: NOTES_matmul.md.
+session-4 W8A8 swap-AB decode candidates, ``plan_mdec`` the session-7 Mosaic GPU swap-AB
+decode kernel (after its alignment fix) against the engine's decode paths. Results:
+NOTES_matmul.md.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels.matmul.mgpu_gemm import MgpuConfig
+from pallas_kernels.matmul.api import fp8_decode_config
+from pallas_kernels.matmul.mgpu_gemm import MgpuConfig, decode_config
 from pallas_kernels.matmul.triton_gemm import (
     TritonConfig,
     default_config,
@@ -94,6 +97,45 @@ def plan_w8a8(ms, shapes):
     # mgpu_decode (Mosaic swap-AB) left out: its first GPU run (call 2, M = 1) faulted with a
     # misaligned address and poisoned the CUDA context for every later job.
     return jobs + xla
+
+
+# Mosaic GPU swap-AB decode tiles: (family suffix, decode_config keywords). "" = 64 weight
+# rows, split-K to fill one wave of SMs; "_t128w2" = 128 rows (twice the bytes per stage),
+# split-K to fill two waves (finer units balance the persistent loop).
+MDEC_VARIANTS = {"bf16": (("", {}),),
+                 "w8a8": (("", {}), ("_t128w2", {"tile_m": 128, "waves": 2}))}
+
+
+def mdec_jobs(sname, M, shapes=None):
+    """The ``mgpu_decode`` jobs of :func:`plan_mdec` for one shape and M."""
+    K, N, _ = (shapes or SHAPES)[sname]
+    out = []
+    for kind, variants in MDEC_VARIANTS.items():
+        dt = jnp.bfloat16 if kind == "bf16" else FP8
+        for suffix, kw in variants:
+            tm = kw.get("tile_m", 64)
+            if N % tm:
+                continue
+            out.append((sname, M, f"mdec_{kind}{suffix}", kind, "mgpu_decode",
+                        decode_config(M, K, N, dt, **kw)))
+    return out
+
+
+def plan_mdec(ms, shapes):
+    """Session 7: the Mosaic GPU swap-AB decode kernel (bf16, W8A8 in two tilings) against
+    the engine's paths at decode — the Triton W8A8 swap-AB kernel with the engine's own
+    config (``api.fp8_decode_config``), XLA bf16 and XLA W8A16 — M by M, so a deadline cuts
+    the largest M last."""
+    jobs = []
+    for M in ms:
+        for sname in shapes:
+            K, N, gu = SHAPES[sname]
+            jobs += mdec_jobs(sname, M)
+            tc = fit_smem(fp8_decode_config(M, K, N // 2 if gu else N), K, FP8, FP8, gu)
+            jobs.append((sname, M, "tri_w8a8_swap", "w8a8", "triton", tc))
+            for kind in ("bf16", "w8a16"):
+                jobs.append((sname, M, f"xla_{kind}", kind, "xla", None))
+    return jobs
 
 
 def plan(ms, shapes, smoke=False, safe=False):

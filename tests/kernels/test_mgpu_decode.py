@@ -131,3 +131,21 @@ def test_decode_tiles_lower_for_cuda(M, tile_m, dtype):
     text = lower_for_cuda(f, sds((M, K), dtype), sds((N, K), dtype), sds((N,), F32),
                           sds((M,), F32))
     assert "mosaic_gpu" in text
+
+
+def test_bench_guard_child_checks_every_decode_tiling():
+    """bench_matmul.py's guard (run before the H200 benchmark touches the GPU) checks each
+    mgpu_decode tiling of plan_mdec; on a CPU it runs them in the interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "benchmarks", "kernels", "bench_matmul.py")
+    env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, script, "--guard-child", "--ms", "1",
+                        "--guard-shape", "256,256"], check=False, capture_output=True,
+                       text=True, env=env, timeout=300)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("GUARD ")]
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert len(lines) == 3 and all(ln.endswith(" ok") for ln in lines), lines

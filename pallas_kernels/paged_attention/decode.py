@@ -328,7 +328,10 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         V^T P [D, rows]: tokens are the M side, the group padded to >= 8 rows).
       group_rows: rows the G = Hq / Hkv q heads of a program are padded to at least, a
         power of two (default and minimum: 16 with "qk", 8 with "kq").
-      fp8_variant: name in :data:`fp8.FP8_DECODE_VARIANTS` (FP8 caches only).
+      fp8_variant: name in :data:`fp8.FP8_DECODE_VARIANTS` (FP8 caches only), or "mgpu"
+        (:data:`fp8.FP8_DECODE_OTHER`): the Mosaic GPU kernel of decode_mgpu.py (Hopper;
+        ``num_splits`` / ``target_programs`` pass through, the other tuning options do not
+        apply), the "by_batch" Triton variant where it does not take the shapes.
     Returns:
       [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
     Raises:
@@ -339,6 +342,17 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         dots with "kq", a bad ``group_rows``, or "bits" with a bf16 compute dtype.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
+    if (jnp.dtype(k_cache.dtype) == jnp.dtype(jnp.float8_e4m3fn)
+            and fp8_decode_config(fp8_variant, q.shape[0]).get("backend") == "mgpu"):
+        from pallas_kernels.paged_attention import decode_mgpu  # imports this module
+        if decode_mgpu.mgpu_decode_supported(q.shape, k_cache.shape, k_cache.dtype):
+            cfg = decode_mgpu.MgpuDecodeConfig(num_splits=num_splits,
+                                               target_programs=target_programs)
+            return decode_mgpu.paged_decode_attention_mgpu(
+                q, k_cache, v_cache, layer, block_tables, seq_lens, scale=scale,
+                window=window, k_scale=k_scale, v_scale=v_scale, config=cfg,
+                interpret=interpret)
+        fp8_variant = "by_batch"  # shapes the Mosaic kernel does not take: Triton's default
     o = _resolve_options(k_cache.dtype, fp8_variant, q.shape[0], block_tokens=block_tokens,
                          num_splits=num_splits, target_programs=target_programs,
                          num_warps=num_warps, num_stages=num_stages, fp8_widen=fp8_widen,

@@ -81,6 +81,11 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
 # the geometric midpoints of the measured batches, rounded to the decode buckets.
 FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((64, "kq8_bt64_w2"), (8, "cvt"), (1, "kq8"))
 FP8_DECODE_DEFAULT = "by_batch"
+# Variants served by another kernel than decode.py's: names valid wherever a variant name is
+# (``fp8_variant=``, ``$JAXINFER_FP8_DECODE``), opt-in until an H200 run measures them.
+# "mgpu": the Mosaic GPU kernel (decode_mgpu.py, TMA page copies + wgmma); shapes it does not
+# take fall back to the "by_batch" Triton variant.
+FP8_DECODE_OTHER: dict[str, dict] = {"mgpu": {"backend": "mgpu"}}
 ENV_VARIANT = "JAXINFER_FP8_DECODE"  # overrides FP8_DECODE_DEFAULT, for end-to-end trials
 
 
@@ -97,7 +102,8 @@ def fp8_decode_config(variant: str | None = None, batch: int = 1) -> dict:
     """Kernel keyword arguments of the named variant (a copy); None: ``$JAXINFER_FP8_DECODE``
     if set, else :data:`FP8_DECODE_DEFAULT`; ``"by_batch"``: :func:`variant_for_batch` of
     ``batch`` (the decode call's rows). The decode kernel fills the options its caller left
-    None (the engine's fp8-KV decode path leaves all) from this.
+    None (the engine's fp8-KV decode path leaves all) from this. Names of
+    :data:`FP8_DECODE_OTHER` return ``{"backend": ...}``: the kernel that serves them.
 
     Raises:
       ValueError: an unknown variant name.
@@ -105,8 +111,11 @@ def fp8_decode_config(variant: str | None = None, batch: int = 1) -> dict:
     name = variant or os.environ.get(ENV_VARIANT) or FP8_DECODE_DEFAULT
     if name == "by_batch":
         name = variant_for_batch(batch)
+    if name in FP8_DECODE_OTHER:
+        return dict(FP8_DECODE_OTHER[name])
     if name not in FP8_DECODE_VARIANTS:
-        raise ValueError(f"unknown FP8 decode variant {name!r}; one of {list(FP8_DECODE_VARIANTS)}")
+        raise ValueError(f"unknown FP8 decode variant {name!r}; one of "
+                         f"{list(FP8_DECODE_VARIANTS) + list(FP8_DECODE_OTHER)}")
     return dict(FP8_DECODE_VARIANTS[name])
 
 

@@ -100,10 +100,10 @@ def plan_w8a8(ms, shapes):
 
 
 # Mosaic GPU swap-AB decode tiles: (family suffix, decode_config keywords). "" = 64 weight
-# rows, split-K to fill one wave of SMs; "_t128w2" = 128 rows (twice the bytes per stage),
-# split-K to fill two waves (finer units balance the persistent loop).
+# rows per CTA, "_t128" = 128 (twice the bytes per pipeline stage); split-K from
+# mgpu_gemm.decode_split_k's byte model in both.
 MDEC_VARIANTS = {"bf16": (("", {}),),
-                 "w8a8": (("", {}), ("_t128w2", {"tile_m": 128, "waves": 2}))}
+                 "w8a8": (("", {}), ("_t128", {"tile_m": 128}))}
 
 
 def mdec_jobs(sname, M, shapes=None):

@@ -237,24 +237,43 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
     return out if m_pad == M else out[..., :M, :]
 
 
+def decode_split_k(K: int, N: int, tile_m: int, tile_k: int, m_pad: int, itemsize: int,
+                   num_sms: int = 132, max_split: int = 16) -> int:
+    """Split-K for the decode kernel from a byte model of the busiest SM.
+
+    Each of the ``(N / tile_m) * s`` work units streams ``tile_m x K / s`` weight bytes plus
+    a fixed cost (pipeline fill, epilogue: ~2 k-steps of bytes) and writes its float32 partial
+    ``[tile_m, m_pad]``; the persistent grid gives the busiest SM ``ceil(units / num_sms)``
+    units, and XLA reads all ``s`` partials back. Returns the power of two ``s`` (K / s >=
+    512 and a multiple of ``tile_k``) minimizing that SM's bytes plus its share of the
+    read-back, i.e. the wave-quantization loss traded against the partial-sum traffic.
+    """
+    best, best_cost = 1, None
+    s = 1
+    while s <= max_split and K % (tile_k * s) == 0 and (s == 1 or K // s >= 512):
+        units = (N // tile_m) * s
+        unit_bytes = tile_m * ((K // s + 2 * tile_k) * itemsize + m_pad * 4)
+        cost = -(-units // num_sms) * unit_bytes + s * N * m_pad * 4 / num_sms
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+        s *= 2
+    return best
+
+
 def decode_config(M: int, K: int, N: int, dtype: jnp.dtype, split_k: int | None = None,
-                  stages: int = 8, tile_m: int = 64, waves: int = 1,
-                  num_sms: int = 132) -> MgpuConfig:
+                  stages: int = 8, tile_m: int = 64, num_sms: int = 132) -> MgpuConfig:
     """Tiles for :func:`mgpu_decode_linear`: ``tile_m`` weight rows (64 or 128, shared by
     both consumer warpgroups) x (M padded to 16k) tokens, split in two across them.
 
-    ``split_k=None`` doubles split-K while the ``(N / tile_m) * split_k`` work units fill
-    fewer than ``waves`` waves of ``num_sms`` SMs and each unit keeps >= 512 K columns;
-    ``stages`` (TMA pipeline depth) is capped so stages fit in 160 KiB of shared memory.
+    ``split_k=None``: :func:`decode_split_k`. ``stages`` (TMA pipeline depth) is capped so
+    the stages fit in 160 KiB of shared memory.
     """
     m_pad = max(16, -(-M // 16) * 16)
-    tile_k = 128 if jnp.dtype(dtype).itemsize == 1 else 64
+    itemsize = jnp.dtype(dtype).itemsize
+    tile_k = 128 if itemsize == 1 else 64
     if split_k is None:
-        split_k = 1
-        while (N // tile_m) * split_k < num_sms * waves and \
-                K % (tile_k * split_k * 2) == 0 and K // (split_k * 2) >= 512:
-            split_k *= 2
-    per_stage = (tile_m + m_pad) * tile_k * jnp.dtype(dtype).itemsize
+        split_k = decode_split_k(K, N, tile_m, tile_k, m_pad, itemsize, num_sms)
+    per_stage = (tile_m + m_pad) * tile_k * itemsize
     stages = max(2, min(stages, (160 * 1024) // per_stage))  # leave room for the epilogue
     return MgpuConfig(tile_m=tile_m, tile_n=m_pad // 2, tile_k=tile_k,
                       max_concurrent_steps=stages, epi_tile_m=64,

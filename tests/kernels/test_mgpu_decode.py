@@ -93,14 +93,14 @@ def test_alignment_recorder_sees_a_misaligned_copy():
 
 
 def test_decode_config_split_and_stages():
-    # 8B o_proj, FP8: 64 tiles of 64 rows x split 2 = 128 units < 132 SMs -> split 4;
-    # 32 tiles of 128 rows -> split 8; two waves -> 8; K / 16 < 512 stops the doubling there.
-    assert decode_config(1, 4096, 4096, FP8).split_k == 4
-    assert decode_config(1, 4096, 4096, FP8, tile_m=128).split_k == 8
-    assert decode_config(1, 4096, 4096, FP8, waves=2).split_k == 8
-    assert decode_config(1, 4096, 4096, FP8, waves=4).split_k == 8
-    # 8B gate_up: 448 tiles already fill the SMs; K / 2 >= 512 bounds the split anyway.
-    assert decode_config(16, 4096, 28672, FP8).split_k == 1
+    # 8B o_proj / 70B o_proj, FP8, 64-row tiles: 64 tiles x 2 and 128 tiles x 1 fill one wave
+    # of 132 SMs. 8B gate_up: 448 tiles are 3.4 waves (the busiest SM streams 4 units), 896
+    # half-K units 6.8 (7 half units): split 2. K / s >= 512 bounds the split.
+    assert decode_config(1, 4096, 4096, FP8).split_k == 2
+    assert decode_config(1, 8192, 8192, FP8).split_k == 1
+    assert decode_config(1, 4096, 28672, FP8).split_k == 2
+    assert decode_config(1, 1024, 64, FP8).split_k == 2
+    assert decode_config(1, 4096, 4096, FP8, split_k=8).split_k == 8
     for M in (1, 16, 64):
         for tm in (64, 128):
             c = decode_config(M, 8192, 8192, jnp.bfloat16, tile_m=tm, stages=12)
@@ -120,7 +120,7 @@ def test_decode_rejects_n_not_multiple_of_tile_m():
                                              (16, 64, FP8)])
 def test_decode_tiles_lower_for_cuda(M, tile_m, dtype):
     K, N = 4096, 6144
-    cfg = decode_config(M, K, N, dtype, tile_m=tile_m, waves=2)
+    cfg = decode_config(M, K, N, dtype, tile_m=tile_m)
     sds = jax.ShapeDtypeStruct
     scaled = dtype == FP8
 

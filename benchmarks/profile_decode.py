@@ -174,8 +174,11 @@ def main() -> None:
     print(f"[{time.perf_counter():.0f}] engine ready; programs compiled so far: "
           f"{eng.runner.num_compilations}", flush=True)
     rng = np.random.default_rng(0)
-    sp = SamplingParams(temperature=0.0, max_tokens=(5 if ns.host_profile else 4) * ns.steps,
-                        ignore_eos=True)
+    # Long enough that the first sequences are still running once the last is admitted (the
+    # scheduler interleaves their decode steps with the other prompts' prefills: with
+    # max_tokens below b, the first ones finished before all b ran and the wait never ended).
+    sp = SamplingParams(temperature=0.0, ignore_eos=True,
+                        max_tokens=2 * b + (5 if ns.host_profile else 4) * ns.steps + 16)
     if ns.synthetic:
         from jaxinfer.batch import Bucket
 
@@ -190,6 +193,8 @@ def main() -> None:
         while not all(s.num_output_tokens > 2 for s in eng.scheduler.running) \
                 or len(eng.scheduler.running) < b:
             eng.step()  # prefill + first decode steps: everything compiled
+            if not eng.has_unfinished_requests():
+                raise SystemExit("every request finished before all rows ran together")
         print(f"[{time.perf_counter():.0f}] {b} rows decoding; programs compiled: "
               f"{eng.runner.num_compilations}", flush=True)
     report, summary = [], {"config": vars(ns), "device": jax.devices()[0].device_kind}

@@ -62,8 +62,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxinfer import sampling_filters, sampling_noise
 from jaxinfer.batch import Bucket, SamplingArrays
-from jaxinfer import sampling_filters
 from jaxinfer.sampling_filters import (
     TOPK_FAST,
     buffered_cutoffs,
@@ -78,6 +78,11 @@ __all__ = ["COUNT_MASK", "PROMPT_FLAG", "SAMPLER_VARIANTS", "TOPK_FAST", "Sample
            "sampler_bucket", "sampler_variant"]
 
 NEG_INF = -jnp.inf
+# Gumbel noise of the draw (jaxinfer/sampling_noise.py): "threefry" (jax.random.gumbel per
+# element) or "hash" (threefry per row, a counter hash per element, fused into one argmax
+# with the greedy rows). Read at trace time; benchmarks/sampling_cost.py --draw-method times both.
+DRAW_METHOD = "threefry"
+DRAW_METHODS = ("threefry", "hash")
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
 COUNT_MASK = PROMPT_FLAG - 1  # bits holding the number of occurrences in the output
 
@@ -227,13 +232,6 @@ def sampler_bucket(num_seqs: int, variant: str) -> Bucket:
     return Bucket(variant, num_seqs, num_seqs, 0)
 
 
-def _row_key(seed: jax.Array, index: jax.Array) -> jax.Array:
-    """seed [2] uint32, index int32 -> a typed PRNG key."""
-    key = jax.random.key(seed[0])
-    key = jax.random.fold_in(key, seed[1])
-    return jax.random.fold_in(key, index)
-
-
 def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.Array,
                     presence: jax.Array, frequency: jax.Array) -> jax.Array:
     """Repetition, frequency and presence penalties (vLLM ``apply_penalties``).
@@ -293,17 +291,23 @@ def _cutoff(scaled: jax.Array, top: jax.Array, sp: SamplingArrays, when: _When) 
 
 
 def _draw(logits: jax.Array, sp: SamplingArrays, when: _When) -> jax.Array:
-    """[S, V] processed logits -> [S] int32 tokens (greedy rows: argmax)."""
+    """[S, V] processed logits -> [S] int32 tokens (greedy rows: argmax); Gumbel noise as
+    ``DRAW_METHOD`` says (:mod:`jaxinfer.sampling_noise`)."""
     V = logits.shape[-1]
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = None if DRAW_METHOD == "hash" else jnp.argmax(logits, axis=-1).astype(jnp.int32)
     scaled = logits / jnp.maximum(sp.temperature, 1e-6)[:, None]
     # min-p: p_i >= min_p * p_max  <=>  scaled_i - max >= log(min_p)  (log 0 = -inf keeps all)
     top = jnp.max(scaled, axis=-1)
     scaled = jnp.where(scaled - top[:, None] >= jnp.log(sp.min_p)[:, None], scaled, NEG_INF)
     cut = _cutoff(scaled, top, sp, when)
     masked = jnp.where(scaled >= cut[:, None], scaled, NEG_INF)
-    keys = jax.vmap(_row_key)(sp.seeds, sp.sample_index)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(keys)
+    if DRAW_METHOD not in DRAW_METHODS:
+        raise ValueError(f"DRAW_METHOD {DRAW_METHOD!r}: one of {DRAW_METHODS}")
+    if DRAW_METHOD == "hash":  # one argmax, greedy rows selecting their logits
+        noisy = masked + sampling_noise.hash_gumbel(sp.seeds, sp.sample_index, V)
+        return jnp.argmax(jnp.where((sp.temperature == 0.0)[:, None], logits, noisy),
+                          axis=-1).astype(jnp.int32)
+    gumbel = sampling_noise.threefry_gumbel(sp.seeds, sp.sample_index, V)
     sampled = jnp.argmax(masked + gumbel, axis=-1).astype(jnp.int32)
     return jnp.where(sp.temperature == 0.0, greedy, sampled)
 

@@ -94,6 +94,15 @@ BUFFER_TOP_K = TOPK_STAGED
 BUFFER_METHOD = "sort"
 BUFFER_METHODS = ("search", "sort", "topk")
 CHUNKED_TOP_VALUES = True
+# How top_chunks ranks the chunk maxima and top_values the gathered buffer: "topk" (the
+# TOPK_FAST-sized lax.top_k stages of _staged_top_values: 4 TopK kernels for 64 chunks, 2 + 2
+# for the top-20 logprobs; H200 session 6 found such stages slow at batch 1: ~55 us a stage
+# over [1, 4096]) or "sort" (one lax.sort per selection: the [S, C] maxima with their chunk
+# ids, the [S, K * chunk] logprobs buffer with its token ids). Same chunks kept (for
+# the cut-offs any choice of the n best is exact) and the same top-K ids and values, ties to
+# the lower index, except that "sort" ranks -FLT_MAX above -inf where the stages tie them.
+SELECT_METHOD = "topk"
+SELECT_METHODS = ("topk", "sort")
 # Who runs kth_largest / nucleus_cut: "jnp" (XLA ops), "pallas" (the Pallas kernel of
 # pallas_kernels.sampling; run by the Pallas interpreter off a GPU, for tests) or "auto" (pallas
 # on a GPU backend, else jnp). PALLAS_PIVOTS: the kernel's thresholds per pass (None: its
@@ -285,7 +294,13 @@ def top_chunks(x: jax.Array, n: int, chunk: int | None = None,
     S, C, _ = xc.shape
     if n >= C:
         return xc.reshape(S, C * c), jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (S, C))
-    _, ids = _staged_top_values(jnp.max(xc, axis=-1), n)  # [S, C] -> [S, n]
+    if SELECT_METHOD not in SELECT_METHODS:
+        raise ValueError(f"SELECT_METHOD {SELECT_METHOD!r}: one of {SELECT_METHODS}")
+    maxima = jnp.max(xc, axis=-1)  # [S, C]
+    if SELECT_METHOD == "sort":
+        ids = sorted_best(maxima, jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (S, C)), n)
+    else:
+        _, ids = _staged_top_values(maxima, n)  # [S, C] -> [S, n]
     if ascending:  # rank of each id among the row's ids -> its slot (n x n compares)
         rank = jnp.sum(ids[:, None, :] < ids[:, :, None], axis=-1)  # [S, n]
         ids = jnp.sum(jnp.where(rank[:, :, None] == jnp.arange(n)[None, None, :],
@@ -377,10 +392,27 @@ def top_values(x: jax.Array, K: int) -> tuple[jax.Array, jax.Array]:
     if (not CHUNKED_TOP_VALUES or K > TOPK_STAGED or -(-V // c) <= K
             or K * c < TOPK_MIN_N):  # the buffer's TopK would be a sort on XLA:GPU
         return _staged_top_values(x, K)
+    if SELECT_METHOD == "sort":  # one sort of the buffer by (value, token id)
+        buf, ids = top_chunks(x, K, c)
+        tok = (ids[:, :, None] * c + jnp.arange(c, dtype=jnp.int32)).reshape(S, K * c)
+        idx = sorted_best(buf, tok, K)
+        return jnp.take_along_axis(x, idx, axis=-1), idx
     buf, ids = top_chunks(x, K, c, ascending=True)
     _, pos = _staged_top_values(buf, K)  # positions in the buffer, in row order
     idx = jnp.take_along_axis(ids, pos // c, axis=-1) * c + pos % c
     return jnp.take_along_axis(x, idx, axis=-1), idx
+
+
+def sorted_best(x: jax.Array, ids: jax.Array, n: int) -> jax.Array:
+    """[S, n] int32 ``ids`` of the n largest values of each row of ``x``, best first, ties to
+    the lower id: one ``lax.sort`` by (descending order key, ascending id) (SELECT_METHOD
+    "sort"). -0.0 ties with +0.0; -inf ranks below -FLT_MAX.
+
+    Args:
+      x: [S, N] float32 without NaN.  ids: [S, N] int32, distinct within a row.  n <= N.
+    """
+    _, out = jax.lax.sort((~order_key(x), ids), dimension=1, num_keys=2)
+    return out[:, :n]
 
 
 def _staged_top_values(x: jax.Array, K: int) -> tuple[jax.Array, jax.Array]:

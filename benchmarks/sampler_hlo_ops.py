@@ -118,20 +118,29 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+",
                     default=["top_k_top_p", "top_k_top_p_logprobs", "temperature"])
     ap.add_argument("--buffer-method", default="search,sort,topk")
+    ap.add_argument("--draw-method", default="threefry",
+                    help="comma list of sampling.DRAW_METHOD values (threefry, hash)")
+    ap.add_argument("--select-method", default="topk",
+                    help="comma list of sampling_filters.SELECT_METHOD values (topk, sort)")
     a = ap.parse_args()
     import jax
 
+    from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
 
     print(f"backend {jax.default_backend()}, vocab {a.vocab} (a proxy: see the docstring)")
     print("| variant | S | method | fusions | ops | executed ops | sorts | whiles |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
+    methods = [(b, d, m) for b in a.buffer_method.split(",") for d in a.draw_method.split(",")
+               for m in a.select_method.split(",")]
     for variant in a.variants:
         for S in a.batches:
-            for method in a.buffer_method.split(","):
-                sf.BUFFER_METHOD = method
+            for method, draw, select in methods:
+                sf.BUFFER_METHOD, sampling.DRAW_METHOD, sf.SELECT_METHOD = method, draw, select
                 c = count_ops(compiled_text(variant, S, a.vocab))
-                print(f"| {variant} | {S} | {method} | {c['fusions']} | {c['ops']} | "
+                name = "/".join(v for v, d in ((method, ""), (draw, "threefry"),
+                                               (select, "topk")) if v != d)
+                print(f"| {variant} | {S} | {name} | {c['fusions']} | {c['ops']} | "
                       f"{c['executed']} | {c['sorts']} | {c['whiles']} |", flush=True)
     return 0
 

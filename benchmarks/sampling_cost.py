@@ -48,7 +48,11 @@ times each configuration with the jnp searches and with the Pallas kernel
 ``--pallas-pivots P,...``, the kernel's thresholds per pass; the jnp pivots do not reach it, so
 it takes the first of each list); "auto" is the kernel on a GPU, jnp elsewhere. A case whose
 compiled program is the same as one already timed (the tunable does not reach that mix) is not
-timed again. A table of device us per configuration is printed last.
+timed again. ``--draw-method threefry,hash`` (``sampling.DRAW_METHOD``: the Gumbel noise) and
+``--select-method topk,sort`` (``sampling_filters.SELECT_METHOD``: how chunks and the top-20
+logprobs are ranked) add to the cross product. ``--breakdown MIX:B ...`` prints, for those
+cases, the device time per kernel name (``profile_decode.format_summary`` of the same trace)
+and stores it in their records. A table of device us per configuration is printed last.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import record  # noqa: E402
-from benchmarks.profile_decode import load_trace, summarise_trace  # noqa: E402
+from benchmarks.profile_decode import format_summary, load_trace, summarise_trace  # noqa: E402
 
 ALL = dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
            presence_penalty=0.2, frequency_penalty=0.1, want_logprobs=True)
@@ -196,9 +200,9 @@ def measure(case: Case, iters: int, trace_iters: int, busy) -> dict:
     try:
         s = summarise_trace(load_trace(d), trace_iters)
         res.update(device_us=s["busy_us_per_step"], device_measured=True,
-                   kernels=sum(k[3] for k in s["kernels"]))
+                   kernels=sum(k[3] for k in s["kernels"]), summary=s)
     except (ValueError, FileNotFoundError):  # XLA:CPU: no device in the trace
-        res.update(device_us=res["wall_us"], device_measured=False, kernels=None)
+        res.update(device_us=res["wall_us"], device_measured=False, kernels=None, summary=None)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return res
@@ -212,6 +216,7 @@ def search_configs(a) -> list[dict]:
     """The sampling_filters tunables to time, one dict each (``name`` + module values)."""
     import jax
 
+    from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
 
     methods = [m for m in a.buffer_method.split(",") if m]
@@ -239,10 +244,23 @@ def search_configs(a) -> list[dict]:
                          BUFFER_PIVOTS=b, BUFFER_METHOD=m, PALLAS_PIVOTS=None, **base)
                     for m in methods for p in search_pivots
                     for b in (buffer_pivots if m == "search" else buffer_pivots[:1])]
+    draws, selects = a.draw_method.split(","), a.select_method.split(",")
+    for m in draws:
+        if m not in sampling.DRAW_METHODS:
+            raise SystemExit(f"--draw-method {m!r}: one of {sampling.DRAW_METHODS}")
+    for m in selects:
+        if m not in sf.SELECT_METHODS:
+            raise SystemExit(f"--select-method {m!r}: one of {sf.SELECT_METHODS}")
+    configs = [dict(c, name=c["name"] + (f"/{d}" if draws != ["threefry"] else "")
+                    + (f"/{m}" if selects != ["topk"] else ""), DRAW_METHOD=d, SELECT_METHOD=m)
+               for c in configs for d in draws for m in selects]
     if a.old:
         configs.append(dict(name="old", PIVOTS=15, BUFFER_PIVOTS=15, BUFFER_TOP_K=0,
                             CHUNKED_TOP_VALUES=False, BUFFER_METHOD="search",
-                            SEARCH_IMPL="jnp", PALLAS_PIVOTS=None))
+                            SEARCH_IMPL="jnp", PALLAS_PIVOTS=None, DRAW_METHOD="threefry",
+                            SELECT_METHOD="topk"))
+    if a.configs:  # keep the named ones (a cross product is more than a run needs)
+        configs = [c for c in configs if c["name"].endswith(tuple(a.configs.split(",")))]
     return configs
 
 
@@ -282,6 +300,17 @@ def main() -> int:
     ap.add_argument("--pallas-pivots", default=None,
                     help="comma list: the kernel's thresholds per pass (0, the default: its "
                          "default_pivots by batch)")
+    ap.add_argument("--draw-method", default="threefry",
+                    help="comma list of sampling.DRAW_METHOD values: threefry, hash")
+    ap.add_argument("--select-method", default="topk",
+                    help="comma list of sampling_filters.SELECT_METHOD values: topk, sort")
+    ap.add_argument("--configs", default=None,
+                    help="comma list: time only the configurations of the cross product whose "
+                         "names end so (e.g. threefry/topk,hash/sort)")
+    ap.add_argument("--breakdown", nargs="*", default=[],
+                    help="MIX:B cases whose device time per kernel is printed and recorded")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="stop starting cases after this many seconds (the table still prints)")
     ap.add_argument("--old", action="store_true",
                     help="also time the method of 76a6e80 (15 pivots, no buffer, full TopK)")
     a = ap.parse_args()
@@ -289,6 +318,7 @@ def main() -> int:
         a.vocab, a.batches, a.iters, a.trace_iters = 2048, [1, 8], 3, 2
     import jax
 
+    from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
 
     a.search_pivots = a.search_pivots or str(sf.PIVOTS)
@@ -303,13 +333,16 @@ def main() -> int:
           + (f", sampler {a.sampler_file}" if a.sampler_file else ""))
     print(f"{'mode':7} {'mix':21} {'variant':16} {'B':>4} {'device us':>10} {'kernels':>7} "
           f"{'wall us':>9} {'host us':>9} {'sort/cond':>9} {'% step':>7} config")
-    cpu_note, cache, timed, table = False, {}, {}, {}
+    cpu_note, cache, timed, table, breakdowns = False, {}, {}, {}, []
     t_start = time.perf_counter()
-    for cfg, mode, name, B in ((c, m, n, b) for c in configs for m in modes
-                               for n in a.mixes for b in a.batches):
+    for name, B, cfg, mode in ((n, b, c, m) for n in a.mixes for b in a.batches
+                               for c in configs for m in modes):  # a case's configs together
+        if a.deadline_s and time.perf_counter() - t_start > a.deadline_s:
+            print(f"deadline {a.deadline_s:.0f} s reached: remaining cases skipped", flush=True)
+            break
         for k, v in cfg.items():
             if k != "name":
-                setattr(sf, k, v)
+                setattr(sampling if k == "DRAW_METHOD" else sf, k, v)
         case = Case(sampler, "cond" if mode == "file" else mode, B, a.vocab,
                     MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache,
                     tuple(sorted(cfg.items())))
@@ -320,6 +353,10 @@ def main() -> int:
         table.setdefault((mode, name, B), {})[cfg["name"]] = r["device_us"]
         pct = (100 * r["device_us"] / (1e3 * step_ms[B])) if B in step_ms else None
         cpu_note |= not r["device_measured"]
+        detail = f"{name}:{B}" in a.breakdown and r["summary"] is not None
+        if detail:
+            breakdowns.append(format_summary(f"{mode} {name} B={B} {cfg['name']}",
+                                             r["summary"], r["wall_us"] / 1e3, top=15))
         print(f"{mode:7} {name:21} {case.variant:16} {B:>4} {r['device_us']:>9.1f}"
               f"{' ' if r['device_measured'] else '*'} "
               f"{'-' if r['kernels'] is None else str(round(r['kernels'])):>7} "
@@ -336,16 +373,21 @@ def main() -> int:
                     "sampler_file": a.sampler_file and str(a.sampler_file),
                     "busy_ms": busy[2] * 1e3, "pct_of_step": pct,
                     "load_avg_1min": os.getloadavg()[0], "search_config": cfg,
-                    "step_ms": step_ms.get(B), **r}, out_dir=a.out)
+                    "step_ms": step_ms.get(B), **{k: v for k, v in r.items() if k != "summary"},
+                    "kernel_breakdown": r["summary"]["kernels"] if detail else None},
+                   out_dir=a.out)
     if cpu_note:
         print("* no device in the trace (XLA:CPU): device us repeats the wall time")
     print(f"{len(cache)} programs compiled, {time.perf_counter() - t_start:.0f} s")
+    for text in breakdowns:  # per-kernel device time (wall column: a standalone call)
+        print("\n" + text)
     names = [c["name"] for c in configs]
     print(f"\ndevice us per call{' (* wall: no device trace)' if cpu_note else ''}")
     print("| mode | mix | B | " + " | ".join(names) + " |")
     print("|---|---|---:|" + "---:|" * len(names))
     for (mode, name, B), row in table.items():
-        print(f"| {mode} | {name} | {B} | " + " | ".join(f"{row[n]:,.1f}" for n in names) + " |")
+        print(f"| {mode} | {name} | {B} | " + " | ".join(
+            f"{row[n]:,.1f}" if n in row else "-" for n in names) + " |")
     return 0
 
 

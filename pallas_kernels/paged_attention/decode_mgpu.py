@@ -61,18 +61,22 @@ class MgpuDecodeConfig:
     p_smem: P goes to the P V wgmma through shared memory instead of registers (the Mosaic
     GPU interpreter of JAX 0.11.2 takes wgmma operands from shared memory only); regs:
     (compute, memory) warpgroup register counts for ``setmaxnreg`` (None: ptxas's choice);
-    q_terms: FP8 q as 1 or 2 e4m3 terms (:func:`_q_terms`; 2: one more wgmma a step)."""
+    q_terms: FP8 q as 1 or 2 e4m3 terms (:func:`_q_terms`; 2: one more wgmma a step);
+    heads_per_cta: 1, or 2 compute warpgroups a CTA, one KV head each, fed by one memory
+    warpgroup (two independent softmax chains an SM, FlashAttention-3's 2 + 1 warpgroups;
+    odd Hkv falls back to 1)."""
     block_tokens: int = 64
     stages: int = 4
     num_splits: int | None = None
     target_programs: int | None = None
     p_smem: bool = False
     q_terms: int = 2
+    heads_per_cta: int = 1
     regs: tuple[int, int] | None = None
 
     def __post_init__(self):
         if (self.block_tokens % 64 or not 64 <= self.block_tokens <= 256 or self.stages < 2
-                or self.q_terms not in (1, 2)):
+                or self.q_terms not in (1, 2) or self.heads_per_cta not in (1, 2)):
             raise ValueError(f"bad MgpuDecodeConfig {self}")
 
 
@@ -83,13 +87,12 @@ def _transforms(dtype):
 
 def _kernel(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
             scoped, *, ps: int, bp: int, pps: int, maxp: int, stages: int, wdtype,
-            regs: tuple[int, int] | None, fresh_acc: bool) -> None:
-    (q_smem, k_smem, v_smem, w_smem, lse_smem, *p_smem), bars, (k_done, v_done) = scoped
+            regs: tuple[int, int] | None, fresh_acc: bool, hpc: int) -> None:
+    (q_all, k_all, v_all, w_all, lse_all, *p_all), bars, (k_done, v_done) = scoped
     k_bar, v_bar, q_bar = bars
-    p_smem = p_smem[0] if p_smem else None
     T = bp * ps
-    b, h, s = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("s")
-    wg = lax.axis_index("wg")
+    b, hg, s = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("s")
+    wg = lax.axis_index("wg")  # compute warpgroups 0 .. hpc - 1 (one KV head each), memory
     seq_len = len_ref[b]
     window = win_ref[0]
     first_tok = jnp.where(window > 0, jnp.maximum(seq_len - window, 0), 0)
@@ -99,25 +102,30 @@ def _kernel(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_
     n_iter = (jnp.maximum(end - start, 0) + bp - 1) // bp
     tok_hi = jnp.minimum(seq_len, end * ps)  # valid tokens: [first_tok, tok_hi)
 
-    @pl.when(wg == 0)
+    @pl.when(wg < hpc)
     def _compute():
         if regs:
             plgpu.set_max_registers(regs[0], action="increase")
+        h = hg * hpc + wg  # this warpgroup's KV head
+        q_smem, k_smem, v_smem = q_all.at[wg], k_all.at[wg], v_all.at[wg]
+        w_smem, lse_smem = w_all.at[wg], lse_all.at[wg]
+        p_smem = p_all[0].at[wg] if p_all else None
+        bar0 = wg * stages  # this warpgroup's ring barriers: bar0 + slot
         nq = q_smem.shape[0]  # q terms (FP8: q ~ sum_t q8_t * scale_t, per row)
         for t in range(nq):
             plgpu.copy_gmem_to_smem(q_ref.at[b, h, t], q_smem.at[t, pl.ds(0, QROWS)],
-                                    q_bar.at[0])
+                                    q_bar.at[wg])
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         sms = [plgpu.load(qs_ref.at[b, h, t], layout=row_layout, optimized=False)
                for t in range(nq)]
-        plgpu.barrier_wait(q_bar.at[0])
+        plgpu.barrier_wait(q_bar.at[wg])
         D = q_smem.shape[2]
 
         def step(i, carry):
             acc, m_i, l_i = carry
             slot = lax.rem(i, jnp.int32(stages))
             base = (start + i * bp) * ps  # position of the step's first token
-            plgpu.barrier_wait(k_bar.at[slot])
+            plgpu.barrier_wait(k_bar.at[bar0 + slot])
 
             sc = None
             for t in range(nq):  # scores in log2 units: sum_t (q8_t K^T) * row scale_t
@@ -127,7 +135,7 @@ def _kernel(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_
                 st = pl.run_scoped(qk_scope, plgpu.ACC((M, T), jnp.float32))
                 st = st * lax.broadcast_in_dim(sms[t], (M, T), [0])
                 sc = st if sc is None else sc + st
-            plgpu.barrier_arrive(k_done.at[slot])
+            plgpu.barrier_arrive(k_done.at[bar0 + slot])
             tok = plgpu.broadcasted_iota(jnp.int32, (M, T), 1, layout=plgpu.Layout.WGMMA) + base
             valid = (tok >= first_tok) & (tok < tok_hi)
             sc = jnp.where(valid, sc, -jnp.inf)
@@ -137,9 +145,9 @@ def _kernel(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_
             l_i = l_i * alpha + p.sum(axis=1)
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
             # V: registers, widened and masked, into the 16-bit staging tile.
-            plgpu.barrier_wait(v_bar.at[slot])
+            plgpu.barrier_wait(v_bar.at[bar0 + slot])
             v = plgpu.load(v_smem.at[slot], layout=plgpu.Layout.WGMMA, optimized=False)
-            plgpu.barrier_arrive(v_done.at[slot])
+            plgpu.barrier_arrive(v_done.at[bar0 + slot])
             vt = plgpu.broadcasted_iota(jnp.int32, (T, D), 0, layout=plgpu.Layout.WGMMA) + base
             v = jnp.where((vt >= first_tok) & (vt < tok_hi), v.astype(wdtype),
                           jnp.zeros((), wdtype))
@@ -175,32 +183,37 @@ def _kernel(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_
         plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, s])
         plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == 1)
+    @pl.when(wg == hpc)
     def _memory():
         if regs:
             plgpu.set_max_registers(regs[1], action="decrease")
         layer = layer_ref[0]
 
-        def load(i, slot, cache, smem, bar):
-            for j in range(bp):
-                col = jnp.minimum(start + i * bp + j, maxp - 1)
-                page = bt_ref[b, col]
-                plgpu.copy_gmem_to_smem(cache.at[layer, h, page],
-                                        smem.at[slot, pl.ds(j * ps, ps)], bar.at[slot])
+        def pages(i):  # the step's block-table entries (past the table: its last column)
+            return [bt_ref[b, jnp.minimum(start + i * bp + j, maxp - 1)] for j in range(bp)]
+
+        def load(pg, slot, cache, smem, bar, done=None):
+            for w in range(hpc):  # the same pages of each KV head of this CTA
+                if done is not None:
+                    plgpu.barrier_wait(done.at[w * stages + slot])
+                for j in range(bp):
+                    plgpu.copy_gmem_to_smem(cache.at[layer, hg * hpc + w, pg[j]],
+                                            smem.at[w, slot, pl.ds(j * ps, ps)],
+                                            bar.at[w * stages + slot])
 
         for i in range(stages):
             @pl.when(i < n_iter)
             def _(i=i):
-                load(i, i, k_ref, k_smem, k_bar)
-                load(i, i, v_ref, v_smem, v_bar)
+                pg = pages(i)
+                load(pg, i, k_ref, k_all, k_bar)
+                load(pg, i, v_ref, v_all, v_bar)
 
         @pl.loop(stages, jnp.maximum(n_iter, stages))
         def _(i):
             slot = lax.rem(i, jnp.int32(stages))
-            plgpu.barrier_wait(k_done.at[slot])
-            load(i, slot, k_ref, k_smem, k_bar)
-            plgpu.barrier_wait(v_done.at[slot])
-            load(i, slot, v_ref, v_smem, v_bar)
+            pg = pages(i)
+            load(pg, slot, k_ref, k_all, k_bar, k_done)
+            load(pg, slot, v_ref, v_all, v_bar, v_done)
 
 
 def _q_terms(q: jax.Array, Hkv: int, scale: float, k_scale, n: int):
@@ -295,26 +308,27 @@ def paged_decode_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.A
     win_a = jnp.asarray(window, jnp.int32).reshape(1)
 
     kv_dt = k_cache.dtype
+    hpc = cfg.heads_per_cta if Hkv % cfg.heads_per_cta == 0 else 1
     tf_kv, tf_w = _transforms(kv_dt), _transforms(wdtype)
     kernel = functools.partial(_kernel, ps=ps, bp=bp, pps=pps, maxp=maxp,
                                stages=cfg.stages, wdtype=wdtype, regs=cfg.regs,
-                               fresh_acc=interpret)
+                               fresh_acc=interpret, hpc=hpc)
 
     def entry(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_ref,
               lse_ref):
         pl.run_scoped(
             lambda *scoped: kernel(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref,
                                    v_ref, o_ref, lse_ref, scoped),
-            (plgpu.SMEM((nq, M, D), qk.dtype, transforms=tf_kv),
-             plgpu.SMEM((cfg.stages, T, D), kv_dt, transforms=tf_kv),
-             plgpu.SMEM((cfg.stages, T, D), kv_dt, transforms=tf_kv),
-             plgpu.SMEM((max(T, M), D), wdtype, transforms=tf_w),
-             plgpu.SMEM((M,), jnp.float32),
-             *([plgpu.SMEM((M, T), wdtype, transforms=tf_w)] if cfg.p_smem else [])),
-            (plgpu.Barrier(num_arrivals=bp, num_barriers=cfg.stages),
-             plgpu.Barrier(num_arrivals=bp, num_barriers=cfg.stages),
-             plgpu.Barrier(num_arrivals=nq, num_barriers=1)),
-            (plgpu.Barrier(num_barriers=cfg.stages),) * 2,
+            (plgpu.SMEM((hpc, nq, M, D), qk.dtype, transforms=tf_kv),
+             plgpu.SMEM((hpc, cfg.stages, T, D), kv_dt, transforms=tf_kv),
+             plgpu.SMEM((hpc, cfg.stages, T, D), kv_dt, transforms=tf_kv),
+             plgpu.SMEM((hpc, max(T, M), D), wdtype, transforms=tf_w),
+             plgpu.SMEM((hpc, M), jnp.float32),
+             *([plgpu.SMEM((hpc, M, T), wdtype, transforms=tf_w)] if cfg.p_smem else [])),
+            (plgpu.Barrier(num_arrivals=bp, num_barriers=hpc * cfg.stages),
+             plgpu.Barrier(num_arrivals=bp, num_barriers=hpc * cfg.stages),
+             plgpu.Barrier(num_arrivals=nq, num_barriers=hpc)),
+            (plgpu.Barrier(num_barriers=hpc * cfg.stages),) * 2,
             collective_axes="wg")
 
     params: dict = {"compiler_params": plgpu.CompilerParams(approx_math=True)}
@@ -324,7 +338,8 @@ def paged_decode_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.A
         entry,
         out_type=(jax.ShapeDtypeStruct((B, Hkv, S, QROWS, D), wdtype),
                   jax.ShapeDtypeStruct((B, Hkv, S, M), jnp.float32)),
-        grid=(B, Hkv, S), grid_names=("b", "h", "s"), num_threads=2, thread_name="wg",
+        grid=(B, Hkv // hpc, S), grid_names=("b", "h", "s"), num_threads=hpc + 1,
+        thread_name="wg",
         **params,
     )(layer_a, win_a, block_tables, seq_lens, row_scale, qk, k_cache, v_cache)
     out = _merge_splits(o[:, :, :, :G].astype(jnp.float32), lse[..., :G], jnp.float32)

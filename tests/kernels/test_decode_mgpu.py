@@ -52,17 +52,19 @@ def check(out, ref, bound: float) -> None:
     assert rel < bound, rel
 
 
-@pytest.mark.parametrize("kv,lens,splits,q_terms,bound", [
-    (F8, [1, 16, 33, 64, 128], None, 2, 5e-3),  # two e4m3 terms of q: ~1.4e-3 measured
-    (F8, [128, 17, 80], 2, 2, 5e-3),
-    (F8, [128, 17, 80], 2, 1, 4e-2),  # one e4m3 term (3 mantissa bits of q): ~1.7e-2
-    (jnp.bfloat16, [1, 48, 128], 2, 2, 5e-3),
+@pytest.mark.parametrize("kv,lens,splits,q_terms,hpc,bound", [
+    (F8, [1, 16, 33, 64, 128], None, 2, 1, 5e-3),  # two e4m3 terms of q: ~1.4e-3 measured
+    (F8, [128, 17, 80], 2, 2, 1, 5e-3),
+    (F8, [128, 17, 80], 2, 1, 1, 4e-2),  # one e4m3 term (3 mantissa bits of q): ~1.7e-2
+    (F8, [1, 16, 33, 64, 128], 2, 2, 2, 5e-3),  # two KV heads a CTA
+    (jnp.bfloat16, [1, 48, 128], 2, 2, 1, 5e-3),
+    (jnp.bfloat16, [1, 48, 128], None, 2, 2, 5e-3),
 ])
-def test_matches_reference(kv, lens, splits, q_terms, bound):
+def test_matches_reference(kv, lens, splits, q_terms, hpc, bound):
     c = make_case(11 + len(lens), B=len(lens), G=4, Hkv=2, D=128, ps=16, maxp=8, lens=lens,
                   kv_dtype=kv)
-    out, ref = run_both(c, scales=SCALES if kv == F8 else None,
-                        config=MgpuDecodeConfig(num_splits=splits, q_terms=q_terms))
+    cfg = MgpuDecodeConfig(num_splits=splits, q_terms=q_terms, heads_per_cta=hpc)
+    out, ref = run_both(c, scales=SCALES if kv == F8 else None, config=cfg)
     check(out, ref, bound)
 
 
@@ -117,9 +119,12 @@ def test_supported_and_errors():
 SHAPES = [(32, 2048), (128, 1024), (128, 2048), (1, 32768)]
 CONFIGS = [MgpuDecodeConfig(), MgpuDecodeConfig(block_tokens=64, stages=2),
            MgpuDecodeConfig(block_tokens=128, stages=2), MgpuDecodeConfig(p_smem=True),
-           MgpuDecodeConfig(regs=(168, 40)), MgpuDecodeConfig(q_terms=1)]
+           MgpuDecodeConfig(regs=(168, 40)), MgpuDecodeConfig(q_terms=1),
+           MgpuDecodeConfig(heads_per_cta=2), MgpuDecodeConfig(heads_per_cta=2, stages=3),
+           MgpuDecodeConfig(heads_per_cta=2, regs=(232, 40))]
 LOWER = ([(B, ctx, kv, 0) for B, ctx in SHAPES for kv in (F8, jnp.bfloat16)]
-         + [(32, 2048, kv, i) for i in range(1, len(CONFIGS)) for kv in (F8, jnp.bfloat16)])
+         + [(32, 2048, kv, i) for i in range(1, len(CONFIGS)) for kv in (F8, jnp.bfloat16)
+            if kv == F8 or CONFIGS[i].heads_per_cta == 1])  # bf16 two heads: 320 KB smem
 
 
 @pytest.mark.parametrize("B,ctx,kv,cfg", LOWER)

@@ -69,7 +69,9 @@ CHECK_LIMIT = 2e-2
 VARIANTS: list[tuple[str, str, dict]] = [
     ("mgpu_t64_s4", "fp8", {}),  # default: 96 KB, 2 warpgroups
     ("mgpu_h2_t64_s4", "fp8", {"heads_per_cta": 2}),  # 2 KV heads, 2 + 1 warpgroups: 192 KB
+    ("mgpu_h2_t64_s4_up2x", "fp8", {"heads_per_cta": 2, "v_layout": "WGMMA_UPCAST_2X"}),
     ("mgpu_t128_s2", "fp8", {"block_tokens": 128, "stages": 2}),  # 112 KB
+    ("mgpu_t64_s4_up2x", "fp8", {"v_layout": "WGMMA_UPCAST_2X"}),  # V: 4-byte smem loads
     ("mgpu_bf16_t64_s4", "bf16", {}),  # the same kernel on the bf16 cache: 160 KB
     ("mgpu_t64_s2", "fp8", {"stages": 2}),  # 64 KB: more CTAs an SM if registers allow
     ("mgpu_t64_s4_q1", "fp8", {"q_terms": 1}),  # one e4m3 term of q: cost of the second

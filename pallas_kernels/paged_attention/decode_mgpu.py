@@ -64,7 +64,8 @@ class MgpuDecodeConfig:
     q_terms: FP8 q as 1 or 2 e4m3 terms (:func:`_q_terms`; 2: one more wgmma a step);
     heads_per_cta: 1, or 2 compute warpgroups a CTA, one KV head each, fed by one memory
     warpgroup (two independent softmax chains an SM, FlashAttention-3's 2 + 1 warpgroups;
-    odd Hkv falls back to 1)."""
+    odd Hkv falls back to 1); v_layout: register layout V is read from shared memory in
+    ("WGMMA": 2-byte loads of FP8; "WGMMA_UPCAST_2X": 4-byte loads, made for widening)."""
     block_tokens: int = 64
     stages: int = 4
     num_splits: int | None = None
@@ -72,11 +73,13 @@ class MgpuDecodeConfig:
     p_smem: bool = False
     q_terms: int = 2
     heads_per_cta: int = 1
+    v_layout: str = "WGMMA"
     regs: tuple[int, int] | None = None
 
     def __post_init__(self):
         if (self.block_tokens % 64 or not 64 <= self.block_tokens <= 256 or self.stages < 2
-                or self.q_terms not in (1, 2) or self.heads_per_cta not in (1, 2)):
+                or self.q_terms not in (1, 2) or self.heads_per_cta not in (1, 2)
+                or self.v_layout not in ("WGMMA", "WGMMA_UPCAST_2X")):
             raise ValueError(f"bad MgpuDecodeConfig {self}")
 
 
@@ -87,7 +90,7 @@ def _transforms(dtype):
 
 def _kernel(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
             scoped, *, ps: int, bp: int, pps: int, maxp: int, stages: int, wdtype,
-            regs: tuple[int, int] | None, fresh_acc: bool, hpc: int) -> None:
+            regs: tuple[int, int] | None, fresh_acc: bool, hpc: int, v_layout) -> None:
     (q_all, k_all, v_all, w_all, lse_all, *p_all), bars, (k_done, v_done) = scoped
     k_bar, v_bar, q_bar = bars
     T = bp * ps
@@ -146,9 +149,9 @@ def _kernel(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
             # V: registers, widened and masked, into the 16-bit staging tile.
             plgpu.barrier_wait(v_bar.at[bar0 + slot])
-            v = plgpu.load(v_smem.at[slot], layout=plgpu.Layout.WGMMA, optimized=False)
+            v = plgpu.load(v_smem.at[slot], layout=v_layout, optimized=False)
             plgpu.barrier_arrive(v_done.at[bar0 + slot])
-            vt = plgpu.broadcasted_iota(jnp.int32, (T, D), 0, layout=plgpu.Layout.WGMMA) + base
+            vt = plgpu.broadcasted_iota(jnp.int32, (T, D), 0, layout=v_layout) + base
             v = jnp.where((vt >= first_tok) & (vt < tok_hi), v.astype(wdtype),
                           jnp.zeros((), wdtype))
             w_smem[...] = v
@@ -312,7 +315,8 @@ def paged_decode_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.A
     tf_kv, tf_w = _transforms(kv_dt), _transforms(wdtype)
     kernel = functools.partial(_kernel, ps=ps, bp=bp, pps=pps, maxp=maxp,
                                stages=cfg.stages, wdtype=wdtype, regs=cfg.regs,
-                               fresh_acc=interpret, hpc=hpc)
+                               fresh_acc=interpret, hpc=hpc,
+                               v_layout=getattr(plgpu.Layout, cfg.v_layout))
 
     def entry(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_ref,
               lse_ref):

@@ -330,7 +330,8 @@ def kth_largest(x: jax.Array, top: jax.Array, k: jax.Array, *, pivots: int | Non
 def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array, top_p: jax.Array,
                 *, pivots: int | None = None, split: bool | None = None, block: int = BLOCK,
                 unroll: int = UNROLL, segment: int = SEGMENT, num_warps: int = NUM_WARPS,
-                num_stages: int = 1, interpret: bool = False) -> jax.Array:
+                num_stages: int = 1, interpret: bool = False,
+                lo: jax.Array | None = None) -> jax.Array:
     """[S] smallest value that top-p keeps within the top-k of each row:
     ``sampling_filters.nucleus_cut`` (masses summed in another order: module docstring).
 
@@ -340,11 +341,15 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array, top_
       top_p: [S] float32 in (0, 1]; >= 1 keeps the whole top-k (the cut is ``kth``, no pass).
       pivots, split, block, unroll, segment, num_warps, num_stages, interpret: as
         :func:`kth_largest`.
+      lo: [S] float32 start of the search bracket (default ``kth``): a value the caller knows
+        to pass (``mass(x >= lo) >= top_p * mass(top k)``), equal to ``kth`` where top_p >= 1;
+        the cut is the same, reached in fewer passes (``sampling_filters.nucleus_floor``).
     Raises:
       ValueError: shapes or dtypes other than above, S * V >= 2^31, or a bad geometry.
     """
     f32 = jnp.float32
-    params = [top.astype(f32), order_key(top), kth.astype(f32), order_key(kth),
+    params = [top.astype(f32), order_key(top), kth.astype(f32),
+              order_key(kth if lo is None else lo),
               k.astype(jnp.int32), top_p.astype(f32)]
     return _search_call("nucleus", "nucleus_search", params, x, pivots=pivots, split=split,
                         block=block, unroll=unroll, segment=segment, num_warps=num_warps,

@@ -155,3 +155,33 @@ def test_unknown_methods_raise(monkeypatch):
     monkeypatch.setattr(sampling, "DRAW_METHOD", "philox")
     with pytest.raises(ValueError, match="DRAW_METHOD"):
         _tokens(np.zeros((1, 8)), _rows(1, 8, 0, temperature=1.0))
+
+
+@pytest.mark.parametrize("impl", ["jnp", "pallas"])
+def test_nucleus_floor_gives_the_same_cut(monkeypatch, impl):
+    """NUCLEUS_FLOOR starts the nucleus search at nucleus_floor: the cut is the same, bit for
+    bit, as from kth (jnp search and the Pallas kernel in interpret mode), for rows with and
+    without top-k, top_p from tiny to 1, -inf entries, logits around 0 and around 20; and the
+    floor passes (mass above it >= top_p * mass(top k), numpy float64)."""
+    rng = np.random.default_rng(4)
+    S, V = 12, 3000
+    x = (rng.standard_normal((S, V)) * 3 + rng.choice([0.0, 20.0], S)[:, None])
+    x[rng.random((S, V)) < 0.1] = -np.inf
+    x = x.astype(np.float32)
+    k = np.where(rng.random(S) < 0.5, rng.integers(1, 200, S), V).astype(np.int32)
+    p = rng.choice([0.05, 0.5, 0.9, 0.96, 0.99, 1.0], S).astype(np.float32)
+    srt = -np.sort(-x, axis=1)
+    kth = np.where(k < V, srt[np.arange(S), k - 1], -np.inf).astype(np.float32)
+    monkeypatch.setattr(sf, "SEARCH_IMPL", impl)
+    args = [jnp.asarray(a) for a in (x, x.max(1), kth, k, p)]
+    cuts = {}
+    for floor in (False, True):
+        monkeypatch.setattr(sf, "NUCLEUS_FLOOR", floor)
+        cuts[floor] = np.asarray(jax.jit(lambda *a: sf.nucleus_cut(*a))(*args))
+    np.testing.assert_array_equal(cuts[True], cuts[False])
+    lo = np.asarray(sf.nucleus_floor(*args[1:]))
+    assert (lo > kth).sum() >= S // 3  # the floor is above kth on many rows (not vacuous)
+    w = np.exp(srt.astype(np.float64) - x.max(1, keepdims=True))
+    for i in range(S):
+        mass_k = w[i, :k[i]].sum()
+        assert w[i][srt[i] >= lo[i]].sum() >= p[i] * mass_k * (1 - 1e-9) or lo[i] == kth[i]

@@ -8,17 +8,18 @@ last and a record ``sampling_check`` (value: failed checks) under ``--out``:
 1. select: ``sampling_filters.SELECT_METHOD`` "sort" against "topk" (the TopK stages) at
    B = 1 and 256: ``top_chunks(x, 64)`` buffers and ids, ``top_values(x, 20)`` ids and values
    and ``buffered_cutoffs`` (top_k 50, top_p 0.9) equal bit for bit; the top-20 ids equal a
-   stable numpy argsort on 4 rows. Logits N(0, 3^2) rounded to 0.05 (ties).
+   stable numpy argsort on 4 rows. Logits N(0, 3^2) rounded to 0.05 (ties). The full
+   nucleus cut (the Pallas kernel on a GPU) is the same with ``NUCLEUS_FLOOR`` as without.
 2. hash: ``sampling_noise.hash_uniform`` on the device equals a numpy re-implementation bit
    for bit (integer hash, exact float conversion).
 3. distribution: the all-flags sampler program with ``DRAW_METHOD`` "threefry" (control) and
-   "hash" (+ SELECT "sort") on 8192 copies of one row (sample indices 0..8191), four mixes of
+   "hash" (+ SELECT "sort", NUCLEUS_FLOOR) on 8192 copies of one row (sample indices 0..8191), four mixes of
    2048 rows (temperature; top_p 0.9; top_k 8 + top_p 0.9; min_p 0.05 + top_k 50 + top_p 0.9),
    against the exact filtered distribution of the row (numpy, float64): no excluded token,
    and a chi-square p-value > 1e-4 over the kept tokens (12 carry the row's mass, the rest
    of the vocabulary sits 20 below).
 4. invariance: the same seeded row alone (S = 1) and at row 100 of 256 random neighbours
-   gives the same token, chosen logprob and top-20 ids (hash + sort; mixes top_p,
+   gives the same token, chosen logprob and top-20 ids (hash, sort, floor; mixes top_p,
    top_k_top_p, all), 4 sample indices each.
 
 Exit status 1 if a check failed (the timing script should still run: the lead reads both).
@@ -42,11 +43,11 @@ MIXES = {"temperature": dict(temperature=0.8), "top_p": dict(temperature=0.8, to
          "all": dict(temperature=0.8, min_p=0.05, top_k=50, top_p=0.9)}
 
 
-def set_methods(draw: str, select: str) -> None:
+def set_methods(draw: str, select: str, floor: bool = False) -> None:
     from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
 
-    sampling.DRAW_METHOD, sf.SELECT_METHOD = draw, select
+    sampling.DRAW_METHOD, sf.SELECT_METHOD, sf.NUCLEUS_FLOOR = draw, select, floor
 
 
 def sampler():
@@ -82,6 +83,16 @@ def check_select(rng, V: int) -> list[tuple[str, bool, str]]:
         ok_ref = np.array_equal(got["sort"][1][1][:4], ref)
         out.append((f"select sort == topk stages, B={B}", same, ""))
         out.append((f"select top-20 ids == numpy stable argsort, B={B}", ok_ref, ""))
+        kth = jnp.full((B,), -jnp.inf, jnp.float32)  # rows without top-k: k = V
+        kv, pv = jnp.full((B,), V, jnp.int32), jnp.asarray(rng.choice([0.5, 0.9, 0.99], B),
+                                                           jnp.float32)
+        cuts = []
+        for floor in (False, True):
+            set_methods("threefry", "topk", floor)
+            cuts.append(np.asarray(jax.jit(lambda x, t, kth, k, p: sf.nucleus_cut(
+                x, t, kth, k, p))(x, jnp.max(x, -1), kth, kv, pv)))
+        out.append((f"nucleus floor: same cut, B={B}", np.array_equal(*cuts),
+                    f"impl {sf.search_impl()}"))
     return out
 
 
@@ -149,7 +160,7 @@ def check_distribution(rng, V: int, n: int) -> list[tuple[str, bool, str]]:
     counts = jnp.zeros((1, V), jnp.int32)
     out = []
     for draw, select in (("threefry", "topk"), ("hash", "sort")):
-        set_methods(draw, select)
+        set_methods(draw, select, floor=draw == "hash")
         res, _ = sampler()(logits, SamplingArrays(*map(jnp.asarray, sa)), counts)
         toks = np.asarray(res.tokens)
         for i, (mix, kw) in enumerate(MIXES.items()):
@@ -165,7 +176,7 @@ def check_distribution(rng, V: int, n: int) -> list[tuple[str, bool, str]]:
                 f_exp[-1] += n * q[kept & ~big].sum()
             excl = int(got[~kept].sum())  # any: a failure (and chisquare's sums differ)
             pv = stats.chisquare(f_obs, f_exp).pvalue if excl == 0 else 0.0
-            out.append((f"distribution {draw}/{select} {mix}", bool(excl == 0 and pv > P_MIN),
+            out.append((f"distribution {draw}/{select}{'/floor' * (draw == 'hash')} {mix}", bool(excl == 0 and pv > P_MIN),
                         f"p={pv:.3g} kept={int(kept.sum())} excluded drawn={excl}"))
     return out
 
@@ -176,7 +187,7 @@ def check_invariance(rng, V: int) -> list[tuple[str, bool, str]]:
     from benchmarks.sampling_cost import ALL, params
     from benchmarks.sampling_cost import MIXES as COST_MIXES
 
-    set_methods("hash", "sort")
+    set_methods("hash", "sort", True)
     run = sampler()
     out = []
     row = (rng.standard_normal(V) * 3).astype(np.float32)
@@ -203,7 +214,7 @@ def check_invariance(rng, V: int) -> list[tuple[str, bool, str]]:
                         and np.asarray(a.logprobs)[0] == np.asarray(b.logprobs)[100]
                         and np.array_equal(np.asarray(a.top_ids)[0],
                                            np.asarray(b.top_ids)[100]))
-        out.append((f"invariance S=1 vs row 100 of 256, hash/sort, {mix}", bad == 0,
+        out.append((f"invariance S=1 vs row 100 of 256, hash/sort/floor, {mix}", bad == 0,
                     f"{bad} of 4 indices differ"))
     return out
 

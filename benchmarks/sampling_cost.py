@@ -50,7 +50,8 @@ it takes the first of each list); "auto" is the kernel on a GPU, jnp elsewhere. 
 compiled program is the same as one already timed (the tunable does not reach that mix) is not
 timed again. ``--draw-method threefry,hash`` (``sampling.DRAW_METHOD``: the Gumbel noise) and
 ``--select-method topk,sort`` (``sampling_filters.SELECT_METHOD``: how chunks and the top-20
-logprobs are ranked) add to the cross product. ``--breakdown MIX:B ...`` prints, for those
+logprobs are ranked) and ``--nucleus-floor 0,1`` (``sampling_filters.NUCLEUS_FLOOR``: the
+nucleus search starts at a floor known to pass) add to the cross product. ``--breakdown MIX:B ...`` prints, for those
 cases, the device time per kernel name (``profile_decode.format_summary`` of the same trace)
 and stores it in their records. A table of device us per configuration is printed last.
 """
@@ -141,12 +142,13 @@ class Case:
         self.sas = [SamplingArrays(*map(jnp.asarray, host._replace(
             sample_index=host.sample_index + i))) for i in range(calls)]
         self.counts = jnp.zeros((B + 1, V), jnp.int32).at[:B, : V // 8].set(1)  # history
-        key = (mode, needs, B, config)
+        # A fresh callable per case: jit's trace cache would not see the tunables. Programs
+        # are compiled once per lowered text (a tunable that does not reach a mix adds none).
+        fn = functools.partial(sampler, **({} if needs is None else {"needs": needs}))
+        lowered = jax.jit(fn, donate_argnums=(2,)).lower(self.logits, self.sas[0], self.counts)
+        key = (mode, B, hash(lowered.as_text()))
         if key not in cache:
-            # A fresh callable per key: jit's trace cache would not see the tunables.
-            fn = functools.partial(sampler, **({} if needs is None else {"needs": needs}))
-            exe = jax.jit(fn, donate_argnums=(2,)).lower(
-                self.logits, self.sas[0], self.counts).compile()
+            exe = lowered.compile()
             hlo = exe.as_text()
             cache[key] = (exe, len(re.findall(r"\bsort\(", hlo)),
                           len(re.findall(r"\bconditional\(", hlo)), hash(hlo))
@@ -251,14 +253,16 @@ def search_configs(a) -> list[dict]:
     for m in selects:
         if m not in sf.SELECT_METHODS:
             raise SystemExit(f"--select-method {m!r}: one of {sf.SELECT_METHODS}")
+    floors = [bool(int(v)) for v in a.nucleus_floor.split(",")]
     configs = [dict(c, name=c["name"] + (f"/{d}" if draws != ["threefry"] else "")
-                    + (f"/{m}" if selects != ["topk"] else ""), DRAW_METHOD=d, SELECT_METHOD=m)
-               for c in configs for d in draws for m in selects]
+                    + (f"/{m}" if selects != ["topk"] else "") + ("/floor" if f else ""),
+                    DRAW_METHOD=d, SELECT_METHOD=m, NUCLEUS_FLOOR=f)
+               for c in configs for d in draws for m in selects for f in floors]
     if a.old:
         configs.append(dict(name="old", PIVOTS=15, BUFFER_PIVOTS=15, BUFFER_TOP_K=0,
                             CHUNKED_TOP_VALUES=False, BUFFER_METHOD="search",
                             SEARCH_IMPL="jnp", PALLAS_PIVOTS=None, DRAW_METHOD="threefry",
-                            SELECT_METHOD="topk"))
+                            SELECT_METHOD="topk", NUCLEUS_FLOOR=False))
     if a.configs:  # keep the named ones (a cross product is more than a run needs)
         configs = [c for c in configs if c["name"].endswith(tuple(a.configs.split(",")))]
     return configs
@@ -304,6 +308,8 @@ def main() -> int:
                     help="comma list of sampling.DRAW_METHOD values: threefry, hash")
     ap.add_argument("--select-method", default="topk",
                     help="comma list of sampling_filters.SELECT_METHOD values: topk, sort")
+    ap.add_argument("--nucleus-floor", default="0",
+                    help="comma list of sampling_filters.NUCLEUS_FLOOR values: 0, 1")
     ap.add_argument("--configs", default=None,
                     help="comma list: time only the configurations of the cross product whose "
                          "names end so (e.g. threefry/topk,hash/sort)")

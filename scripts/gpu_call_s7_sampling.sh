@@ -7,16 +7,17 @@
 # 2. benchmarks/sampling_cost.py: the variant programs for top_p, all, top_k_top_p,
 #    half_greedy_half_all, greedy at B 1 and 256, vocab 128256, configurations side by side:
 #    threefry/topk (today's default), hash/topk (DRAW_METHOD "hash"), hash/sort (+
-#    SELECT_METHOD "sort"); per-kernel breakdown of top_p B=256 and all B=1; table last.
+#    SELECT_METHOD "sort"), hash/sort/floor (+ NUCLEUS_FLOOR: the top-p search starts at a
+#    floor known to pass); per-kernel breakdown of top_p B=256 and all B=1; table last.
 set -u
 OUT=${OUT:-benchmarks/results/s7_sampling}
 mkdir -p "$OUT/records"
 export PYTHONPATH=.
-timeout 40 python3 -u benchmarks/sampling_check.py --out "$OUT/records" 2>&1 \
+timeout 45 python3 -u benchmarks/sampling_check.py --out "$OUT/records" 2>&1 \
     | tee "$OUT/s7_sampling-check.log"
-timeout 60 python3 -u benchmarks/sampling_cost.py --out "$OUT/records" --modes variant \
-    --mixes top_p all top_k_top_p half_greedy_half_all greedy --batches 1 256 \
+timeout 55 python3 -u benchmarks/sampling_cost.py --out "$OUT/records" --modes variant \
+    --mixes top_p all top_k_top_p greedy half_greedy_half_all --batches 1 256 \
     --iters 10 --trace-iters 5 --step-ms-b1 4.8 --step-ms-b256 16 --buffer-method sort \
-    --draw-method threefry,hash --select-method topk,sort \
-    --configs threefry/topk,hash/topk,hash/sort --breakdown top_p:256 all:1 \
-    --deadline-s 45 2>&1 | tee "$OUT/s7_sampling-cost.log"
+    --draw-method threefry,hash --select-method topk,sort --nucleus-floor 0,1 \
+    --configs threefry/topk,hash/topk,hash/sort,hash/sort/floor --breakdown top_p:256 all:1 \
+    --deadline-s 33 2>&1 | tee "$OUT/s7_sampling-cost.log"

@@ -162,15 +162,28 @@ def child(names: list[str], deadline: float, repeats: int, smoke: bool = False) 
                 del clean
             c, dirty, ref = cases[(B, ctx, kv)]
             scale = 1.0 / math.sqrt(c["D"])
-            out = _MGPU(*dirty, scale=scale, config=cfg, **c["scales"], **interp)
-            rel, mx = errors(out, ref)
+            try:  # an exception (not a crash) skips the variant's other shapes
+                out = _MGPU(*dirty, scale=scale, config=cfg, **c["scales"], **interp)
+                rel, mx = errors(out, ref)
+                err = ""
+            except Exception as ex:  # noqa: BLE001
+                rel = mx = float("inf")
+                err = f"{type(ex).__name__}: {str(ex)[:600]}"
             ok = rel < CHECK_LIMIT
-            emit("CHECK", name=name, B=B, ctx=ctx, rel_err=rel, max_abs_err=mx, ok=ok)
+            emit("CHECK", name=name, B=B, ctx=ctx, rel_err=rel, max_abs_err=mx, ok=ok,
+                 error=err)
+            if err:
+                break
             del out
             if not ok or smoke:
                 continue
             run, a = mgpu_runner(c, cfg)
-            t = time_fn(run, a, repeats) / calls_for(c)
+            try:
+                t = time_fn(run, a, repeats) / calls_for(c)
+            except Exception as ex:  # noqa: BLE001
+                emit("CHECK", name=name, B=B, ctx=ctx, rel_err=rel, max_abs_err=mx,
+                     ok=False, error=f"timing: {type(ex).__name__}: {str(ex)[:600]}")
+                break
             emit("TIME", name=name, B=B, ctx=ctx, us=t * 1e6,
                  gbs=c["kv_bytes_per_call"] / t / 1e9, kv=kv, tune=kw,
                  kv_bytes_per_call=c["kv_bytes_per_call"], layers=c["L"],
@@ -190,7 +203,11 @@ def run_children(names: list[str], deadline: float, repeats: int, on_line,
         cmd += ["--smoke"] if smoke else []
         started: list[str] = []
         with tempfile.TemporaryFile("w+") as errf:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True)
+            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,
+                                    env=env)
             last, killed = time.time(), False
             while True:
                 ready, _, _ = select.select([proc.stdout], [], [], 1.0)
@@ -277,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
             records.add(f"decode_mgpu/check_rel_err/{n}/B{d['B']}_ctx{d['ctx']}",
                         d["rel_err"], "rel_l2", d)
             log(f"check {n} B{d['B']} ctx{d['ctx']}: rel {d['rel_err']:.2e} max abs "
-                f"{d['max_abs_err']:.2e} {'OK' if d['ok'] else 'BAD: not timed'}")
+                f"{d['max_abs_err']:.2e} {'OK' if d['ok'] else 'BAD: not timed'} "
+                f"{d.get('error', '')}")
         elif kind == "TIME":
             key = (d["B"], d["ctx"])
             r_bf = d["us"] / 1e6 / base[key] if key in base else float("nan")

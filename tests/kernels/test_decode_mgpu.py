@@ -144,3 +144,17 @@ def test_lowers_for_cuda(B, ctx, kv, cfg):
                                            config=CONFIGS[cfg])
     text = lower_for_cuda(fn, *args)
     assert text.count("custom_call @mosaic_gpu") == 1
+
+
+def test_gpu_check_script_smoke(tmp_path):
+    """check_decode_mgpu.py's CPU mode: a child process checks a variant in the interpreter
+    (poisoned slots, ragged lengths) and the parent records what it printed."""
+    import json
+
+    from benchmarks.kernels import check_decode_mgpu
+    check_decode_mgpu.main(["--smoke", "--variants", "mgpu_h2_t64_s4", "--deadline-s", "600",
+                            "--out", str(tmp_path)])
+    recs = json.loads((tmp_path / "results_decode_mgpu.json").read_text())
+    checks = [r for r in recs if r["name"].startswith("decode_mgpu/check_rel_err/")]
+    assert len(checks) == len(check_decode_mgpu.SMOKE_SHAPES)
+    assert all(r["config"]["ok"] and r["value"] < 5e-3 for r in checks), checks

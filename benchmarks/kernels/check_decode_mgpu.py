@@ -81,6 +81,10 @@ VARIANTS: list[tuple[str, str, dict]] = [
     ("mgpu_h2_t64_s4_regs232", "fp8", {"heads_per_cta": 2, "regs": (232, 40)}),
     ("mgpu_t64_s4_regs168", "fp8", {"regs": (168, 40)}),
 ]
+# Run next (once) after a variant fails or dies: the code path the CPU interpreter tests
+# (P through shared memory, P V into a fresh accumulator), to tell a GPU-only bug from one
+# of the default path's P-in-registers / in-place accumulation.
+DIAGNOSTIC = ("mgpu_t64_s4_interp_path", "fp8", {"p_smem": True, "fresh_acc": True})
 _MGPU = jax.jit(paged_decode_attention_mgpu, static_argnames=("scale", "config", "interpret"))
 
 
@@ -137,13 +141,18 @@ def emit(kind: str, **kw) -> None:
     print(f"{kind} " + json.dumps(kw), flush=True)
 
 
-def child(names: list[str], deadline: float, repeats: int, smoke: bool = False) -> None:
+def child(names: list[str], deadline: float, repeats: int, smoke: bool = False,
+          diag: bool = True, check_limit: float = CHECK_LIMIT) -> None:
     """Check then time each named variant at each shape; one line per event on stdout.
-    ``smoke``: tiny shapes in the Mosaic GPU interpreter, checks only (CPU)."""
-    table = {n: (kv, kw) for n, kv, kw in VARIANTS}
+    ``smoke``: tiny shapes in the Mosaic GPU interpreter, checks only (CPU); ``diag``: the
+    first failing check queues :data:`DIAGNOSTIC` next."""
+    table = {n: (kv, kw) for n, kv, kw in [*VARIANTS, DIAGNOSTIC]}
     interp = {"interpret": True} if smoke else {}
     cases: dict[tuple, tuple] = {}  # (B, ctx, kv) -> (case, dirty args, reference output)
-    for name in names:
+    names = list(names)
+    diag = diag and DIAGNOSTIC[0] not in names
+    while names:
+        name = names.pop(0)
         emit("START", name=name)
         kv, kw = table[name]
         dt = F8 if kv == "fp8" else jnp.bfloat16
@@ -169,9 +178,12 @@ def child(names: list[str], deadline: float, repeats: int, smoke: bool = False) 
             except Exception as ex:  # noqa: BLE001
                 rel = mx = float("inf")
                 err = f"{type(ex).__name__}: {str(ex)[:600]}"
-            ok = rel < CHECK_LIMIT
+            ok = rel < check_limit
             emit("CHECK", name=name, B=B, ctx=ctx, rel_err=rel, max_abs_err=mx, ok=ok,
                  error=err)
+            if not ok and diag:
+                names.insert(0, DIAGNOSTIC[0])
+                diag = False
             if err:
                 break
             del out
@@ -192,15 +204,19 @@ def child(names: list[str], deadline: float, repeats: int, smoke: bool = False) 
 
 
 def run_children(names: list[str], deadline: float, repeats: int, on_line,
-                 smoke: bool = False, idle_s: float = 45.0) -> None:
+                 smoke: bool = False, idle_s: float = 45.0,
+                 check_limit: float = CHECK_LIMIT) -> None:
     """Runs ``child`` in subprocesses, reading its lines as they come; a child that dies, or
     prints nothing for ``idle_s`` (a hung kernel), or runs ``15 s`` past the deadline, is
     killed and loses the variant it was on; the next child resumes after it."""
     todo = list(names)
+    diag_seen = False
     while todo and time.time() < deadline:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", ",".join(todo),
                "--deadline-at", str(deadline), "--repeats", str(repeats)]
         cmd += ["--smoke"] if smoke else []
+        cmd += ["--no-diag"] if diag_seen else []
+        cmd += ["--check-limit", str(check_limit)]
         started: list[str] = []
         with tempfile.TemporaryFile("w+") as errf:
             root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -219,6 +235,7 @@ def run_children(names: list[str], deadline: float, repeats: int, on_line,
                     kind, _, rest = line.strip().partition(" ")
                     if kind == "START":
                         started.append(json.loads(rest)["name"])
+                        diag_seen = diag_seen or started[-1] == DIAGNOSTIC[0]
                     if kind in ("START", "CHECK", "TIME", "SKIP"):
                         on_line(kind, json.loads(rest))
                 elif time.time() - last > idle_s or time.time() > deadline + 15:
@@ -234,7 +251,9 @@ def run_children(names: list[str], deadline: float, repeats: int, on_line,
         lost = started[-1] if started else todo[0]
         log(f"child rc {rc} on {lost}: {err[-800:]}")
         on_line("DIED", {"name": lost, "rc": rc, "stderr_tail": err[-800:]})
-        todo = todo[todo.index(lost) + 1:]
+        todo = [n for n in todo if n not in {*started, lost}]
+        if not diag_seen and lost != DIAGNOSTIC[0]:
+            todo = [DIAGNOSTIC[0], *todo]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -247,10 +266,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--smoke", action="store_true",
                    help="CPU: tiny shapes, Mosaic interpreter, checks only, no Triton")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
+    p.add_argument("--no-diag", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--check-limit", type=float, default=CHECK_LIMIT,
+                   help="rel. L2 error a check must stay below (testing the failure path)")
     p.add_argument("--deadline-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        return child(args.child.split(","), args.deadline_at, args.repeats, args.smoke)
+        return child(args.child.split(","), args.deadline_at, args.repeats, args.smoke,
+                     not args.no_diag, args.check_limit)
     deadline = T0 + args.deadline_s
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -312,7 +335,8 @@ def main(argv: list[str] | None = None) -> None:
     names = [n for n, _, _ in VARIANTS]
     if args.variants:
         names = [n for n in names if n in args.variants.split(",")]
-    run_children(names, deadline, args.repeats, on_line, args.smoke)
+    run_children(names, deadline, args.repeats, on_line, args.smoke,
+                 check_limit=args.check_limit)
 
     # 3. table
     print(f"\nPaged decode on {jax.devices()[0].device_kind} (Hq32/Hkv8/D128/ps16; GB/s of KV "

@@ -65,7 +65,9 @@ class MgpuDecodeConfig:
     heads_per_cta: 1, or 2 compute warpgroups a CTA, one KV head each, fed by one memory
     warpgroup (two independent softmax chains an SM, FlashAttention-3's 2 + 1 warpgroups;
     odd Hkv falls back to 1); v_layout: register layout V is read from shared memory in
-    ("WGMMA": 2-byte loads of FP8; "WGMMA_UPCAST_2X": 4-byte loads, made for widening)."""
+    ("WGMMA": 2-byte loads of FP8; "WGMMA_UPCAST_2X": 4-byte loads, made for widening);
+    fresh_acc: P V into a zeroed accumulator, added in registers (the interpreter's path;
+    default: accumulate in place through ``pl.run_state``)."""
     block_tokens: int = 64
     stages: int = 4
     num_splits: int | None = None
@@ -74,6 +76,7 @@ class MgpuDecodeConfig:
     q_terms: int = 2
     heads_per_cta: int = 1
     v_layout: str = "WGMMA"
+    fresh_acc: bool = False
     regs: tuple[int, int] | None = None
 
     def __post_init__(self):
@@ -315,7 +318,7 @@ def paged_decode_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.A
     tf_kv, tf_w = _transforms(kv_dt), _transforms(wdtype)
     kernel = functools.partial(_kernel, ps=ps, bp=bp, pps=pps, maxp=maxp,
                                stages=cfg.stages, wdtype=wdtype, regs=cfg.regs,
-                               fresh_acc=interpret, hpc=hpc,
+                               fresh_acc=interpret or cfg.fresh_acc, hpc=hpc,
                                v_layout=getattr(plgpu.Layout, cfg.v_layout))
 
     def entry(layer_ref, win_ref, bt_ref, len_ref, qs_ref, q_ref, k_ref, v_ref, o_ref,

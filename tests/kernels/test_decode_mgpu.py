@@ -123,7 +123,8 @@ CONFIGS = [MgpuDecodeConfig(), MgpuDecodeConfig(block_tokens=64, stages=2),
            MgpuDecodeConfig(heads_per_cta=2), MgpuDecodeConfig(heads_per_cta=2, stages=3),
            MgpuDecodeConfig(heads_per_cta=2, regs=(232, 40)),
            MgpuDecodeConfig(v_layout="WGMMA_UPCAST_2X"),
-           MgpuDecodeConfig(heads_per_cta=2, v_layout="WGMMA_UPCAST_2X")]
+           MgpuDecodeConfig(heads_per_cta=2, v_layout="WGMMA_UPCAST_2X"),
+           MgpuDecodeConfig(p_smem=True, fresh_acc=True)]  # the interpreter's code path
 LOWER = ([(B, ctx, kv, 0) for B, ctx in SHAPES for kv in (F8, jnp.bfloat16)]
          + [(32, 2048, kv, i) for i in range(1, len(CONFIGS)) for kv in (F8, jnp.bfloat16)
             if kv == F8 or CONFIGS[i].heads_per_cta == 1])  # bf16 two heads: 320 KB smem

@@ -10,8 +10,9 @@ One CTA per (sequence, KV head, split) and two warpgroups (the layout of JAX's
 - the compute warpgroup computes the scores with wgmma: ``S = q Kᵀ`` [64, T], the GQA group's
   G query rows padded to wgmma's M = 64 (rows past G are never written out). For FP8 both
   operands are e4m3 and K-major in shared memory (K [T, D] is D-contiguous): q is quantized
-  per row (scale = max|q_row| / 448, folded with ``scale * log2(e) * k_scale`` into that row's
-  softmax scale: the ``qk8`` arithmetic of fp8.py);
+  per row into two e4m3 terms (the second its residual; each with its scale, folded with
+  ``scale * log2(e) * k_scale`` into the row's softmax scale; :func:`_q_terms`), one wgmma
+  each;
 - V: FP8 wgmma needs K-major operands and V [T, D] is MN-major for ``P V``, so each V tile
   is read into registers, widened to f16 (bf16 caches: kept), multiplied by nothing but
   masked (tokens past the length / before the window / of another split are set to 0, so a
@@ -26,8 +27,9 @@ Shapes: D = 128 (one 128-byte swizzled row per FP8 token; 64 or 256 untested), p
 divisor of ``block_tokens``, G = Hq / Hkv <= 8. Anything else raises
 :class:`PagedAttentionUnsupportedError` (callers fall back to the Triton kernel).
 
-Numerics: FP8 q quantization gives ~5e-3 relative error against the f32 reference on the
-same FP8 cache (session-5 ``qk8``: 6-8e-3); bf16 caches are exact up to bf16 P.
+Numerics (CPU interpreter, against the f32 reference on the same FP8 cache): ~1.4e-3
+relative L2 error with two q terms, ~1.7e-2 with one (``q_terms=1``, the ``qk8`` arithmetic
+of fp8.py); P and the partial outputs are f16 (bf16 for a bf16 cache).
 Design notes: benchmarks/kernels/NOTES_paged_attention.md; GPU check and timing:
 benchmarks/kernels/check_decode_mgpu.py.
 """

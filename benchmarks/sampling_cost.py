@@ -254,15 +254,18 @@ def search_configs(a) -> list[dict]:
         if m not in sf.SELECT_METHODS:
             raise SystemExit(f"--select-method {m!r}: one of {sf.SELECT_METHODS}")
     floors = [bool(int(v)) for v in a.nucleus_floor.split(",")]
+    chunks = [int(v) for v in a.reduce_chunks.split(",")]
     configs = [dict(c, name=c["name"] + (f"/{d}" if draws != ["threefry"] else "")
-                    + (f"/{m}" if selects != ["topk"] else "") + ("/floor" if f else ""),
-                    DRAW_METHOD=d, SELECT_METHOD=m, NUCLEUS_FLOOR=f)
-               for c in configs for d in draws for m in selects for f in floors]
+                    + (f"/{m}" if selects != ["topk"] else "") + ("/floor" if f else "")
+                    + (f"/rc{r}" if r else ""),
+                    DRAW_METHOD=d, SELECT_METHOD=m, NUCLEUS_FLOOR=f, REDUCE_CHUNKS=r)
+               for c in configs for d in draws for m in selects for f in floors
+               for r in chunks]
     if a.old:
         configs.append(dict(name="old", PIVOTS=15, BUFFER_PIVOTS=15, BUFFER_TOP_K=0,
                             CHUNKED_TOP_VALUES=False, BUFFER_METHOD="search",
                             SEARCH_IMPL="jnp", PALLAS_PIVOTS=None, DRAW_METHOD="threefry",
-                            SELECT_METHOD="topk", NUCLEUS_FLOOR=False))
+                            SELECT_METHOD="topk", NUCLEUS_FLOOR=False, REDUCE_CHUNKS=0))
     if a.configs:  # keep the named ones (a cross product is more than a run needs)
         configs = [c for c in configs if c["name"].endswith(tuple(a.configs.split(",")))]
     return configs
@@ -310,6 +313,9 @@ def main() -> int:
                     help="comma list of sampling_filters.SELECT_METHOD values: topk, sort")
     ap.add_argument("--nucleus-floor", default="0",
                     help="comma list of sampling_filters.NUCLEUS_FLOOR values: 0, 1")
+    ap.add_argument("--reduce-chunks", default="0",
+                    help="comma list of sampling.REDUCE_CHUNKS values: 0 (one-stage row "
+                         "reductions), e.g. 128 (two stages, jaxinfer.row_reduce)")
     ap.add_argument("--configs", default=None,
                     help="comma list: time only the configurations of the cross product whose "
                          "names end so (e.g. threefry/topk,hash/sort)")
@@ -348,7 +354,7 @@ def main() -> int:
             break
         for k, v in cfg.items():
             if k != "name":
-                setattr(sampling if k == "DRAW_METHOD" else sf, k, v)
+                setattr(sampling if k in ("DRAW_METHOD", "REDUCE_CHUNKS") else sf, k, v)
         case = Case(sampler, "cond" if mode == "file" else mode, B, a.vocab,
                     MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache,
                     tuple(sorted(cfg.items())))

@@ -64,6 +64,7 @@ import numpy as np
 
 from jaxinfer import sampling_filters, sampling_noise
 from jaxinfer.batch import Bucket, SamplingArrays
+from jaxinfer.row_reduce import row_argmax, row_max
 from jaxinfer.sampling_filters import (
     TOPK_FAST,
     buffered_cutoffs,
@@ -83,6 +84,9 @@ NEG_INF = -jnp.inf
 # with the greedy rows). Read at trace time; benchmarks/sampling_cost.py --draw-method times both.
 DRAW_METHOD = "threefry"
 DRAW_METHODS = ("threefry", "hash")
+# Row max / argmax of the draw over [S, V] in two stages of about this many chunks a row
+# (jaxinfer.row_reduce; exact, same results); 0: XLA's one-stage reductions.
+REDUCE_CHUNKS = 0
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
 COUNT_MASK = PROMPT_FLAG - 1  # bits holding the number of occurrences in the output
 
@@ -294,10 +298,10 @@ def _draw(logits: jax.Array, sp: SamplingArrays, when: _When) -> jax.Array:
     """[S, V] processed logits -> [S] int32 tokens (greedy rows: argmax); Gumbel noise as
     ``DRAW_METHOD`` says (:mod:`jaxinfer.sampling_noise`)."""
     V = logits.shape[-1]
-    greedy = None if DRAW_METHOD == "hash" else jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = None if DRAW_METHOD == "hash" else row_argmax(logits, REDUCE_CHUNKS)
     scaled = logits / jnp.maximum(sp.temperature, 1e-6)[:, None]
     # min-p: p_i >= min_p * p_max  <=>  scaled_i - max >= log(min_p)  (log 0 = -inf keeps all)
-    top = jnp.max(scaled, axis=-1)
+    top = row_max(scaled, REDUCE_CHUNKS)
     scaled = jnp.where(scaled - top[:, None] >= jnp.log(sp.min_p)[:, None], scaled, NEG_INF)
     cut = _cutoff(scaled, top, sp, when)
     masked = jnp.where(scaled >= cut[:, None], scaled, NEG_INF)
@@ -305,10 +309,10 @@ def _draw(logits: jax.Array, sp: SamplingArrays, when: _When) -> jax.Array:
         raise ValueError(f"DRAW_METHOD {DRAW_METHOD!r}: one of {DRAW_METHODS}")
     if DRAW_METHOD == "hash":  # one argmax, greedy rows selecting their logits
         noisy = masked + sampling_noise.hash_gumbel(sp.seeds, sp.sample_index, V)
-        return jnp.argmax(jnp.where((sp.temperature == 0.0)[:, None], logits, noisy),
-                          axis=-1).astype(jnp.int32)
+        return row_argmax(jnp.where((sp.temperature == 0.0)[:, None], logits, noisy),
+                          REDUCE_CHUNKS)
     gumbel = sampling_noise.threefry_gumbel(sp.seeds, sp.sample_index, V)
-    sampled = jnp.argmax(masked + gumbel, axis=-1).astype(jnp.int32)
+    sampled = row_argmax(masked + gumbel, REDUCE_CHUNKS)
     return jnp.where(sp.temperature == 0.0, greedy, sampled)
 
 
@@ -353,7 +357,7 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
         logits, counts[slots], sp.repetition_penalty, sp.presence_penalty,
         sp.frequency_penalty), lambda: logits)
     tokens = when("sampling", lambda: _draw(proc, sp, when),
-                  lambda: jnp.argmax(proc, axis=-1).astype(jnp.int32))
+                  lambda: row_argmax(proc, REDUCE_CHUNKS))
     K = min(MAX_LOGPROBS, V)
     chosen, top_i, top_v = when(
         "logprobs", lambda: _logprobs(logits, tokens),

@@ -82,10 +82,13 @@ NEG_INF = -jnp.inf
 # Gumbel noise of the draw (jaxinfer/sampling_noise.py): "threefry" (jax.random.gumbel per
 # element) or "hash" (threefry per row, a counter hash per element, fused into one argmax
 # with the greedy rows). Read at trace time; benchmarks/sampling_cost.py --draw-method times both.
-DRAW_METHOD = "threefry"
+# H200 (session 7): top_p B=256 960 -> 895 us, temperature B=256 298 -> 211 us (with "sort"
+# selection and the nucleus floor). A seed's token stream differs between the two methods.
+DRAW_METHOD = "hash"
 DRAW_METHODS = ("threefry", "hash")
 # Row max / argmax of the draw over [S, V] in two stages of about this many chunks a row
-# (jaxinfer.row_reduce; exact, same results); 0: XLA's one-stage reductions.
+# (jaxinfer.row_reduce; exact, same results); 0: XLA's one-stage reductions. H200 (session 7,
+# 128 chunks): 2-10 % slower in every sampler mix (XLA's own row reductions already stream).
 REDUCE_CHUNKS = 0
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
 COUNT_MASK = PROMPT_FLAG - 1  # bits holding the number of occurrences in the output

@@ -101,11 +101,14 @@ CHUNKED_TOP_VALUES = True
 # ids, the [S, K * chunk] logprobs buffer with its token ids). Same chunks kept (for
 # the cut-offs any choice of the n best is exact) and the same top-K ids and values, ties to
 # the lower index, except that "sort" ranks -FLT_MAX above -inf where the stages tie them.
-SELECT_METHOD = "topk"
+# H200 (session 7, RESULTS.md "Sampling cost"), with DRAW_METHOD "hash" and NUCLEUS_FLOOR:
+# top_k + top_p B=1 236 -> 70 us, everything at once B=1 340 -> 105 us, B=256 721 -> 472 us.
+SELECT_METHOD = "sort"
 SELECT_METHODS = ("topk", "sort")
 # NUCLEUS_FLOOR: nucleus_cut starts its bracket at nucleus_floor (a value known to pass) rather
 # than at the k-th value: the same cut in fewer passes where the floor is well above kth.
-NUCLEUS_FLOOR = False
+# H200 (session 7): top_p alone B=256 895 -> 849 us, B=1 101 -> 93 us.
+NUCLEUS_FLOOR = True
 FLOOR_MAX_P = 0.96  # rows with a larger top_p keep kth (margin against float32 sums)
 # Who runs kth_largest / nucleus_cut: "jnp" (XLA ops), "pallas" (the Pallas kernel of
 # pallas_kernels.sampling; run by the Pallas interpreter off a GPU, for tests) or "auto" (pallas

@@ -181,11 +181,13 @@ def _lowered(needs, V=4096, S=8) -> str:
 
 
 def test_static_program_has_no_sort_no_conditional_and_only_small_top_k(monkeypatch):
-    """With the buffer searched (BUFFER_METHOD "search") the program has no sort at all; the
-    "sort" method's one sort of the buffer (the default) is test_sort_method_sorts_only_the_buffer."""
+    """With the buffer searched (BUFFER_METHOD "search") and chunks ranked by TopK stages
+    (SELECT_METHOD "topk") the program has no sort at all; the "sort" methods' sorts (the
+    defaults) are test_sort_method_sorts_only_the_buffer and test_sampling_noise's."""
     from jaxinfer import sampling_filters as sf
 
     monkeypatch.setattr(sf, "BUFFER_METHOD", "search")
+    monkeypatch.setattr(sf, "SELECT_METHOD", "topk")
     text = _lowered(SamplerNeeds())
     assert "stablehlo.sort" not in text
     assert "stablehlo.case" not in text and "stablehlo.if" not in text
@@ -335,23 +337,29 @@ def test_buffer_methods_agree_and_rows_do_not_depend_on_their_batch(method, monk
         np.testing.assert_array_equal(alone[1][0], cut_m[i])
 
 
+@pytest.mark.parametrize("select", ["topk", "sort"])
 @pytest.mark.parametrize("method", ["sort", "topk"])
-def test_sort_method_sorts_only_the_buffer(method, monkeypatch):
+def test_sort_method_sorts_only_the_buffer(method, select, monkeypatch):
     """BUFFER_METHOD "sort": one sort, of the [S, BUFFER_TOP_K * chunk] buffer (no
-    vocabulary sort); "topk": no sort, lax.top_k of at most TOPK_FAST."""
+    vocabulary sort); "topk": no sort, lax.top_k of at most TOPK_FAST. SELECT_METHOD "sort"
+    (the default) adds one sort of the chunk maxima (padded to the buffer's width at most)
+    and takes no TopK stage for the chunks; neither sorts anything of the vocabulary's size."""
     from jaxinfer import sampling_filters as sf
 
     monkeypatch.setattr(sf, "BUFFER_METHOD", method)
+    monkeypatch.setattr(sf, "SELECT_METHOD", select)
     S, V = 8, 128256
     text = _lowered(SamplerNeeds(full_search=False, logprobs=False), V=V, S=S)
     sorts = re.findall(r"stablehlo.sort.*?\) -> tensor<(\d+)x(\d+)x(?:f32|ui32)>", text, re.S)
     ks = [int(k) for k in re.findall(r"top_k\(.*?k = (\d+)", text)]
-    assert ks and max(ks) <= TOPK_FAST
-    if method == "topk":
-        assert "stablehlo.sort" not in text
+    width = BUFFER_TOP_K * sf.chunk_size(V)
+    n_sorts = (method == "sort") + (select == "sort")
+    assert text.count("stablehlo.sort") == n_sorts
+    assert [tuple(map(int, s)) for s in sorts] == [(S, width)] * n_sorts
+    if method == "topk" or select == "topk":
+        assert ks and max(ks) <= TOPK_FAST
     else:
-        assert text.count("stablehlo.sort") == 1
-        assert [tuple(map(int, s)) for s in sorts] == [(S, BUFFER_TOP_K * sf.chunk_size(V))]
+        assert not ks
 
 
 @pytest.mark.parametrize("pivots", [1, 2, 3, 7, 15, 31])

@@ -2,7 +2,7 @@
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/host_step_time.py [--batches 16 256]
         [--label HEAD] [--out benchmarks/results] [--prompt-len 16] [--max-model-len 256]
-        [--runs 3]
+        [--runs 3] [--new-tokens 64] [--output-kind cumulative|delta|final_only]
 
 B sequences of 16-token prompts decode 64 tokens each (temperature 1, EOS ignored), three
 times per batch size. Per step: wall time of ``step()``, "device" = the compiled program's
@@ -26,7 +26,7 @@ from jaxinfer.bench.records import record  # not benchmarks.common: runs against
 
 
 def measure(B: int, runs: int = 3, new_tokens: int = 64, prompt_len: int = 16,
-            max_model_len: int = 256) -> dict[str, float]:
+            max_model_len: int = 256, output_kind: str = "cumulative") -> dict[str, float]:
     import dataclasses
 
     from jaxinfer.engine import LLMEngine
@@ -57,10 +57,13 @@ def measure(B: int, runs: int = 3, new_tokens: int = 64, prompt_len: int = 16,
     eng.runner.executable = timed_executable
     rng = np.random.default_rng(0)
 
+    kind = {} if output_kind == "cumulative" else {"output_kind": output_kind}  # older code
+
     def run(n_out: int) -> tuple[np.ndarray, np.ndarray]:
         for _ in range(B):
             eng.add_request(rng.integers(0, 200, prompt_len).tolist(),
-                            SamplingParams(temperature=1.0, max_tokens=n_out, ignore_eos=True))
+                            SamplingParams(temperature=1.0, max_tokens=n_out, ignore_eos=True,
+                                           **kind))
         steps, devs = [], []
         while eng.has_unfinished_requests():
             device[0] = 0.0
@@ -74,9 +77,11 @@ def measure(B: int, runs: int = 3, new_tokens: int = 64, prompt_len: int = 16,
     res = []
     for _ in range(runs):
         st, dv = run(new_tokens)
-        res.append((np.median(st), np.median(dv), np.median(st - dv)))
-    step, dev, host = np.median(np.array(res), axis=0) * 1e3
-    return {"step_ms": step, "device_ms": dev, "host_ms": host}
+        tail = max(1, len(st) // 10)  # the last tenth of the steps: the longest outputs
+        res.append((np.median(st), np.median(dv), np.median(st - dv),
+                    np.median((st - dv)[-tail:])))
+    step, dev, host, host_last = np.median(np.array(res), axis=0) * 1e3
+    return {"step_ms": step, "device_ms": dev, "host_ms": host, "host_last_tenth_ms": host_last}
 
 
 def main() -> None:
@@ -88,16 +93,21 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=256,
                     help="block-table width = this / 16 pages (the bench suites: 4352)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=64, help="tokens each sequence decodes")
+    ap.add_argument("--output-kind", default="cumulative",
+                    help="SamplingParams.output_kind: cumulative, delta, final_only")
     a = ap.parse_args()
     for B in a.batches:
-        r = measure(B, a.runs, prompt_len=a.prompt_len, max_model_len=a.max_model_len)
+        r = measure(B, a.runs, a.new_tokens, a.prompt_len, a.max_model_len, a.output_kind)
         for k, v in r.items():
             record(f"host_step_{k.removesuffix('_ms')}_ms", float(v), "ms",
                    {"batch": B, "model": "dummy:tiny-llama", "label": a.label,
-                    "prompt_len": a.prompt_len, "max_model_len": a.max_model_len}, a.out)
-        print(f"{a.label} B={B} prompt {a.prompt_len} max_model_len {a.max_model_len}: "
-              f"step {r['step_ms']:.2f} ms, device {r['device_ms']:.2f} ms, "
-              f"host {r['host_ms']:.2f} ms", flush=True)
+                    "prompt_len": a.prompt_len, "max_model_len": a.max_model_len,
+                    "new_tokens": a.new_tokens, "output_kind": a.output_kind}, a.out)
+        print(f"{a.label} B={B} prompt {a.prompt_len} new {a.new_tokens} max_model_len "
+              f"{a.max_model_len} {a.output_kind}: step {r['step_ms']:.2f} ms, device "
+              f"{r['device_ms']:.2f} ms, host {r['host_ms']:.2f} ms (last tenth of the steps "
+              f"{r['host_last_tenth_ms']:.2f} ms)", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,24 +9,24 @@ block_size=..., max_num_seqs=..., dtype=...)``, ``engine.add_request(prompt, Sam
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 import logging
 import time
-from typing import Any, NamedTuple, Sequence as Seq
+from typing import Any, NamedTuple
+from typing import Sequence as Seq
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxinfer import engine_logits
 from jaxinfer.batch import SlotTable, StepInputs, build_step
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
 from jaxinfer.engine_async import plan_next_decode
 from jaxinfer.input_batch import InputBatch
 from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend, resolve_backend_name
-from jaxinfer import engine_logits
 from jaxinfer.models.params import fp8_names
 from jaxinfer.models.transformer import CausalLM, model_options
 from jaxinfer.outputs import (
@@ -369,7 +369,8 @@ class LLMEngine:
                     finished.append(seq)
         for seq in finished:
             touched[seq.seq_id] = seq
-        results = [self._output(seq) for seq in touched.values()]
+        results = [self._output(seq) for seq in touched.values()
+                   if seq.sampling_params.output_kind != "final_only" or seq.group.is_finished]
         for seq in finished:
             self._finished(seq)
         return results
@@ -385,7 +386,7 @@ class LLMEngine:
             metrics["first_token_time"] = first
         return RequestOutput(
             request_id=rid, prompt=self._prompts.get(rid),
-            prompt_token_ids=list(seq.prompt_token_ids), outputs=st.completions(group.samples),
+            prompt_token_ids=st.prompt_token_ids, outputs=st.completions(group.samples),
             finished=group.is_finished, metrics=metrics, prompt_logprobs=st.prompt_logprobs)
 
     def _prompt_logprobs(self, seq: Sequence) -> list[Logprobs | None]:

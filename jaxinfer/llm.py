@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence as Seq
+import dataclasses
+from typing import Any, Iterable
+from typing import Sequence as Seq
 
 import numpy as np
 
@@ -54,6 +56,10 @@ class LLM:
         else:  # vLLM takes no dict either: SamplingParams(**d) says which field is wrong
             raise ParameterError(f"sampling_params must be SamplingParams or a list of them "
                                  f"(one per prompt), got {type(sampling_params).__name__}")
+        # One output per request, at its end (vLLM's LLM.generate sets FINAL_ONLY too): no
+        # per-step copies of every row's tokens and text.
+        final = {id(sp): dataclasses.replace(sp, output_kind="final_only") for sp in params}
+        params = [final[id(sp)] for sp in params]
         encoded = []
         for i, p in enumerate(prompts):  # validate all before queueing any
             try:

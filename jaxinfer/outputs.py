@@ -158,6 +158,7 @@ class RequestState:
         self.logprobs: list[Logprobs] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
         self._flushed = False
+        self._sent_tokens = self._sent_chars = self._sent_logprobs = 0  # output_kind "delta"
 
     def add_token(self, token: int, logprob: Logprobs | None = None) -> bool:
         """Record one generated token (and its logprobs entry); returns True when the text
@@ -174,32 +175,54 @@ class RequestState:
             self.stop_match = find_stop_string(self.detok.output_text, len(new), self.stops)
         return self.stop_match is not None
 
-    def text(self, finished: bool) -> str:
-        """The output text so far (see CompletionOutput.text)."""
-        if self.detok is None:
-            return ""
+    def _text_span(self, finished: bool) -> tuple[str, int]:
+        """(the detokenized text, the end of what may be shown now): before a matched stop
+        string (after it with ``include_stop_str_in_output``), else all of it once
+        finished, else all but the held-back last ``hold`` characters."""
+        assert self.detok is not None
         if self.stop_match is not None:
             i, s = self.stop_match
-            end = i + len(s) if self.params.include_stop_str_in_output else i
-            return self.detok.output_text[:end]
+            return (self.detok.output_text,
+                    i + len(s) if self.params.include_stop_str_in_output else i)
         if finished and not self._flushed:
             self.detok.flush()  # a dangling partial UTF-8 character, as U+FFFD
             self._flushed = True
         full = self.detok.output_text
-        return full if finished else full[:len(full) - self.hold]
+        return full, len(full) if finished else max(0, len(full) - self.hold)
 
-    def completion(self, token_ids: list[int], finish_reason: str | None,
+    def text(self, finished: bool) -> str:
+        """The output text so far (see CompletionOutput.text)."""
+        if self.detok is None:
+            return ""
+        full, end = self._text_span(finished)
+        return full[:end]
+
+    def completion(self, token_ids: Seq[int], finish_reason: str | None,
                    finished: bool, index: int = 0) -> CompletionOutput:
-        """The CompletionOutput of this sample (``index``) after the latest step."""
+        """The CompletionOutput of this sample (``index``) after the latest step:
+        everything so far, or with ``output_kind="delta"`` what is new since the last call
+        (token ids, text and logprobs; the cumulative logprob stays the running sum).
+        ``token_ids``: all of the sample's generated tokens (not copied unless returned)."""
         stop_reason: int | str | None = None
         if self.stop_match is not None:
             stop_reason = self.stop_match[1]
         elif finish_reason == "stop" and token_ids and token_ids[-1] in self.params.stop_token_ids:
             stop_reason = token_ids[-1]
-        return CompletionOutput(
-            index, self.text(finished) if self.detok is not None else "", token_ids, finish_reason,
-            list(self.logprobs) if self.logprobs is not None else None,
-            self.cumulative_logprob, stop_reason)
+        if self.params.output_kind != "delta":
+            return CompletionOutput(
+                index, self.text(finished), list(token_ids), finish_reason,
+                list(self.logprobs) if self.logprobs is not None else None,
+                self.cumulative_logprob, stop_reason)
+        text = ""
+        if self.detok is not None:
+            full, end = self._text_span(finished)
+            text, self._sent_chars = full[self._sent_chars:end], max(self._sent_chars, end)
+        ids, self._sent_tokens = list(token_ids[self._sent_tokens:]), len(token_ids)
+        lps = None
+        if self.logprobs is not None:
+            lps, self._sent_logprobs = self.logprobs[self._sent_logprobs:], len(self.logprobs)
+        return CompletionOutput(index, text, ids, finish_reason, lps, self.cumulative_logprob,
+                                stop_reason)
 
 
 class RequestStates:
@@ -214,6 +237,8 @@ class RequestStates:
         self.samples = [RequestState(params, prompt_token_ids, tokenizer)
                         for _ in range(params.n)]
         self.prompt_logprobs: list[Logprobs | None] | None = None
+        # One list for every RequestOutput of the request (not copied per step).
+        self.prompt_token_ids = list(prompt_token_ids)
 
     def completions(self, seqs: Seq[Any]) -> list[CompletionOutput]:
         """One CompletionOutput per sample, by index; ``seqs`` are the samples that exist
@@ -221,6 +246,6 @@ class RequestStates:
         out: list[CompletionOutput | None] = [None] * len(self.samples)
         for s in seqs:
             i = s.sample_index
-            out[i] = self.samples[i].completion(list(s.output_token_ids), s.finish_reason,
+            out[i] = self.samples[i].completion(s.output_token_ids, s.finish_reason,
                                                 s.is_finished, i)
         return [c if c is not None else CompletionOutput(i, "", []) for i, c in enumerate(out)]

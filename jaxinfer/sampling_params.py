@@ -38,6 +38,9 @@ def _flag(name: str, v: object) -> None:
         raise ParameterError(f"{name} must be a bool, got {v!r}")
 
 
+OUTPUT_KINDS = ("cumulative", "delta", "final_only")  # vLLM's RequestOutputKind, lower case
+
+
 @dataclass
 class SamplingParams:
     """How to pick each next token, what to return, and when to stop.
@@ -84,6 +87,12 @@ class SamplingParams:
         prompt is prefilled once; the samples share its KV pages and each has its own
         decode pages (``RequestOutput.outputs`` holds n ``CompletionOutput``s, index 0..n-1).
         Greedy samples are identical.
+      output_kind: what ``LLMEngine.step`` returns for the request (vLLM's
+        ``RequestOutputKind``): "cumulative" (every step: all tokens, text and logprobs so
+        far), "delta" (every step: only what is new since the request's previous output) or
+        "final_only" (one output, when the request finishes). Per-step outputs cost host time
+        that grows with the output length for "cumulative" (a copy of the token ids per row
+        and step); ``LLM.generate`` uses "final_only", ``jaxinfer bench`` "delta".
     Raises:
       ParameterError: on a value outside its range, naming the field and the range.
     """
@@ -106,6 +115,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
         if not 1 <= _number("n", self.n, integer=True) <= MAX_SAMPLES:
@@ -137,6 +147,9 @@ class SamplingParams:
                 raise ParameterError(f"{name} must be None or in [0, {MAX_LOGPROBS}], got {v}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _flag(name, getattr(self, name))
+        if self.output_kind not in OUTPUT_KINDS:
+            raise ParameterError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got "
+                                 f"{self.output_kind!r}")
         if not isinstance(self.stop_token_ids, (list, tuple)):
             raise ParameterError(f"stop_token_ids must be a list of token ids (ints >= 0), "
                                  f"got {_kind(self.stop_token_ids)}")

@@ -10,6 +10,7 @@ when ``step()`` returns it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import sys
@@ -149,9 +150,10 @@ def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingPar
     t0 = time.perf_counter()
     timelines: dict[int, RequestTimeline] = {}
     order = []
-    for p, sp in zip(prompts, params):
+    delta = {id(sp): dataclasses.replace(sp, output_kind="delta") for sp in params}
+    for p, sp in zip(prompts, params):  # "delta": each step's output holds only its new tokens
         start = time.perf_counter()
-        rid = engine.add_request(p, sp)
+        rid = engine.add_request(p, delta[id(sp)])
         timelines[rid] = RequestTimeline(start, len(p), sp.max_tokens)
         order.append(rid)
     pending = set(order)
@@ -163,7 +165,7 @@ def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingPar
             tl = timelines.get(o.request_id)
             if tl is None or o.request_id not in pending:
                 continue
-            new = len(o.outputs[0].token_ids) - tl.output_len
+            new = len(o.outputs[0].token_ids)
             if new > 0:
                 tl.add(now, new)
             if o.finished:

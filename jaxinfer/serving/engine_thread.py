@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from jaxinfer.sampling_params import SamplingParams
@@ -203,9 +203,11 @@ class EngineThread:
         from jaxinfer.scheduler import QueueFullError
 
         try:
+            # "delta": each step's output holds only what is new (no per-step copy of every
+            # running request's tokens and text); _items hands it out as it comes.
             self.engine.add_request(h.prompt_text if h.prompt_text is not None else h.prompt_ids,
-                                    h.params, request_id=h.request_id,
-                                    prompt_token_ids=h.prompt_ids)
+                                    replace(h.params, output_kind="delta"),
+                                    request_id=h.request_id, prompt_token_ids=h.prompt_ids)
         except QueueFullError as e:  # raised as is by the engine (or wrapped, below)
             self._deliver([(h, StreamItem(error=QueueFull(str(e))))])
             return
@@ -276,13 +278,11 @@ class EngineThread:
             i = comp.index
             if h.sample_done[i]:
                 continue
-            new = comp.token_ids[h.num_sent[i]:]
-            lps = (comp.logprobs[h.num_sent[i]:len(comp.token_ids)]
-                   if comp.logprobs is not None else None)
-            h.num_sent[i] = len(comp.token_ids)
-            # The engine's text only grows: it holds back what a stop string could still cut.
-            text = comp.text[h.num_chars_sent[i]:]
-            h.num_chars_sent[i] = max(h.num_chars_sent[i], len(comp.text))
+            # output_kind "delta" (_add): the step's new tokens, logprobs and text (the engine
+            # holds back text a stop string could still cut, so text only ever grows).
+            new, lps, text = comp.token_ids, comp.logprobs, comp.text
+            h.num_sent[i] += len(new)
+            h.num_chars_sent[i] += len(text)
             done = comp.finish_reason is not None
             if not (new or text or done or plp is not None):
                 continue

@@ -20,12 +20,15 @@ def test_committed_stubs_match_proto(tmp_path: Path):
 
 
 def test_proto_names_match_sampling_params():
-    """Every SamplingParams field (but n) has a SamplingParameters field of the same name."""
+    """Every SamplingParams field (but n, and output_kind: how the engine's Python API hands
+    out outputs; the server always reads deltas, and a client picks streaming or unary by the
+    RPC) has a SamplingParameters field of the same name."""
     import dataclasses
 
     from jaxinfer.sampling_params import SamplingParams
     from jaxinfer.serving import jaxinfer_pb2 as pb
 
     proto = set(pb.SamplingParameters.DESCRIPTOR.fields_by_name)
-    missing = {f.name for f in dataclasses.fields(SamplingParams)} - proto - {"n"}
+    missing = {f.name for f in dataclasses.fields(SamplingParams)} - proto - {"n", "output_kind"}
+    assert "output_kind" not in proto
     assert not missing, f"add {sorted(missing)} to SamplingParameters in jaxinfer.proto"

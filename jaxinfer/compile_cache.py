@@ -153,6 +153,9 @@ def fingerprint(model_config: ModelConfig, engine_config: EngineConfig, runner: 
                      "flax": flax.__version__, "sources": source_digest()},
         "device": {"platform": dev.platform, "kind": dev.device_kind,
                    "count": jax.device_count(), "backend": backend.platform_version},
+        # Kernel choices read from the environment at trace time.
+        "env": {k: os.environ.get(k, "") for k in ("JAXINFER_FP8_DECODE",
+                                                   "JAXINFER_FP8_DECODE_GEMM")},
         "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},

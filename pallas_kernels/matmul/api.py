@@ -30,6 +30,7 @@ each K-group's partial sum before accumulating).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -247,6 +248,21 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
 # * between: XLA W8A16 (the weight widened inside the dot), as before.
 FP8_PREFILL_MIN_M = 512
 FP8_DECODE_MAX_M = 64
+# Opt-in (not measured end to end yet): rows FP8_MGPU_DECODE_MIN_M..FP8_DECODE_MAX_M on the
+# Mosaic GPU swap-AB decode kernel (mgpu_gemm.mgpu_decode_linear, 128-row weight tiles where N
+# allows) instead of the Triton one: 1.34-1.51x faster at M = 64 on 8b_gate_up / 8b_down /
+# 70b_up on the H200 (NOTES_matmul, session 7). "mgpu" turns it on; $JAXINFER_FP8_DECODE_GEMM
+# overrides at trace time.
+FP8_DECODE_GEMM = "triton"
+FP8_MGPU_DECODE_MIN_M = 17
+
+
+def _fp8_decode_gemm() -> str:
+    v = os.environ.get("JAXINFER_FP8_DECODE_GEMM", FP8_DECODE_GEMM)
+    if v not in ("triton", "mgpu"):
+        raise LinearError(f"JAXINFER_FP8_DECODE_GEMM / FP8_DECODE_GEMM: 'triton' or 'mgpu', "
+                          f"got {v!r}")
+    return v
 
 
 def fp8_decode_config(M: int, K: int, N: int) -> triton_gemm.TritonConfig:
@@ -264,9 +280,14 @@ def fp8_decode_config(M: int, K: int, N: int) -> triton_gemm.TritonConfig:
 
 def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     """``(backend, act_quant)`` of the engine's FP8 projection ``[M, K] x [N, K]ᵀ`` on GPU
-    (module comment above): ``("mgpu", True)``, ``("triton", True)`` or ``("xla", False)``."""
+    (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (opt-in,
+    ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``. Raises LinearError for
+    an unknown ``$JAXINFER_FP8_DECODE_GEMM``."""
     if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
         return "mgpu", True
+    if (FP8_MGPU_DECODE_MIN_M <= M <= FP8_DECODE_MAX_M and _fp8_decode_gemm() == "mgpu"
+            and mgpu_gemm.mgpu_decode_supported(M, K, N, FP8)):
+        return "mgpu_decode", True
     if M <= FP8_DECODE_MAX_M and K % 16 == 0:
         return "triton", True
     return "xla", False
@@ -286,5 +307,7 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     N = w_nk.shape[0]
     backend, act_quant = fp8_engine_plan(M, K, N)
     tc = fp8_decode_config(M, K, N) if backend == "triton" else None
+    mc = (mgpu_gemm.decode_config(M, K, N, FP8, tile_m=128 if N % 128 == 0 else 64)
+          if backend == "mgpu_decode" else None)
     return linear(x, PreparedWeight(w_nk, w_scale), act_quant=act_quant, backend=backend,
-                  interpret=interpret, triton_config=tc)
+                  interpret=interpret, triton_config=tc, mgpu_config=mc)

@@ -321,6 +321,20 @@ def test_diff_names_each_changed_leaf():
     assert diff_fingerprints(a, a) == []
 
 
+def test_fingerprint_names_the_kernel_choices_read_from_the_environment(monkeypatch):
+    """$JAXINFER_FP8_DECODE / $JAXINFER_FP8_DECODE_GEMM pick kernels at trace time: a cache
+    built under other values must not be adopted."""
+    from jaxinfer.compile_cache import fingerprint
+
+    cfg = EngineConfig(**ENGINE)
+    runner = abstract_runner(DUMMY_CONFIGS["tiny-llama"], cfg)
+    monkeypatch.delenv("JAXINFER_FP8_DECODE_GEMM", raising=False)
+    a = fingerprint(DUMMY_CONFIGS["tiny-llama"], cfg, runner)
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "mgpu")
+    b = fingerprint(DUMMY_CONFIGS["tiny-llama"], cfg, runner)
+    assert diff_fingerprints(a, b) == ['env.JAXINFER_FP8_DECODE_GEMM: "" -> "mgpu"']
+
+
 def test_program_sources_cover_the_runners_imports():
     code = ("import sys, jaxinfer.runner, jaxinfer.layers.pallas_attention\n"
             "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"

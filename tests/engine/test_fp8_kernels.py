@@ -43,6 +43,32 @@ def test_fp8_engine_linear_follows_the_plan(M, want):
     assert ("mosaic_gpu" in text) == (backend == "mgpu")
 
 
+@pytest.mark.parametrize("M,want", [(16, "triton"), (37, "mgpu_decode"), (64, "mgpu_decode"),
+                                    (65, "xla")])
+def test_opt_in_mosaic_decode_gemm(M, want, monkeypatch):
+    """$JAXINFER_FP8_DECODE_GEMM=mgpu: rows 17..64 on the Mosaic GPU swap-AB decode kernel
+    (interpreted here, against the W8A8 reference), lowered as a Mosaic GPU kernel."""
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "mgpu")
+    jax.clear_caches()  # the choice is made at trace time: no trace of the default plan reused
+    K, N = 256, 512
+    assert api.fp8_engine_plan(M, K, N)[0] == want
+    if want != "mgpu_decode":
+        return
+    x = jax.random.normal(jax.random.key(M), (M, K), F32).astype(jnp.bfloat16)
+    wq, ws = quantize_rows_fp8(jax.random.normal(jax.random.key(M + 1), (N, K), F32) / 16)
+    out = np.asarray(api.fp8_engine_linear(x, wq, ws, interpret=True), np.float64)
+    xq, xs = quantize_rows_fp8(x)
+    ref = np.asarray(linear_ref(xq, wq, ws, xs, out_dtype=F32), np.float64)
+    assert out.shape == (M, N) and np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
+    text = lower_for_cuda(api.fp8_engine_linear, *(jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                                   for a in (x, wq, ws)))
+    assert "mosaic_gpu" in text and "skinny_gemm" not in text
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "cutlass")
+    with pytest.raises(api.LinearError, match="JAXINFER_FP8_DECODE_GEMM"):
+        api.fp8_engine_plan(M, K, N)
+
+
 def test_matmul_backend_is_validated():
     with pytest.raises(ConfigError, match="matmul_backend"):
         EngineConfig(matmul_backend="cutlass")

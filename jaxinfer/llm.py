@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Iterable
 from typing import Sequence as Seq
 
@@ -14,7 +13,7 @@ import numpy as np
 
 from jaxinfer.engine import DEFAULT_MODEL, LLMEngine, RequestError
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.sampling_params import ParameterError, SamplingParams
+from jaxinfer.sampling_params import ParameterError, SamplingParams, with_output_kind
 
 
 class LLM:
@@ -58,8 +57,7 @@ class LLM:
                                  f"(one per prompt), got {type(sampling_params).__name__}")
         # One output per request, at its end (vLLM's LLM.generate sets FINAL_ONLY too): no
         # per-step copies of every row's tokens and text.
-        final = {id(sp): dataclasses.replace(sp, output_kind="final_only") for sp in params}
-        params = [final[id(sp)] for sp in params]
+        params = with_output_kind(params, "final_only")
         encoded = []
         for i, p in enumerate(prompts):  # validate all before queueing any
             try:

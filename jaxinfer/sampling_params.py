@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 # Most top logprobs a request may ask for per token (vLLM's default ``max_logprobs``); the
 # compiled step always computes this many and returns the first ``logprobs`` of them.
@@ -183,3 +184,11 @@ class SamplingParams:
     def stop_strings(self) -> list[str]:
         """``stop`` as a list (``__post_init__`` normalizes it)."""
         return self.stop if isinstance(self.stop, list) else []
+
+
+def with_output_kind(params: Sequence[SamplingParams], kind: str) -> list[SamplingParams]:
+    """Copies of ``params`` with ``output_kind=kind``, one copy per distinct object (a list
+    holding one SamplingParams N times gets one copy N times); the originals are untouched.
+    Raises ParameterError for a ``kind`` not in OUTPUT_KINDS."""
+    copies = {id(sp): replace(sp, output_kind=kind) for sp in params}
+    return [copies[id(sp)] for sp in params]

@@ -10,7 +10,6 @@ when ``step()`` returns it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import resource
 import sys
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxinfer.bench.metrics import Progress, RequestTimeline
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import SamplingParams, with_output_kind
 
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts never equal measured ones (prefix cache)
 
@@ -150,10 +149,10 @@ def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingPar
     t0 = time.perf_counter()
     timelines: dict[int, RequestTimeline] = {}
     order = []
-    delta = {id(sp): dataclasses.replace(sp, output_kind="delta") for sp in params}
-    for p, sp in zip(prompts, params):  # "delta": each step's output holds only its new tokens
+    delta = with_output_kind(params, "delta")  # each step's output: only its new tokens
+    for p, sp, sp_delta in zip(prompts, params, delta):
         start = time.perf_counter()
-        rid = engine.add_request(p, delta[id(sp)])
+        rid = engine.add_request(p, sp_delta)
         timelines[rid] = RequestTimeline(start, len(p), sp.max_tokens)
         order.append(rid)
     pending = set(order)

@@ -109,6 +109,16 @@ PROGRAM_SOURCES = ("jaxinfer/batch.py", "jaxinfer/config.py", "jaxinfer/layers",
                    "pallas_kernels")
 
 
+# Kernel choices the programs read from the environment at trace time.
+KERNEL_ENV_VARS = ("JAXINFER_FP8_DECODE", "JAXINFER_FP8_DECODE_GEMM")
+
+
+def kernel_env() -> dict[str, str]:
+    """{name: value or ""} of :data:`KERNEL_ENV_VARS`: part of the compile-cache fingerprint
+    and of the benchmark records' config."""
+    return {k: os.environ.get(k, "") for k in KERNEL_ENV_VARS}
+
+
 def source_digest() -> str:
     """sha256 over PROGRAM_SOURCES' .py files (relative path + bytes, sorted)."""
     import pallas_kernels
@@ -155,8 +165,7 @@ def fingerprint(model_config: ModelConfig, engine_config: EngineConfig, runner: 
         "device": {"platform": dev.platform, "kind": dev.device_kind,
                    "count": jax.device_count(), "backend": backend.platform_version},
         # Kernel choices read from the environment at trace time.
-        "env": {k: os.environ.get(k, "") for k in ("JAXINFER_FP8_DECODE",
-                                                   "JAXINFER_FP8_DECODE_GEMM")},
+        "env": kernel_env(),
         "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},
@@ -208,14 +217,16 @@ class ProgramStore:
                 raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT}")
         except (OSError, ValueError) as e:
             _refuse(strict, f"compile cache {d} is unusable ({e}); run `jaxinfer compile ... "
-                            f"--cache-dir {d}` with this configuration", "compiling programs as needed")
+                            f"--cache-dir {d}` with this configuration",
+                    "compiling programs as needed")
             return None
         diffs = diff_fingerprints(manifest["fingerprint"], fp)
         if diffs:
             more = "; ..." if len(diffs) > 6 else ""
             _refuse(strict, f"compile cache {d} was built for another configuration "
                             f"({'; '.join(diffs[:6])}{more}); rebuild it with "
-                            f"`jaxinfer compile ... --cache-dir {d}`", "compiling programs as needed")
+                            f"`jaxinfer compile ... --cache-dir {d}`",
+                    "compiling programs as needed")
             return None
         return cls(d, manifest, strict)
 

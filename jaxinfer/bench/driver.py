@@ -208,6 +208,8 @@ def engine_config_record(engine: Any) -> dict[str, Any]:
     """The engine settings a result depends on (for the records' ``config``)."""
     import jax.numpy as jnp
 
+    from jaxinfer.compile_cache import kernel_env
+
     ec, kv = engine.config, engine.kv_sizing
     return {"model": engine.model_name, "dtype": jnp.dtype(engine.dtype).name,
             "quantization": ec.quantization, "attention_backend": ec.attention_backend,
@@ -217,4 +219,5 @@ def engine_config_record(engine: Any) -> dict[str, Any]:
             "max_num_batched_tokens": ec.max_num_batched_tokens,
             "max_prefill_seqs": ec.max_prefill_seqs, "decode_buckets": list(ec.decode_buckets),
             "kv_pages": kv.num_pages - 1, "kv_tokens": kv.max_tokens,
-            "kv_sizing": kv.source, "enable_prefix_caching": ec.enable_prefix_caching}
+            "kv_sizing": kv.source, "enable_prefix_caching": ec.enable_prefix_caching,
+            "kernel_env": kernel_env()}

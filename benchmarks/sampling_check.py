@@ -13,14 +13,21 @@ last and a record ``sampling_check`` (value: failed checks) under ``--out``:
 2. hash: ``sampling_noise.hash_uniform`` on the device equals a numpy re-implementation bit
    for bit (integer hash, exact float conversion).
 3. distribution: the all-flags sampler program with ``DRAW_METHOD`` "threefry" (control) and
-   "hash" (+ SELECT "sort", NUCLEUS_FLOOR) on 8192 copies of one row (sample indices 0..8191), four mixes of
-   2048 rows (temperature; top_p 0.9; top_k 8 + top_p 0.9; min_p 0.05 + top_k 50 + top_p 0.9),
+   "hash" (+ SELECT "sort", NUCLEUS_FLOOR) on 8192 copies of one row (sample indices
+   0..8191), four mixes of 2048 rows (temperature; top_p 0.9; top_k 8 + top_p 0.9;
+   min_p 0.05 + top_k 50 + top_p 0.9),
    against the exact filtered distribution of the row (numpy, float64): no excluded token,
    and a chi-square p-value > 1e-4 over the kept tokens (12 carry the row's mass, the rest
    of the vocabulary sits 20 below).
 4. invariance: the same seeded row alone (S = 1) and at row 100 of 256 random neighbours
    gives the same token, chosen logprob and top-20 ids (hash, sort, floor; mixes top_p,
    top_k_top_p, all), 4 sample indices each.
+5. compaction: the nucleus kernel finishing on a copy of its bracket
+   (``threshold_search.COMPACT``) against the same kernel's full passes (``compact=0``) on
+   [256, V] rows N(0, s^2), s in {1, 3, 8}, top_p in {0.5, 0.9, 0.99}, the sampler's floor:
+   the same cut bit for bit except where top_p lies within float32 rounding of a prefix
+   mass, the kept tokens of 8 rows equal a float64 numpy sort's, every row alone (S = 1) cuts
+   as in the batch; the passes over the row and elements copied are reported.
 
 Exit status 1 if a check failed (the timing script should still run: the lead reads both).
 """
@@ -176,7 +183,8 @@ def check_distribution(rng, V: int, n: int) -> list[tuple[str, bool, str]]:
                 f_exp[-1] += n * q[kept & ~big].sum()
             excl = int(got[~kept].sum())  # any: a failure (and chisquare's sums differ)
             pv = stats.chisquare(f_obs, f_exp).pvalue if excl == 0 else 0.0
-            out.append((f"distribution {draw}/{select}{'/floor' * (draw == 'hash')} {mix}", bool(excl == 0 and pv > P_MIN),
+            tag = f"{draw}/{select}{'/floor' * (draw == 'hash')}"
+            out.append((f"distribution {tag} {mix}", bool(excl == 0 and pv > P_MIN),
                         f"p={pv:.3g} kept={int(kept.sum())} excluded drawn={excl}"))
     return out
 
@@ -219,6 +227,52 @@ def check_invariance(rng, V: int) -> list[tuple[str, bool, str]]:
     return out
 
 
+def check_compaction(rng, V: int) -> list[tuple[str, bool, str]]:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxinfer import sampling_filters as sf
+    from pallas_kernels.sampling import threshold_search as ts
+
+    B = 256
+    kw = {"interpret": jax.default_backend() != "gpu", "split": False}
+    x = rng.standard_normal((B, V)) * rng.choice([1.0, 3.0, 8.0], B)[:, None]
+    p = rng.choice([0.5, 0.9, 0.99], B).astype(np.float32)
+    xs = jnp.asarray(x, jnp.float32)
+    top, pp = jnp.max(xs, -1), jnp.asarray(p)
+    kth, kk = jnp.full((B,), -jnp.inf, jnp.float32), jnp.full((B,), V, jnp.int32)
+    lo = sf.nucleus_floor(top, kth, kk, pp)
+    full = np.asarray(ts.nucleus_cut(xs, top, kth, kk, pp, lo=lo, compact=0, **kw))
+    cut, stats = ts.nucleus_cut(xs, top, kth, kk, pp, lo=lo, return_stats=True, **kw)
+    cut, stats = np.asarray(cut), np.asarray(stats)
+    diff = np.nonzero(cut != full)[0]
+    xf = np.asarray(xs, np.float64)
+    near = []  # rows whose top_p is within float32 rounding of a prefix mass
+    for i in diff:
+        q = np.sort(np.exp(xf[i] - xf[i].max()))[::-1]
+        before = (np.cumsum(q) - q) / q.sum()
+        near.append(np.min(np.abs(before[1:] - p[i])) < 1e-5)
+    bad_ref = 0
+    for i in range(8):
+        q = np.sort(xf[i])[::-1]
+        w = np.exp(q - q[0])
+        before = (np.cumsum(w) - w) / w.sum()
+        n = max(int((before < p[i]).sum()), 1)
+        bad_ref += not np.array_equal(xf[i] >= cut[i], xf[i] >= q[n - 1])
+    alone = [float(np.asarray(ts.nucleus_cut(*(a[i:i + 1] for a in (xs, top, kth, kk, pp)),
+                                             lo=lo[i:i + 1], **kw))[0]) for i in (0, 100, 255)]
+    same_alone = alone == [float(cut[i]) for i in (0, 100, 255)]
+    copied = stats[:, 1] >= 0
+    detail = (f"passes over the row mean {stats[:, 0].mean():.2f} max {stats[:, 0].max()}; "
+              f"{copied.sum()} of {B} rows copied (mean {stats[copied, 1].mean():.0f} "
+              f"elements); impl {'interpret' if kw['interpret'] else 'gpu'}")
+    return [(f"compaction: cut == full passes, B={B} ({len(diff)} differ, all near a "
+             f"prefix mass: {all(near)})", bool(all(near)), detail),
+            ("compaction: kept tokens == float64 sort, 8 rows", bad_ref == 0,
+             f"{bad_ref} rows differ"),
+            ("compaction: row alone == in the batch (rows 0, 100, 255)", same_alone, "")]
+
+
 def SamplingArrays_(host):  # noqa: N802 (host numpy arrays -> device arrays)
     import jax.numpy as jnp
 
@@ -245,7 +299,8 @@ def main() -> int:
     for name, check in (("select", lambda: check_select(rng, a.vocab)),
                         ("hash", lambda: check_hash(rng, a.vocab)),
                         ("distribution", lambda: check_distribution(rng, a.vocab, a.draws)),
-                        ("invariance", lambda: check_invariance(rng, a.vocab))):
+                        ("invariance", lambda: check_invariance(rng, a.vocab)),
+                        ("compaction", lambda: check_compaction(rng, a.vocab))):
         try:
             results += check()
         except Exception as e:  # noqa: BLE001 (a failing check is reported, the rest run)

@@ -51,9 +51,11 @@ compiled program is the same as one already timed (the tunable does not reach th
 timed again. ``--draw-method threefry,hash`` (``sampling.DRAW_METHOD``: the Gumbel noise) and
 ``--select-method topk,sort`` (``sampling_filters.SELECT_METHOD``: how chunks and the top-20
 logprobs are ranked) and ``--nucleus-floor 0,1`` (``sampling_filters.NUCLEUS_FLOOR``: the
-nucleus search starts at a floor known to pass) add to the cross product. ``--breakdown MIX:B ...`` prints, for those
-cases, the device time per kernel name (``profile_decode.format_summary`` of the same trace)
-and stores it in their records. A table of device us per configuration is printed last.
+nucleus search starts at a floor known to pass) and ``--compact`` (``threshold_search.COMPACT``:
+the nucleus kernel finishes on a copy of its bracket) add to the cross product.
+``--breakdown MIX:B ...`` prints, for those cases, the device time per kernel name
+(``profile_decode.format_summary`` of the same trace) and stores it in their records. A table
+of device us per configuration is printed last.
 """
 
 from __future__ import annotations
@@ -261,6 +263,9 @@ def search_configs(a) -> list[dict]:
                     DRAW_METHOD=d, SELECT_METHOD=m, NUCLEUS_FLOOR=f, REDUCE_CHUNKS=r)
                for c in configs for d in draws for m in selects for f in floors
                for r in chunks]
+    if a.compact:  # pallas_kernels.sampling.threshold_search.COMPACT (the kernel's bracket copy)
+        configs = [dict(c, name=c["name"] + f"/c{n}", COMPACT=n)
+                   for c in configs for n in _ints(a.compact)]
     if a.old:
         configs.append(dict(name="old", PIVOTS=15, BUFFER_PIVOTS=15, BUFFER_TOP_K=0,
                             CHUNKED_TOP_VALUES=False, BUFFER_METHOD="search",
@@ -316,6 +321,9 @@ def main() -> int:
     ap.add_argument("--reduce-chunks", default="0",
                     help="comma list of sampling.REDUCE_CHUNKS values: 0 (one-stage row "
                          "reductions), e.g. 128 (two stages, jaxinfer.row_reduce)")
+    ap.add_argument("--compact", default=None,
+                    help="comma list of threshold_search.COMPACT values (0: the nucleus "
+                         "kernel reads the row every pass; default: the module's)")
     ap.add_argument("--configs", default=None,
                     help="comma list: time only the configurations of the cross product whose "
                          "names end so (e.g. threefry/topk,hash/sort)")
@@ -332,6 +340,7 @@ def main() -> int:
 
     from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
+    from pallas_kernels.sampling import threshold_search
 
     a.search_pivots = a.search_pivots or str(sf.PIVOTS)
     a.buffer_pivots = a.buffer_pivots or str(sf.BUFFER_PIVOTS)
@@ -354,7 +363,8 @@ def main() -> int:
             break
         for k, v in cfg.items():
             if k != "name":
-                setattr(sampling if k in ("DRAW_METHOD", "REDUCE_CHUNKS") else sf, k, v)
+                setattr(sampling if k in ("DRAW_METHOD", "REDUCE_CHUNKS")
+                        else threshold_search if k == "COMPACT" else sf, k, v)
         case = Case(sampler, "cond" if mode == "file" else mode, B, a.vocab,
                     MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache,
                     tuple(sorted(cfg.items())))

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -67,14 +68,19 @@ UNROLL = 4  # vector steps per loop iteration: the loads in flight per program
 SEGMENT = 16384  # elements per segment: the unit of summation order and of split programs
 SPLIT_ROWS = 64  # split=None splits rows over programs below this many rows
 NUM_WARPS = 4
+# nucleus_cut: a row's search continues on a compacted copy of its bracket once the bracket
+# holds at most this many elements (0: never; then rows below SPLIT_ROWS take the split mode).
+COMPACT = 2048
 _U32 = jnp.uint32
 _LO = 0x007FFFFF  # order_key(-inf): the k-th search's lower bound
 
 
-def default_pivots(rows: int, split: bool = False) -> int:
-    """Thresholds per pass (module docstring): 7 when split or when the rows fill the SMs of
-    an H200, else 3 (one program per row, compute-bound: fewer ops per element)."""
-    return 7 if split or rows >= NUM_SMS_H200 else 3
+def default_pivots(rows: int, split: bool = False, compact: int = 0) -> int:
+    """Thresholds per pass (module docstring): 7 when split, compacting (the pivot count must
+    not depend on the batch: the compacted phase's sums depend on the bracket's steps) or when
+    the rows fill the SMs of an H200, else 3 (one program per row, compute-bound: fewer ops per
+    element)."""
+    return 7 if split or compact or rows >= NUM_SMS_H200 else 3
 
 
 def _pivots(lo: jax.Array, hi: jax.Array, P: int) -> list[jax.Array]:
@@ -93,38 +99,46 @@ def _narrow(lo, hi, piv: Sequence[jax.Array], ok: Sequence[jax.Array]):
     return new_lo, jnp.maximum(new_hi, new_lo)
 
 
+def _load_blocks(x_ref, row, i, g: dict) -> tuple:
+    """Loop iteration ``i``'s U blocks of N elements of row ``row`` (masked past V: -inf)."""
+    V, N, U = g["V"], g["N"], g["U"]
+    lanes = jnp.arange(N, dtype=jnp.int32)
+    out = []
+    for u in range(U):
+        idx = (i * U + u) * N + lanes
+        out.append(plgpu.load(x_ref.at[row, idx], mask=idx < V, other=-jnp.inf)
+                   if g["masked"] else plgpu.load(x_ref.at[row, idx]))
+    return tuple(out)
+
+
 def _sweep(x_ref, row, s0, ns, *, g: dict, ts: Sequence[jax.Array], top=None,
-           above=None) -> list[jax.Array]:
+           above=None, counts: bool = False) -> list[jax.Array]:
     """Measures of segments [s0, s0 + ns) of row ``row`` of ``x_ref`` [S, V], segment sums
     added in order: per threshold t of ``ts`` the count (``top`` None, int32) or the mass
-    ``sum exp(x - top)`` (float32) of x >= t; with ``above``, the count and mass of x > above.
+    ``sum exp(x - top)`` (float32) of x >= t; with ``counts`` (mass mode) then also the int32
+    count of x >= t per threshold; with ``above``, last the count and mass of x > above.
     ``g``: geometry (:func:`_geometry`)."""
-    V, N, U, SI = g["V"], g["N"], g["U"], g["SI"]
-    lanes = jnp.arange(N, dtype=jnp.int32)
+    SI = g["SI"]
     last = g["n_seg"] * SI - 1
-
-    def load(i):  # U blocks of N elements: iteration i's (masked past V)
-        out = []
-        for u in range(U):
-            idx = (i * U + u) * N + lanes
-            out.append(plgpu.load(x_ref.at[row, idx], mask=idx < V, other=-jnp.inf)
-                       if g["masked"] else plgpu.load(x_ref.at[row, idx]))
-        return tuple(out)
+    n = len(ts)
+    both = counts and top is not None
 
     def add(accs, xs):
         accs = list(accs)
-        n = len(ts)
         for x in xs:
-            one = jnp.ones((N,), jnp.int32)
+            one = jnp.ones((x.shape[0],), jnp.int32)
             w = one if top is None else jnp.exp(x - top)
-            accs[:n] = [a + jnp.where(x >= t, w, 0) for a, t in zip(accs, ts)]
+            ge = [x >= t for t in ts]
+            accs[:n] = [a + jnp.where(m, w, 0) for a, m in zip(accs, ge)]
+            if both:
+                accs[n:2 * n] = [a + m.astype(jnp.int32) for a, m in zip(accs[n:2 * n], ge)]
             if above is not None:
                 gt = x > above
-                accs[n] = accs[n] + jnp.where(gt, one, 0)
-                accs[n + 1] = accs[n + 1] + jnp.where(gt, w, 0.0)
+                accs[-2] = accs[-2] + jnp.where(gt, one, 0)
+                accs[-1] = accs[-1] + jnp.where(gt, w, 0.0)
         return tuple(accs)
 
-    dts = [jnp.int32 if top is None else jnp.float32] * len(ts)
+    dts = [jnp.int32 if top is None else jnp.float32] * n + [jnp.int32] * (n if both else 0)
     dts += [jnp.int32, jnp.float32] if above is not None else []
 
     def segment(s, carry):
@@ -133,15 +147,60 @@ def _sweep(x_ref, row, s0, ns, *, g: dict, ts: Sequence[jax.Array], top=None,
         def step(t, c):
             accs, xs = c
             i = s * SI + t
-            nxt = load(i + 1 if g["masked"] else jnp.minimum(i + 1, last))  # in flight
+            nxt = _load_blocks(x_ref, row, i + 1 if g["masked"] else jnp.minimum(i + 1, last),
+                               g)  # in flight while this iteration's blocks are measured
             return add(accs, xs), nxt
 
-        zeros = tuple(jnp.zeros((N,), d) for d in dts)
+        zeros = tuple(jnp.zeros((g["N"],), d) for d in dts)
         accs, xs = jax.lax.fori_loop(0, SI, step, (zeros, xs))
         return tuple(a + jnp.sum(b) for a, b in zip(tots, accs)), xs
 
     tots = tuple(jnp.zeros((), d) for d in dts)
-    return list(jax.lax.fori_loop(s0, s0 + ns, segment, (tots, load(s0 * SI)))[0])
+    first = _load_blocks(x_ref, row, s0 * SI, g)
+    return list(jax.lax.fori_loop(s0, s0 + ns, segment, (tots, first))[0])
+
+
+def _compact(x_ref, buf_ref, row, vlo, vhi, *, g: dict, capacity: int) -> jax.Array:
+    """Copy the elements of row ``row`` with ``vlo <= x <= vhi`` into ``buf_ref[row]``, in row
+    order, and return how many (int32). The caller knows there are at most ``capacity``;
+    lanes that copy nothing write to slot ``capacity`` (a dump slot: no two copied elements
+    share a slot, in the interpreter too)."""
+    V, N, U, SI = g["V"], g["N"], g["U"], g["SI"]
+    lanes = jnp.arange(N, dtype=jnp.int32)
+    last = g["n_seg"] * SI - 1
+
+    def step(i, c):
+        off, xs = c
+        nxt = _load_blocks(x_ref, row, jnp.minimum(i + 1, last), g)
+        for u, x in enumerate(xs):
+            idx = (i * U + u) * N + lanes
+            m = (idx < V) & (x >= vlo) & (x <= vhi)
+            mi = m.astype(jnp.int32)
+            pos = jnp.where(m, off + jnp.cumsum(mi) - mi, capacity)
+            plgpu.store(buf_ref.at[row, pos], x, mask=m)
+            off = off + jnp.sum(mi)
+        return off, nxt
+
+    return jax.lax.fori_loop(0, last + 1, step, (jnp.int32(0), _load_blocks(x_ref, row, 0, g)))[0]
+
+
+def _buffer_measure(buf_ref, row, pop, ts: Sequence[jax.Array], top, mass_hi, *,
+                    g: dict) -> list[jax.Array]:
+    """Masses ``mass_hi + sum exp(x - top)`` over the first ``pop`` elements of
+    ``buf_ref[row]`` with x >= t, per threshold t: the compacted phase's measure (blocks of N
+    in order, each threshold's [N] accumulator summed once, then added to ``mass_hi``)."""
+    N = g["N"]
+    lanes = jnp.arange(N, dtype=jnp.int32)
+
+    def block(b, accs):
+        idx = b * N + lanes
+        x = plgpu.load(buf_ref.at[row, idx], mask=idx < pop, other=-jnp.inf)
+        w = jnp.exp(x - top)
+        return tuple(a + jnp.where(x >= t, w, 0.0) for a, t in zip(accs, ts))
+
+    zeros = tuple(jnp.zeros((N,), jnp.float32) for _ in ts)
+    accs = jax.lax.fori_loop(0, (pop + N - 1) // N, block, zeros)
+    return [mass_hi + jnp.sum(a) for a in accs]
 
 
 def _search(lo, hi, P: int, passes: int, measure: Callable, ok: Callable) -> jax.Array:
@@ -205,6 +264,76 @@ def _row_kernel(*refs, kind: str, P: int, g: dict) -> None:
     o_ref[row] = _search(lo, hi, P, passes - 1, lambda ts: sweep(ts=ts), lambda m: m >= target)
 
 
+def _narrow_tracked(lo, hi, piv, ok, mass, cnt, st: tuple) -> tuple:
+    """:func:`_narrow`, also carrying ``st`` = (count(x >= lo), count(x > hi), mass(x > hi)):
+    from the largest passing pivot and the smallest failing one (passing pivots are a prefix:
+    the mass is non-increasing in the threshold)."""
+    cnt_lo, cnt_hi, mass_hi = st
+    for o, c in zip(ok, cnt):  # ascending: the last passing pivot sets lo
+        cnt_lo = jnp.where(o, c, cnt_lo)
+    for o, c, m in reversed(list(zip(ok, cnt, mass))):  # descending: the smallest failing
+        cnt_hi = jnp.where(o, cnt_hi, c)
+        mass_hi = jnp.where(o, mass_hi, m)
+    return (*_narrow(lo, hi, piv, ok), (cnt_lo, cnt_hi, mass_hi))
+
+
+def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> None:
+    """One-launch nucleus search that finishes on a compacted copy of its bracket: the passes
+    over the row also count x >= pivot, so the number of elements inside the bracket is known
+    after each; once it is at most ``capacity`` they are copied (in row order) to ``buf_ref``
+    and the remaining passes read only that copy, measuring ``mass(x > hi) + mass(copy >= t)``
+    (:func:`_buffer_measure`). The bracket steps are the full search's, so the pass count is
+    bounded as before; every row, alone or in any batch, takes the same steps. ``barrier``:
+    a CTA barrier between the copy and its reads (False in the interpreter, which has none and
+    runs a program's lanes in order)."""
+    *param_refs, x_ref, o_ref, stats_ref, buf_ref = refs
+    row = pl.program_id(0)
+    lo, hi, v = _start("nucleus", [r[row] for r in param_refs])
+    passes = search_passes(P)
+    sweep = functools.partial(_sweep, x_ref, row, 0, g["n_seg"], g=g, top=v["top"],
+                              counts=True)
+    zero = v["k"] - v["k"]  # traced zeros: Triton's scf.yield takes no literal
+    st0 = (zero + g["V"], zero, zero.astype(jnp.float32))
+
+    def first():  # the first pass also measures the top-k's mass
+        piv = _pivots(lo, hi, P)
+        r = sweep(ts=[key_value(q) for q in piv], above=v["kth"])
+        target = _target(v, r[-2], r[-1])
+        return (*_narrow_tracked(lo, hi, piv, [x >= target for x in r[:P]], r[:P],
+                                 r[P:2 * P], st0), target)
+
+    def closed():  # no pass; the target is unused (traced: Triton's scf.yield takes no literal)
+        return lo, hi, st0, v["p"]
+
+    lo, hi, st, target = jax.lax.cond(lo < hi, first, closed)
+    i0 = jnp.where(lo < hi, jnp.int32(1), jnp.int32(0))
+
+    def wide(c):  # another pass over the row while the bracket holds too many elements
+        i, lo, hi, st = c
+        return (i < passes) & (lo < hi) & (st[0] - st[1] > capacity)
+
+    def full_pass(c):
+        i, lo, hi, st = c
+        piv = _pivots(lo, hi, P)
+        r = sweep(ts=[key_value(q) for q in piv])
+        return (i + 1, *_narrow_tracked(lo, hi, piv, [x >= target for x in r[:P]], r[:P],
+                                        r[P:], st))
+
+    i, lo, hi, st = jax.lax.while_loop(wide, full_pass, (i0, lo, hi, st))
+
+    def finish():
+        pop = _compact(x_ref, buf_ref, row, key_value(lo), key_value(hi), g=g,
+                       capacity=capacity)
+        if barrier:
+            plgpu.debug_barrier()  # the copy's stores before any thread's loads
+        return _search(lo, hi, P, passes - i, lambda ts: _buffer_measure(
+            buf_ref, row, pop, ts, v["top"], st[2], g=g), lambda m: m >= target), pop
+
+    o_ref[row], copied = jax.lax.cond(lo < hi, finish, lambda: (lo, i - i - 1))
+    stats_ref[row, 0] = i
+    stats_ref[row, 1] = copied
+
+
 def _split_kernel(*refs, kind: str, P: int, g: dict, phase: str, after_first: bool) -> None:
     """Split mode, one launch per pass: program (row, s) narrows the row's bracket from the
     previous launch's per-segment measures (``phase`` "mid" / "last"), then measures segment s
@@ -256,7 +385,8 @@ def _geometry(V: int, block: int, unroll: int, segment: int) -> dict:
 
 def _search_call(kind: str, name: str, params: list[jax.Array], x: jax.Array, *,
                  pivots: int | None, split: bool | None, block: int, unroll: int,
-                 segment: int, num_warps: int, num_stages: int, interpret: bool) -> jax.Array:
+                 segment: int, num_warps: int, num_stages: int, interpret: bool,
+                 compact: int = 0, return_stats: bool = False) -> Any:
     if x.ndim != 2 or x.dtype != jnp.float32:
         raise ValueError(f"{name}: x must be [S, V] float32, got {x.shape} {x.dtype}")
     S, V = x.shape
@@ -266,13 +396,25 @@ def _search_call(kind: str, name: str, params: list[jax.Array], x: jax.Array, *,
         if a.shape != (S,):
             raise ValueError(f"{name}: row operand {i} must be [{S}], got {a.shape}")
     g = _geometry(V, block, unroll, segment)
+    if compact < 0 or (compact and split) or (return_stats and not compact):
+        raise ValueError(f"{name}: compact {compact} must be >= 0, 0 in split mode and > 0 "
+                         f"for return_stats")
     if split is None:
-        split = S < SPLIT_ROWS and g["n_seg"] > 1
-    P = pivots or default_pivots(S, split)
+        split = not compact and S < SPLIT_ROWS and g["n_seg"] > 1
+    P = pivots or default_pivots(S, split, compact)
     spec = pl.BlockSpec(memory_space=pl.ANY)
     cp = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     call = functools.partial(pl.pallas_call, interpret=interpret, compiler_params=cp)
     keys = jax.ShapeDtypeStruct((S,), _U32)
+    if compact:  # the copy is a scratch output, [S, compact + 1] (the dump slot last)
+        kernel = functools.partial(_compact_kernel, P=P, g=g, capacity=compact,
+                                   barrier=not interpret)
+        key, stats, _ = call(kernel, grid=(S,), out_shape=[
+            keys, jax.ShapeDtypeStruct((S, 2), jnp.int32),
+            jax.ShapeDtypeStruct((S, compact + 1), jnp.float32)],
+            in_specs=[spec] * (len(params) + 1), out_specs=[spec] * 3,
+            name=f"{name}_c{compact}_p{P}_v{V}")(*params, x)
+        return (key_value(key), stats) if return_stats else key_value(key)
     if not split:
         kernel = functools.partial(_row_kernel, kind=kind, P=P, g=g)
         key = call(kernel, grid=(S,), out_shape=keys, in_specs=[spec] * (len(params) + 1),
@@ -331,7 +473,8 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array, top_
                 *, pivots: int | None = None, split: bool | None = None, block: int = BLOCK,
                 unroll: int = UNROLL, segment: int = SEGMENT, num_warps: int = NUM_WARPS,
                 num_stages: int = 1, interpret: bool = False,
-                lo: jax.Array | None = None) -> jax.Array:
+                lo: jax.Array | None = None, compact: int | None = None,
+                return_stats: bool = False) -> Any:
     """[S] smallest value that top-p keeps within the top-k of each row:
     ``sampling_filters.nucleus_cut`` (masses summed in another order: module docstring).
 
@@ -344,6 +487,12 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array, top_
       lo: [S] float32 start of the search bracket (default ``kth``): a value the caller knows
         to pass (``mass(x >= lo) >= top_p * mass(top k)``), equal to ``kth`` where top_p >= 1;
         the cut is the same, reached in fewer passes (``sampling_filters.nucleus_floor``).
+      compact: finish each row on a copy of its bracket once it holds at most this many
+        elements (:func:`_compact_kernel`; default ``COMPACT``; 0: every pass reads the row).
+        Compacting rules out the split mode (``split`` must not be True) and fixes the pivot
+        count at 7 whatever the batch, so a row's cut does not depend on its batch.
+      return_stats: (compacting only) return (cut, stats [S, 2] int32): per row the passes
+        over the whole row and the elements copied (-1: the bracket closed without a copy).
     Raises:
       ValueError: shapes or dtypes other than above, S * V >= 2^31, or a bad geometry.
     """
@@ -353,4 +502,6 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array, top_
               k.astype(jnp.int32), top_p.astype(f32)]
     return _search_call("nucleus", "nucleus_search", params, x, pivots=pivots, split=split,
                         block=block, unroll=unroll, segment=segment, num_warps=num_warps,
-                        num_stages=num_stages, interpret=interpret)
+                        num_stages=num_stages, interpret=interpret,
+                        compact=COMPACT if compact is None else compact,
+                        return_stats=return_stats)

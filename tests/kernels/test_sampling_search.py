@@ -132,7 +132,8 @@ def test_a_row_s_cuts_do_not_depend_on_its_batch_nor_on_the_pivot_count():
 
 def test_split_mode_equals_the_one_launch_mode_bit_for_bit():
     """Rows split over programs (segments of 256, one launch per pass, the previous pass's
-    segment sums reduced in the next launch): the same k-th values and cuts as one launch."""
+    segment sums reduced in the next launch): the same k-th values and cuts as one launch
+    (without compaction: the split mode does not compact; tested below)."""
     V, S = 1000, 5
     x = _rows(21, S, V)
     k = np.array([V, 9, 1, 300, V], np.int32)
@@ -143,7 +144,7 @@ def test_split_mode_equals_the_one_launch_mode_bit_for_bit():
     np.testing.assert_array_equal(np.asarray(kth[True]), np.asarray(kth[False]))
     np.testing.assert_array_equal(np.asarray(kth[True]), np.asarray(sf.kth_largest(xs, top, kk)))
     kth_n = jnp.where(kk < V, kth[False], -jnp.inf)
-    cut = {m: np.asarray(ts.nucleus_cut(xs, top, kth_n, kk, pp, split=m, **geo))
+    cut = {m: np.asarray(ts.nucleus_cut(xs, top, kth_n, kk, pp, split=m, compact=0, **geo))
            for m in (False, True)}
     np.testing.assert_array_equal(cut[True], cut[False])
     np.testing.assert_array_equal(cut[True][3], np.asarray(kth_n)[3])  # top_p 1
@@ -209,6 +210,85 @@ def test_kernels_lower_for_cuda(S, V, pivots, split):
     text = lower_for_cuda(functools.partial(ts.kth_largest, pivots=pivots, split=split),
                           _SDS((S, V), jnp.float32), rows, _SDS((S,), jnp.int32))
     assert f"kth_search{tag}" in text
-    text = lower_for_cuda(functools.partial(ts.nucleus_cut, pivots=pivots, split=split),
-                          _SDS((S, V), jnp.float32), rows, rows, _SDS((S,), jnp.int32), rows)
-    assert f"nucleus_search{tag}" in text
+    for compact in (0, 2048) if not split else (0,):
+        text = lower_for_cuda(functools.partial(ts.nucleus_cut, pivots=pivots, split=split,
+                                                compact=compact),
+                              _SDS((S, V), jnp.float32), rows, rows, _SDS((S,), jnp.int32), rows)
+        assert f"nucleus_search{f'_c{compact}' if compact else ''}{tag}" in text
+
+
+def _normal_rows(seed: int, S: int, V: int):
+    """Rows of distinct normal values (the benchmark's scale) with random top-k / top-p and
+    the sampler's floor as the bracket's start."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((S, V)) * rng.choice([1.0, 3.0, 8.0], S)[:, None]).astype(np.float32)
+    k = np.where(rng.random(S) < 0.6, V, rng.integers(2, V + 1, S)).astype(np.int32)
+    p = rng.choice([0.3, 0.6, 0.9, 0.95, 0.99], S).astype(np.float32)
+    xs, top, kk, pp = _args(x, k, p)
+    kth = jnp.where(kk < V, jax.jit(sf.kth_largest)(xs, top, kk), -jnp.inf)
+    return x, (xs, top, kth, kk, pp), sf.nucleus_floor(top, kth, kk, pp)
+
+
+GEO = {"block": 128, "unroll": 2, "segment": 512, "interpret": True}
+
+
+@pytest.mark.parametrize("V", [4096, 4099])
+def test_compaction_finishes_on_the_bracket_s_copy_with_the_full_passes_cut(V):
+    """The compacting kernel copies the bracket once it holds <= capacity elements (stats:
+    passes over the row, elements copied) and cuts where the full passes cut (same tokens as
+    the float64 sort where top_p is not within float32 rounding of a prefix mass)."""
+    S = 12
+    x, args, lo = _normal_rows(V, S, V)
+    full = np.asarray(ts.nucleus_cut(*args, lo=lo, pivots=7, split=False, compact=0, **GEO))
+    seen_copy = 0
+    for cap in (16, 256, 8192):
+        cut, stats = ts.nucleus_cut(*args, lo=lo, compact=cap, return_stats=True, **GEO)
+        cut, stats = np.asarray(cut), np.asarray(stats)
+        assert (stats[:, 1] <= cap).all() and (stats[:, 0] <= sf.search_passes(7)).all()
+        if cap == 8192:  # every bracket fits after the first pass
+            assert (stats[:, 0] == 1).all() and (stats[:, 1] >= 0).all()
+        seen_copy += int((stats[:, 1] >= 0).sum())
+        for i in range(S):
+            kept, gap = _np_kept(x[i], int(args[3][i]), float(args[4][i]))
+            if gap < 1e-5:
+                continue
+            np.testing.assert_array_equal(x[i] >= cut[i], kept, err_msg=f"cap {cap} row {i}")
+            np.testing.assert_array_equal(cut[i], full[i], err_msg=f"cap {cap} row {i}")
+    assert seen_copy >= 2 * S
+
+
+def test_compaction_at_exactly_the_capacity():
+    """A bracket of exactly ``capacity`` elements is copied at that pass (the dump slot is
+    slot ``capacity``); one element fewer of capacity keeps reading the row; same cut."""
+    V, S = 4099, 6
+    _, args, lo = _normal_rows(7, S, V)
+    base, stats = ts.nucleus_cut(*args, lo=lo, compact=V, return_stats=True, **GEO)
+    stats = np.asarray(stats)
+    assert (stats[:, 1] > 1).sum() >= S // 2
+    for i in range(S):
+        one = [a[i:i + 1] for a in args]
+        n = int(stats[i, 1])
+        if n <= 1:
+            continue
+        cut, st = ts.nucleus_cut(*one, lo=lo[i:i + 1], compact=n, return_stats=True, **GEO)
+        assert np.asarray(st).tolist() == [[1, n]]
+        np.testing.assert_array_equal(np.asarray(cut)[0], np.asarray(base)[i])
+        cut, st = ts.nucleus_cut(*one, lo=lo[i:i + 1], compact=n - 1, return_stats=True,
+                                 **GEO)
+        assert int(np.asarray(st)[0, 0]) >= 2  # another pass over the row first
+        assert int(np.asarray(st)[0, 1]) < n
+
+
+def test_a_compacted_row_s_cut_does_not_depend_on_its_batch():
+    """With compaction at different passes per row (capacity 32), each row alone gives the
+    batch's cut bit for bit; the pivot count is 7 whatever the batch size."""
+    V, S = 2051, 8
+    _, args, lo = _normal_rows(11, S, V)
+    cut, stats = ts.nucleus_cut(*args, lo=lo, compact=32, return_stats=True, **GEO)
+    assert len(set(np.asarray(stats)[:, 0].tolist())) >= 2  # rows copy after different passes
+    for i in range(S):
+        one = ts.nucleus_cut(*(a[i:i + 1] for a in args), lo=lo[i:i + 1], compact=32, **GEO)
+        np.testing.assert_array_equal(np.asarray(one)[0], np.asarray(cut)[i])
+    assert ts.default_pivots(1, compact=32) == ts.default_pivots(256, compact=32) == 7
+    with pytest.raises(ValueError, match="split mode"):
+        ts.nucleus_cut(*args, compact=32, split=True, **GEO)

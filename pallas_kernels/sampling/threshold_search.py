@@ -176,9 +176,14 @@ def _compact(x_ref, buf_ref, row, vlo, vhi, *, g: dict, capacity: int) -> jax.Ar
             idx = (i * U + u) * N + lanes
             m = (idx < V) & (x >= vlo) & (x <= vhi)
             mi = m.astype(jnp.int32)
-            pos = jnp.where(m, off + jnp.cumsum(mi) - mi, capacity)
-            plgpu.store(buf_ref.at[row, pos], x, mask=m)
-            off = off + jnp.sum(mi)
+            n = jnp.sum(mi)
+
+            def copy(x=x, m=m, mi=mi, off=off):  # the scan only where the block has some
+                pos = jnp.where(m, off + jnp.cumsum(mi) - mi, capacity)
+                plgpu.store(buf_ref.at[row, pos], x, mask=m)
+
+            jax.lax.cond(n > 0, copy, lambda: None)
+            off = off + n
         return off, nxt
 
     return jax.lax.fori_loop(0, last + 1, step, (jnp.int32(0), _load_blocks(x_ref, row, 0, g)))[0]

@@ -61,7 +61,6 @@ one-launch mode's tree sums (P per 16384 elements, ~15 % at P = 7) against split
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -70,6 +69,21 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxinfer.sampling_filters import key_value, order_key, search_passes
+from pallas_kernels.sampling.search_steps import (
+    LO,
+    NPARAM,
+    U32,
+    copy_bracket,
+    copy_measure,
+    geometry,
+    narrow,
+    narrow_tracked,
+    nucleus_target,
+    pivot_keys,
+    search_loop,
+    start_bracket,
+    sweep,
+)
 
 NUM_SMS_H200 = 132
 BLOCK = 1024  # elements per vector step (a power of two)
@@ -83,8 +97,8 @@ NUM_WARPS = 4
 # full passes 514 us; capacity 2048 / 4096 / 8192 298 / 275 / 235 us (4 warps, block 1024;
 # 8 warps or block 512 slower at S = 256); at S = 1 one program per row takes 138 us.
 COMPACT = 8192
-_U32 = jnp.uint32
-_LO = 0x007FFFFF  # order_key(-inf): the k-th search's lower bound
+_U32 = U32
+_LO = LO  # order_key(-inf): the k-th search's lower bound (tests read it here)
 
 
 def default_pivots(rows: int, split: bool = False, compact: int = 0) -> int:
@@ -95,203 +109,30 @@ def default_pivots(rows: int, split: bool = False, compact: int = 0) -> int:
     return 7 if split or compact or rows >= NUM_SMS_H200 else 3
 
 
-def _pivots(lo: jax.Array, hi: jax.Array, P: int) -> list[jax.Array]:
-    """P uint32 pivots in (lo, hi], as ``sampling_filters._largest_passing`` spreads them."""
-    width = hi - lo
-    step = width // _U32(P + 1) + _U32(1)
-    return [lo + jnp.minimum(_U32(j) * step, width) for j in range(1, P + 1)]
-
-
-def _narrow(lo, hi, piv: Sequence[jax.Array], ok: Sequence[jax.Array]):
-    """New bracket: lo to the largest passing pivot, hi below the smallest failing one."""
-    new_lo, new_hi = lo, hi
-    for p, o in zip(piv, ok):
-        new_lo = jnp.maximum(new_lo, jnp.where(o, p, lo))
-        new_hi = jnp.minimum(new_hi, jnp.where(o, hi, p - _U32(1)))
-    return new_lo, jnp.maximum(new_hi, new_lo)
-
-
-def _load_blocks(x_ref, row, i, g: dict) -> tuple:
-    """Loop iteration ``i``'s U blocks of N elements of row ``row`` (masked past V: -inf)."""
-    V, N, U = g["V"], g["N"], g["U"]
-    lanes = jnp.arange(N, dtype=jnp.int32)
-    out = []
-    for u in range(U):
-        idx = (i * U + u) * N + lanes
-        out.append(plgpu.load(x_ref.at[row, idx], mask=idx < V, other=-jnp.inf)
-                   if g["masked"] else plgpu.load(x_ref.at[row, idx]))
-    return tuple(out)
-
-
-def _sweep(x_ref, row, s0, ns, *, g: dict, ts: Sequence[jax.Array], top=None,
-           above=None, counts: bool = False) -> list[jax.Array]:
-    """Measures of segments [s0, s0 + ns) of row ``row`` of ``x_ref`` [S, V], segment sums
-    added in order: per threshold t of ``ts`` the count (``top`` None, int32) or the mass
-    ``sum exp(x - top)`` (float32) of x >= t; with ``counts`` (mass mode) then also the int32
-    count of x >= t per threshold; with ``above``, last the count and mass of x > above.
-    ``g``: geometry (:func:`_geometry`)."""
-    SI = g["SI"]
-    last = g["n_seg"] * SI - 1
-    n = len(ts)
-    both = counts and top is not None
-
-    def add(accs, xs):
-        accs = list(accs)
-        for x in xs:
-            one = jnp.ones((x.shape[0],), jnp.int32)
-            w = one if top is None else jnp.exp(x - top)
-            ge = [x >= t for t in ts]
-            accs[:n] = [a + jnp.where(m, w, 0) for a, m in zip(accs, ge)]
-            if both:
-                accs[n:2 * n] = [a + m.astype(jnp.int32) for a, m in zip(accs[n:2 * n], ge)]
-            if above is not None:
-                gt = x > above
-                accs[-2] = accs[-2] + jnp.where(gt, one, 0)
-                accs[-1] = accs[-1] + jnp.where(gt, w, 0.0)
-        return tuple(accs)
-
-    dts = [jnp.int32 if top is None else jnp.float32] * n + [jnp.int32] * (n if both else 0)
-    dts += [jnp.int32, jnp.float32] if above is not None else []
-
-    def segment(s, carry):
-        tots, xs = carry
-
-        def step(t, c):
-            accs, xs = c
-            i = s * SI + t
-            nxt = _load_blocks(x_ref, row, i + 1 if g["masked"] else jnp.minimum(i + 1, last),
-                               g)  # in flight while this iteration's blocks are measured
-            return add(accs, xs), nxt
-
-        zeros = tuple(jnp.zeros((g["N"],), d) for d in dts)
-        accs, xs = jax.lax.fori_loop(0, SI, step, (zeros, xs))
-        return tuple(a + jnp.sum(b) for a, b in zip(tots, accs)), xs
-
-    tots = tuple(jnp.zeros((), d) for d in dts)
-    first = _load_blocks(x_ref, row, s0 * SI, g)
-    return list(jax.lax.fori_loop(s0, s0 + ns, segment, (tots, first))[0])
-
-
-def _compact(x_ref, buf_ref, row, vlo, vhi, *, g: dict, capacity: int) -> jax.Array:
-    """Copy the elements of row ``row`` with ``vlo <= x <= vhi`` into ``buf_ref[row]``, in row
-    order, and return how many (int32). The caller knows there are at most ``capacity``;
-    lanes that copy nothing write to slot ``capacity`` (a dump slot: no two copied elements
-    share a slot, in the interpreter too)."""
-    V, N, U, SI = g["V"], g["N"], g["U"], g["SI"]
-    lanes = jnp.arange(N, dtype=jnp.int32)
-    last = g["n_seg"] * SI - 1
-
-    def step(i, c):
-        off, xs = c
-        nxt = _load_blocks(x_ref, row, jnp.minimum(i + 1, last), g)
-        for u, x in enumerate(xs):
-            idx = (i * U + u) * N + lanes
-            m = (idx < V) & (x >= vlo) & (x <= vhi)
-            mi = m.astype(jnp.int32)
-            n = jnp.sum(mi)
-
-            def copy(x=x, m=m, mi=mi, off=off):  # the scan only where the block has some
-                pos = jnp.where(m, off + jnp.cumsum(mi) - mi, capacity)
-                plgpu.store(buf_ref.at[row, pos], x, mask=m)
-
-            jax.lax.cond(n > 0, copy, lambda: None)
-            off = off + n
-        return off, nxt
-
-    return jax.lax.fori_loop(0, last + 1, step, (jnp.int32(0), _load_blocks(x_ref, row, 0, g)))[0]
-
-
-def _buffer_measure(buf_ref, row, pop, ts: Sequence[jax.Array], top, mass_hi, *,
-                    g: dict) -> list[jax.Array]:
-    """Masses ``mass_hi + sum exp(x - top)`` over the first ``pop`` elements of
-    ``buf_ref[row]`` with x >= t, per threshold t: the compacted phase's measure (blocks of N
-    in order, each threshold's [N] accumulator summed once, then added to ``mass_hi``)."""
-    N = g["N"]
-    lanes = jnp.arange(N, dtype=jnp.int32)
-
-    def block(b, accs):
-        idx = b * N + lanes
-        x = plgpu.load(buf_ref.at[row, idx], mask=idx < pop, other=-jnp.inf)
-        w = jnp.exp(x - top)
-        return tuple(a + jnp.where(x >= t, w, 0.0) for a, t in zip(accs, ts))
-
-    zeros = tuple(jnp.zeros((N,), jnp.float32) for _ in ts)
-    accs = jax.lax.fori_loop(0, (pop + N - 1) // N, block, zeros)
-    return [mass_hi + jnp.sum(a) for a in accs]
-
-
-def _search(lo, hi, P: int, passes: int, measure: Callable, ok: Callable) -> jax.Array:
-    """Largest key in [lo, hi] whose measure passes (lo taken to pass), at most ``passes``
-    passes of P pivots; stops when the bracket is one key."""
-    def cond(c):
-        return (c[0] < passes) & (c[1] < c[2])
-
-    def body(c):
-        i, lo, hi = c
-        piv = _pivots(lo, hi, P)
-        m = measure([key_value(p) for p in piv])
-        lo, hi = _narrow(lo, hi, piv, [ok(v) for v in m])
-        return i + 1, lo, hi
-
-    return jax.lax.while_loop(cond, body, (jnp.int32(0), lo, hi))[1]
-
-
-# Per search kind: the row operands, the initial bracket, the measure's extras.
-_NPARAM = {"kth": 2, "nucleus": 6}
-
-
-def _start(kind: str, params: list) -> tuple:
-    """(lo, hi, row values) of a row from its operands' values."""
-    if kind == "kth":
-        hi, k = params
-        return jnp.where(k <= 1, hi, _U32(_LO)), hi, {"k": k}  # k <= 1: the maximum
-    top, hi, kth, lo, k, p = params
-    hi = jnp.where(p >= 1.0, lo, hi)  # top_p 1 keeps the whole top-k: the cut is kth
-    return lo, hi, {"top": top, "kth": kth, "k": k, "p": p}
-
-
-def _target(v: dict, n_above, mass_above) -> jax.Array:
-    """top_p * mass(top k): the elements above kth plus the ties of kth inside the top k."""
-    ties = v["k"] - n_above
-    w_kth = jnp.where(ties > 0, jnp.exp(v["kth"] - v["top"]), 0.0)
-    return v["p"] * (mass_above + ties.astype(jnp.float32) * w_kth)
-
-
 def _row_kernel(*refs, kind: str, P: int, g: dict) -> None:
     """One-launch mode: program ``row`` runs every pass of its row."""
     *param_refs, x_ref, o_ref = refs
     row = pl.program_id(0)
-    lo, hi, v = _start(kind, [r[row] for r in param_refs])
+    lo, hi, v = start_bracket(kind, [r[row] for r in param_refs])
     passes = search_passes(P)
-    sweep = functools.partial(_sweep, x_ref, row, 0, g["n_seg"], g=g, top=v.get("top"))
+    measure_row = functools.partial(sweep, x_ref, row, 0, g["n_seg"], g=g, top=v.get("top"))
     if kind == "kth":
-        o_ref[row] = _search(lo, hi, P, passes, lambda ts: sweep(ts=ts), lambda c: c >= v["k"])
+        o_ref[row] = search_loop(lo, hi, P, passes, lambda ts: measure_row(ts=ts),
+                                 lambda c: c >= v["k"])
         return
 
     def first():  # the first pass also measures the top-k's mass
-        piv = _pivots(lo, hi, P)
-        *m, n_above, mass_above = sweep(ts=[key_value(q) for q in piv], above=v["kth"])
-        target = _target(v, n_above, mass_above)
-        return (*_narrow(lo, hi, piv, [x >= target for x in m]), target)
+        piv = pivot_keys(lo, hi, P)
+        *m, n_above, mass_above = measure_row(ts=[key_value(q) for q in piv], above=v["kth"])
+        target = nucleus_target(v, n_above, mass_above)
+        return (*narrow(lo, hi, piv, [x >= target for x in m]), target)
 
     def closed():  # no pass; the target is unused (traced: Triton's scf.yield takes no literal)
         return lo, hi, v["p"]
 
     lo, hi, target = jax.lax.cond(lo < hi, first, closed)
-    o_ref[row] = _search(lo, hi, P, passes - 1, lambda ts: sweep(ts=ts), lambda m: m >= target)
-
-
-def _narrow_tracked(lo, hi, piv, ok, mass, cnt, st: tuple) -> tuple:
-    """:func:`_narrow`, also carrying ``st`` = (count(x >= lo), count(x > hi), mass(x > hi)):
-    from the largest passing pivot and the smallest failing one (passing pivots are a prefix:
-    the mass is non-increasing in the threshold)."""
-    cnt_lo, cnt_hi, mass_hi = st
-    for o, c in zip(ok, cnt):  # ascending: the last passing pivot sets lo
-        cnt_lo = jnp.where(o, c, cnt_lo)
-    for o, c, m in reversed(list(zip(ok, cnt, mass))):  # descending: the smallest failing
-        cnt_hi = jnp.where(o, cnt_hi, c)
-        mass_hi = jnp.where(o, mass_hi, m)
-    return (*_narrow(lo, hi, piv, ok), (cnt_lo, cnt_hi, mass_hi))
+    o_ref[row] = search_loop(lo, hi, P, passes - 1, lambda ts: measure_row(ts=ts),
+                             lambda m: m >= target)
 
 
 def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> None:
@@ -299,24 +140,24 @@ def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> Non
     over the row also count x >= pivot, so the number of elements inside the bracket is known
     after each; once it is at most ``capacity`` they are copied (in row order) to ``buf_ref``
     and the remaining passes read only that copy, measuring ``mass(x > hi) + mass(copy >= t)``
-    (:func:`_buffer_measure`). The bracket steps are the full search's, so the pass count is
+    (``search_steps.copy_measure``). The bracket steps are the full search's, so the pass count is
     bounded as before; every row, alone or in any batch, takes the same steps. ``barrier``:
     a CTA barrier between the copy and its reads (False in the interpreter, which has none and
     runs a program's lanes in order)."""
     *param_refs, x_ref, o_ref, stats_ref, buf_ref = refs
     row = pl.program_id(0)
-    lo, hi, v = _start("nucleus", [r[row] for r in param_refs])
+    lo, hi, v = start_bracket("nucleus", [r[row] for r in param_refs])
     passes = search_passes(P)
-    sweep = functools.partial(_sweep, x_ref, row, 0, g["n_seg"], g=g, top=v["top"],
+    measure_row = functools.partial(sweep, x_ref, row, 0, g["n_seg"], g=g, top=v["top"],
                               counts=True)
     zero = v["k"] - v["k"]  # traced zeros: Triton's scf.yield takes no literal
     st0 = (zero + g["V"], zero, zero.astype(jnp.float32))
 
     def first():  # the first pass also measures the top-k's mass
-        piv = _pivots(lo, hi, P)
-        r = sweep(ts=[key_value(q) for q in piv], above=v["kth"])
-        target = _target(v, r[-2], r[-1])
-        return (*_narrow_tracked(lo, hi, piv, [x >= target for x in r[:P]], r[:P],
+        piv = pivot_keys(lo, hi, P)
+        r = measure_row(ts=[key_value(q) for q in piv], above=v["kth"])
+        target = nucleus_target(v, r[-2], r[-1])
+        return (*narrow_tracked(lo, hi, piv, [x >= target for x in r[:P]], r[:P],
                                  r[P:2 * P], st0), target)
 
     def closed():  # no pass; the target is unused (traced: Triton's scf.yield takes no literal)
@@ -331,19 +172,19 @@ def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> Non
 
     def full_pass(c):
         i, lo, hi, st = c
-        piv = _pivots(lo, hi, P)
-        r = sweep(ts=[key_value(q) for q in piv])
-        return (i + 1, *_narrow_tracked(lo, hi, piv, [x >= target for x in r[:P]], r[:P],
+        piv = pivot_keys(lo, hi, P)
+        r = measure_row(ts=[key_value(q) for q in piv])
+        return (i + 1, *narrow_tracked(lo, hi, piv, [x >= target for x in r[:P]], r[:P],
                                         r[P:], st))
 
     i, lo, hi, st = jax.lax.while_loop(wide, full_pass, (i0, lo, hi, st))
 
     def finish():
-        pop = _compact(x_ref, buf_ref, row, key_value(lo), key_value(hi), g=g,
+        pop = copy_bracket(x_ref, buf_ref, row, key_value(lo), key_value(hi), g=g,
                        capacity=capacity)
         if barrier:
             plgpu.debug_barrier()  # the copy's stores before any thread's loads
-        return _search(lo, hi, P, passes - i, lambda ts: _buffer_measure(
+        return search_loop(lo, hi, P, passes - i, lambda ts: copy_measure(
             buf_ref, row, pop, ts, v["top"], st[2], g=g), lambda m: m >= target), pop
 
     o_ref[row], copied = jax.lax.cond(lo < hi, finish, lambda: (lo, i - i - 1))
@@ -357,7 +198,7 @@ def _split_kernel(*refs, kind: str, P: int, g: dict, phase: str, after_first: bo
     at the new pivots (``phase`` "first" / "mid"); "last" writes the row's key."""
     it = iter(refs)
     row, s = pl.program_id(0), pl.program_id(1)
-    lo, hi, v = _start(kind, [next(it)[row] for _ in range(_NPARAM[kind])])
+    lo, hi, v = start_bracket(kind, [next(it)[row] for _ in range(NPARAM[kind])])
     tbits = lo - lo  # the nucleus target's bits, set after the first pass (traced zero)
     if phase != "first":
         state_ref, part_ref = next(it), next(it)
@@ -367,20 +208,20 @@ def _split_kernel(*refs, kind: str, P: int, g: dict, phase: str, after_first: bo
         for t in range(1, g["n_seg"]):  # segment order: the one-launch mode's sum
             m = [a + part_ref[row, t, j] for j, a in enumerate(m)]
         if kind == "nucleus" and after_first:
-            target = _target(v, m[P].astype(jnp.int32), m[P + 1])
+            target = nucleus_target(v, m[P].astype(jnp.int32), m[P + 1])
             tbits = jax.lax.bitcast_convert_type(target, _U32)
         ok = [c >= v["k"] for c in m[:P]] if kind == "kth" else [x >= target for x in m[:P]]
-        lo, hi = _narrow(lo, hi, _pivots(lo, hi, P), ok)
+        lo, hi = narrow(lo, hi, pivot_keys(lo, hi, P), ok)
     if phase == "last":
         next(it)[row] = lo
         return
     x_ref, state_out, part_out = it
     above = v["kth"] if kind == "nucleus" and phase == "first" else None
-    ts = [key_value(q) for q in _pivots(lo, hi, P)]
+    ts = [key_value(q) for q in pivot_keys(lo, hi, P)]
     dt = part_out.dtype
     n = P + (0 if above is None else 2)
     zero = (lo - lo).astype(dt)  # traced: Triton's scf.yield takes no literal
-    m = jax.lax.cond(lo < hi, lambda: tuple(c.astype(dt) for c in _sweep(
+    m = jax.lax.cond(lo < hi, lambda: tuple(c.astype(dt) for c in sweep(
         x_ref, row, s, 1, g=g, ts=ts, top=v.get("top"), above=above)), lambda: (zero,) * n)
     for j, c in enumerate(m):
         part_out[row, s, j] = c
@@ -390,14 +231,6 @@ def _split_kernel(*refs, kind: str, P: int, g: dict, phase: str, after_first: bo
         state_out[row, 0] = lo
         state_out[row, 1] = hi
         state_out[row, 2] = tbits
-
-
-def _geometry(V: int, block: int, unroll: int, segment: int) -> dict:
-    if block & (block - 1) or segment % (block * unroll):
-        raise ValueError(f"block {block} must be a power of two and segment {segment} a "
-                         f"multiple of block * unroll")
-    return {"V": V, "N": block, "U": unroll, "SI": segment // (block * unroll),
-            "n_seg": -(-V // segment), "masked": V % segment != 0}
 
 
 def _search_call(kind: str, name: str, params: list[jax.Array], x: jax.Array, *,
@@ -412,7 +245,7 @@ def _search_call(kind: str, name: str, params: list[jax.Array], x: jax.Array, *,
     for i, a in enumerate(params):
         if a.shape != (S,):
             raise ValueError(f"{name}: row operand {i} must be [{S}], got {a.shape}")
-    g = _geometry(V, block, unroll, segment)
+    g = geometry(V, block, unroll, segment)
     if compact < 0 or (compact and split) or (return_stats and not compact):
         raise ValueError(f"{name}: compact {compact} must be >= 0, 0 in split mode and > 0 "
                          f"for return_stats")

@@ -39,9 +39,9 @@ read and P compare + add per element. P = 15 (76a6e80): 8 passes, 120 pivot eval
 element, measured ~150 us a pass (compute-bound: 15 accumulators). P = 3: 16 passes, 48
 evaluations, ~1 read per pass (near memory-bound if 3 pivots fit in a read's time); P = 7:
 11 passes, 77 evaluations — the default: on the H200 (session 5) the top-p search at B = 256
-took 1,552 / 1,352 / 1,428 us with P = 3 / 7 / 15. The buffered search reads 4 MB (S * 4096 floats) per pass, 1/31
-of the vocabulary, after one 131 MB read for the chunk maxima; the top-k and top-p searches of
-a row share that read and that buffer.
+took 1,552 / 1,352 / 1,428 us with P = 3 / 7 / 15. The buffered search reads 4 MB
+(S * 4096 floats) per pass, 1/31 of the vocabulary, after one 131 MB read for the chunk
+maxima; the top-k and top-p searches of a row share that read and that buffer.
 
 Semantics are those of the sort-based cut they replace (vLLM v1's order: top-k, then top-p
 over the renormalised top-k; ties at a cut-off are kept, as in vLLM's threshold masking; the
@@ -51,8 +51,10 @@ summed as reductions rather than as a cumulative sum over sorted values.
 ``SEARCH_IMPL`` picks who runs the threshold searches (:func:`kth_largest`, :func:`nucleus_cut`,
 so also the buffered "search" method): the jnp ops below, or the Pallas GPU kernel of
 ``pallas_kernels/sampling/threshold_search.py`` (Triton lowering), which runs every pass of a
-search in one launch, one program per row (below 64 rows: a launch per pass, a row's segments
-on several programs, no XLA op in between); "auto" takes the kernel on a GPU backend and jnp
+search in one launch, one program per row (the k-th search below 64 rows: a launch per pass,
+a row's segments on several programs, no XLA op in between; the nucleus search finishes on a
+compacted copy of its bracket, ``threshold_search.COMPACT``: on the H200 the top-p search at
+B = 256 took 514 -> 235 us); "auto" takes the kernel on a GPU backend and jnp
 elsewhere (CPU: CI, laptops). Both give the same k-th value bit for bit; the nucleus cut may
 differ where float32 rounding of the mass sums decides (that module's docstring).
 

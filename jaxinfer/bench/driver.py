@@ -32,11 +32,35 @@ def random_prompts(rng: np.random.Generator, lengths: Sequence[int], vocab_size:
     return [rng.integers(0, vocab_size, int(n)).tolist() for n in lengths]
 
 
-def fixed_length_params(output_len: int, temperature: float = 1.0) -> SamplingParams:
+def fixed_length_params(output_len: int, temperature: float = 1.0, top_p: float = 1.0,
+                        top_k: int = 0, min_p: float = 0.0) -> SamplingParams:
     """Exactly ``output_len`` new tokens (EOS ignored), sampled as vLLM's benchmarks do
-    (temperature 1, top-p 1) unless ``temperature`` says otherwise."""
-    return SamplingParams(temperature=temperature, top_p=1.0, max_tokens=output_len,
-                          ignore_eos=True)
+    (temperature 1, top-p 1, no top-k / min-p) unless the arguments say otherwise. Raises
+    ParameterError (``SamplingParams``) for a value out of its range."""
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                          max_tokens=output_len, ignore_eos=True)
+
+
+SAMPLING_ARGS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def add_sampling_args(p: Any) -> None:
+    """--temperature / --top-p / --top-k / --min-p (the names of vLLM's ``bench serve``)."""
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (vLLM's benchmarks sample at 1.0; 0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling (0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p sampling (0 = off)")
+
+
+def params_of(ns: Any, output_len: int) -> SamplingParams:
+    """:func:`fixed_length_params` from the :func:`add_sampling_args` options of ``ns``."""
+    return fixed_length_params(output_len, **sampling_config(ns))
+
+
+def sampling_config(ns: Any) -> dict[str, Any]:
+    """The sampling options of ``ns`` (for the records' ``config``)."""
+    return {k: getattr(ns, k) for k in SAMPLING_ARGS}
 
 
 def page_round(n: int, block_size: int) -> int:

@@ -44,7 +44,7 @@ def add_parser(sub: Any, add_common: Any) -> None:
                    help="streams decoding together (default: 1,16,64,128)")
     p.add_argument("--input-len", type=int, default=128, help="sweep prompt tokens")
     p.add_argument("--output-len", type=int, default=128, help="sweep new tokens (EOS ignored)")
-    p.add_argument("--temperature", type=float, default=1.0)
+    driver.add_sampling_args(p)
     p.add_argument("--ceilings", default="measure",
                    help="'measure' (copy bandwidth and matmul rate in the engine's dtype, in "
                         "this process, before the engine starts), "
@@ -75,6 +75,7 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     for name, v in (("--input-len", isl), ("--output-len", osl), ("--repeats", ns.repeats)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
+    driver.params_of(ns, 1)  # a bad --top-p etc. fails before the engine starts
     if ns.max_num_seqs is None:
         ns.max_num_seqs = max(ns.concurrency)
     if ns.max_model_len is None:
@@ -89,12 +90,12 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
           f"{engine.kv_sizing.describe(engine.config.max_model_len)}", file=sys.stderr,
           flush=True)
     base = {**driver.engine_config_record(engine), "seed": ns.seed,
-            "temperature": ns.temperature, "compile_cache_dir": ns.cache_dir}
+            **driver.sampling_config(ns), "compile_cache_dir": ns.cache_dir}
     records: list[dict[str, Any]] = []
     rng = np.random.default_rng(ns.seed)
 
     ttft: dict[int, dict[str, float]] = {}
-    one = [driver.fixed_length_params(1, ns.temperature)]
+    one = [driver.params_of(ns, 1)]
     for L in ns.prompt_lens:
         driver.run_requests(engine, driver.random_prompts(rng, [L], cfg.vocab_size), one)
         before = driver.CompileState.of(engine)
@@ -118,7 +119,7 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
         before = driver.CompileState.of(engine)
         prompts = driver.random_prompts(rng, [isl] * c, cfg.vocab_size)
         tls, dur = driver.run_requests(
-            engine, prompts, [driver.fixed_length_params(osl, ns.temperature)] * c,
+            engine, prompts, [driver.params_of(ns, osl)] * c,
             progress=Progress(f"latency c={c}", ns.progress_interval))
         s = summarize(tls, dur)
         s.update({f"run_{k}": v for k, v in driver.CompileState.of(engine).since(before).items()})

@@ -127,8 +127,9 @@ def summarize(timelines: list[RequestTimeline], duration_s: float) -> dict[str, 
         "output_throughput": out_tokens / duration_s,
         "total_token_throughput": (in_tokens + out_tokens) / duration_s,
     }
-    series: dict[str, list[float | None]] = {"ttft": [t.ttft for t in done], "tpot": [t.tpot for t in done],
-              "itl": [g for t in done for g in t.itls], "e2e": [t.e2e for t in done]}
+    series: dict[str, list[float | None]] = {
+        "ttft": [t.ttft for t in done], "tpot": [t.tpot for t in done],
+        "itl": [g for t in done for g in t.itls], "e2e": [t.e2e for t in done]}
     for name, vals in series.items():
         for k, v in percentiles(1000.0 * x for x in vals if x is not None).items():
             s[f"{name}_ms_{k}"] = v

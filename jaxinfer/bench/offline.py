@@ -39,8 +39,7 @@ def add_parser(sub: Any, add_common: Any) -> None:
                    help="new tokens (OSL), EOS ignored; one value or one per workload")
     p.add_argument("--num-prompts", type=_counts, default=(64,),
                    help="requests submitted at once; one value or one per workload")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="sampling temperature (vLLM's benchmarks sample at 1.0; 0 = greedy)")
+    driver.add_sampling_args(p)
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds after which the measured run aborts what has not finished "
                         "and reports what has")
@@ -85,9 +84,11 @@ def run_offline(ns: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the benchmark's workloads for parsed CLI options on one engine; returns one
     ``{"summary", "config", "path"}`` per workload.
 
-    Raises ValueError (bad lengths, ConfigError, RequestError) before any request runs.
+    Raises ValueError (bad lengths, ConfigError, RequestError, a sampling option out of its
+    range: ParameterError) before any request runs.
     """
     work = workloads(ns)
+    driver.params_of(ns, 1)  # a bad --top-p etc. fails before the engine starts
     if ns.max_num_seqs is None:
         ns.max_num_seqs = min(max(n for _, _, n in work), 256)
     if ns.max_model_len is None:
@@ -109,7 +110,7 @@ def _run_workload(engine: Any, phases: dict[str, Any], ns: argparse.Namespace, i
               flush=True)
     rng = np.random.default_rng(ns.seed)
     prompts = driver.random_prompts(rng, [isl] * n, engine.model_config.vocab_size)
-    params = [driver.fixed_length_params(osl, ns.temperature)] * n
+    params = [driver.params_of(ns, osl)] * n
     before = driver.CompileState.of(engine)
     timelines, duration = driver.run_requests(
         engine, prompts, params, time_limit=ns.time_limit,
@@ -121,7 +122,7 @@ def _run_workload(engine: Any, phases: dict[str, Any], ns: argparse.Namespace, i
     s["kv_pages"] = engine.kv_sizing.num_pages - 1
     s["kv_tokens"] = engine.kv_sizing.max_tokens
     config = {**driver.engine_config_record(engine), "input_len": isl, "output_len": osl,
-              "num_prompts": n, "temperature": ns.temperature, "time_limit_s": ns.time_limit,
+              "num_prompts": n, **driver.sampling_config(ns), "time_limit_s": ns.time_limit,
               "warmup": not ns.no_warmup, "compile_cache_dir": ns.cache_dir, "seed": ns.seed}
     records = [make_record(f"bench_offline.{k}", v, unit_of(k), config)
                for k, v in s.items()]

@@ -84,6 +84,25 @@ def test_bench_offline_several_workloads_share_one_engine(tmp_path: Path) -> Non
     assert first["run_programs_compiled"] == second["run_programs_compiled"] == 0
 
 
+def test_bench_offline_samples_with_top_p_top_k_min_p(tmp_path: Path) -> None:
+    """--temperature / --top-p / --top-k / --min-p reach every request (vLLM bench serve's
+    names) and the records' config."""
+    rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--input-len", "16",
+               "--output-len", "6", "--num-prompts", "4", "--temperature", "0.7",
+               "--top-p", "0.9", "--top-k", "20", "--min-p", "0.05", "--out", str(tmp_path)])
+    assert rc == 0
+    recs = load_records(tmp_path, "bench_offline-dummy-tiny-llama-16x6")
+    v = values(recs, "bench_offline.")
+    assert (v["completed"], v["output_tokens"], v["errors"]) == (4, 24, 0)
+    cfg = recs["bench_offline.output_throughput"]["config"]
+    assert (cfg["temperature"], cfg["top_p"], cfg["top_k"], cfg["min_p"]) == (0.7, 0.9, 20, 0.05)
+    from jaxinfer.bench import driver
+
+    sp = driver.fixed_length_params(6, 0.7, 0.9, 20, 0.05)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.max_tokens, sp.ignore_eos) == (
+        0.7, 0.9, 20, 0.05, 6, True)
+
+
 def test_bench_offline_time_limit_reports_what_finished(tmp_path: Path) -> None:
     rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--input-len", "16",
                "--output-len", "40", "--num-prompts", "12", "--time-limit", "0",
@@ -153,6 +172,10 @@ def test_bad_options_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> 
     assert "jaxinfer: error: --input-len must be >= 1" in capsys.readouterr().err
     assert main(["bench", "offline", *TINY, "--input-len", "16,32", "--num-prompts", "1,2,3"]) == 2
     assert "--input-len has 2 values; give 1 or 3 (one per workload)" in capsys.readouterr().err
+    assert main(["bench", "offline", *TINY, "--top-p", "1.5"]) == 2  # before the engine starts
+    assert "top_p must be in (0, 1], got 1.5" in capsys.readouterr().err
+    assert main(["bench", "latency", *TINY, "--top-k", "-2"]) == 2
+    assert "top_k" in capsys.readouterr().err
     assert main(["bench", "serve", *TINY, "--random-range-ratio", "1.5"]) == 2
     assert "--random-range-ratio must be in [0, 1)" in capsys.readouterr().err
     for argv, needle in [

@@ -140,8 +140,8 @@ def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> Non
     over the row also count x >= pivot, so the number of elements inside the bracket is known
     after each; once it is at most ``capacity`` they are copied (in row order) to ``buf_ref``
     and the remaining passes read only that copy, measuring ``mass(x > hi) + mass(copy >= t)``
-    (``search_steps.copy_measure``). The bracket steps are the full search's, so the pass count is
-    bounded as before; every row, alone or in any batch, takes the same steps. ``barrier``:
+    (``search_steps.copy_measure``). The bracket steps are the full search's, so the pass
+    count is bounded as before; every row, alone or in any batch, takes the same steps. ``barrier``:
     a CTA barrier between the copy and its reads (False in the interpreter, which has none and
     runs a program's lanes in order)."""
     *param_refs, x_ref, o_ref, stats_ref, buf_ref = refs
@@ -149,7 +149,7 @@ def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> Non
     lo, hi, v = start_bracket("nucleus", [r[row] for r in param_refs])
     passes = search_passes(P)
     measure_row = functools.partial(sweep, x_ref, row, 0, g["n_seg"], g=g, top=v["top"],
-                              counts=True)
+                                    counts=True)
     zero = v["k"] - v["k"]  # traced zeros: Triton's scf.yield takes no literal
     st0 = (zero + g["V"], zero, zero.astype(jnp.float32))
 
@@ -181,7 +181,7 @@ def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> Non
 
     def finish():
         pop = copy_bracket(x_ref, buf_ref, row, key_value(lo), key_value(hi), g=g,
-                       capacity=capacity)
+                           capacity=capacity)
         if barrier:
             plgpu.debug_barrier()  # the copy's stores before any thread's loads
         return search_loop(lo, hi, P, passes - i, lambda ts: copy_measure(

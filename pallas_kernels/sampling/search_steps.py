@@ -96,11 +96,22 @@ def sweep(x_ref, row, s0, ns, *, g: dict, ts: Sequence[jax.Array], top=None,
     return list(jax.lax.fori_loop(s0, s0 + ns, segment, (tots, first))[0])
 
 
-def copy_bracket(x_ref, buf_ref, row, vlo, vhi, *, g: dict, capacity: int) -> jax.Array:
-    """Copy the elements of row ``row`` with ``vlo <= x <= vhi`` into ``buf_ref[row]``, in row
-    order, and return how many (int32). The caller knows there are at most ``capacity``;
-    lanes that copy nothing write to slot ``capacity`` (a dump slot: no two copied elements
-    share a slot, in the interpreter too)."""
+def copy_bracket(x_ref, buf_ref, row, vlo, vup, bounded, *, g: dict,
+                 capacity: int) -> jax.Array:
+    """Copy the elements of row ``row`` with ``x >= vlo`` and, when ``bounded``, not
+    ``x >= vup`` into ``buf_ref[row]``, in row order, and return how many (int32).
+
+    These are exactly the elements the tracked counts put inside the bracket: ``vlo`` is the
+    value of its lower key (count(x >= vlo) measured there) and ``vup`` the value of the key
+    above its upper end, the smallest failing pivot, whose count and mass of ``x >= vup`` are
+    carried as "above the bracket" (:func:`narrow_tracked`); ``bounded`` False: no pivot has
+    failed yet, nothing lies above. The same predicates as the sweeps, not ``x <= value(hi)``:
+    the keys of -0.0 and +0.0 both map to 0.0 (and a backend that flushes subnormals compares
+    them as 0), so a value test on ``hi`` could put an element both above and inside. The
+    caller knows there are at most ``capacity``; lanes that copy nothing, and any past the
+    capacity (memory safety only: never reached), write nowhere (on the GPU: masked) or to slot
+    ``capacity`` (the interpreter's read-modify-write: a dump slot no copied element shares).
+    """
     V, N, U, SI = g["V"], g["N"], g["U"], g["SI"]
     lanes = jnp.arange(N, dtype=jnp.int32)
     last = g["n_seg"] * SI - 1
@@ -110,13 +121,14 @@ def copy_bracket(x_ref, buf_ref, row, vlo, vhi, *, g: dict, capacity: int) -> ja
         nxt = load_blocks(x_ref, row, jnp.minimum(i + 1, last), g)
         for u, x in enumerate(xs):
             idx = (i * U + u) * N + lanes
-            m = (idx < V) & (x >= vlo) & (x <= vhi)
+            m = (idx < V) & (x >= vlo) & ~(bounded & (x >= vup))
             mi = m.astype(jnp.int32)
             n = jnp.sum(mi)
 
             def copy(x=x, m=m, mi=mi, off=off):  # the scan only where the block has some
-                pos = jnp.where(m, off + jnp.cumsum(mi) - mi, capacity)
-                plgpu.store(buf_ref.at[row, pos], x, mask=m)
+                pos = off + jnp.cumsum(mi) - mi
+                ok = m & (pos < capacity)
+                plgpu.store(buf_ref.at[row, jnp.where(ok, pos, capacity)], x, mask=ok)
 
             jax.lax.cond(n > 0, copy, lambda: None)
             off = off + n

@@ -147,6 +147,7 @@ def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> Non
     *param_refs, x_ref, o_ref, stats_ref, buf_ref = refs
     row = pl.program_id(0)
     lo, hi, v = start_bracket("nucleus", [r[row] for r in param_refs])
+    top_key = param_refs[1][row]  # order_key(top): the bracket's upper end before any pass
     passes = search_passes(P)
     measure_row = functools.partial(sweep, x_ref, row, 0, g["n_seg"], g=g, top=v["top"],
                                     counts=True)
@@ -180,8 +181,9 @@ def _compact_kernel(*refs, P: int, g: dict, capacity: int, barrier: bool) -> Non
     i, lo, hi, st = jax.lax.while_loop(wide, full_pass, (i0, lo, hi, st))
 
     def finish():
-        pop = copy_bracket(x_ref, buf_ref, row, key_value(lo), key_value(hi), g=g,
-                           capacity=capacity)
+        bounded = hi != top_key  # a pivot failed: hi + 1 is the smallest failing one
+        pop = copy_bracket(x_ref, buf_ref, row, key_value(lo), key_value(hi + U32(1)), bounded,
+                           g=g, capacity=capacity)
         if barrier:
             plgpu.debug_barrier()  # the copy's stores before any thread's loads
         return search_loop(lo, hi, P, passes - i, lambda ts: copy_measure(

@@ -89,10 +89,8 @@ class RequestHandle:
         self.queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         self.request_id: int = -1  # set by EngineThread.submit
         self.arrival = time.monotonic()
-        # Per sample (engine thread only): tokens and characters of the output text handed
-        # out, and whether its final item was.
+        # Per sample (engine thread only): tokens handed out, and whether its final item was.
         self.num_sent = [0] * params.n
-        self.num_chars_sent = [0] * params.n
         self.sample_done = [False] * params.n
         self.prompt_logprobs_sent = False  # (engine thread)
         self.last_token_time: float | None = None
@@ -282,7 +280,6 @@ class EngineThread:
             # holds back text a stop string could still cut, so text only ever grows).
             new, lps, text = comp.token_ids, comp.logprobs, comp.text
             h.num_sent[i] += len(new)
-            h.num_chars_sent[i] += len(text)
             done = comp.finish_reason is not None
             if not (new or text or done or plp is not None):
                 continue

@@ -1,4 +1,5 @@
-"""The engine's entry points for linear layers: ``prepare_weight``, ``linear``, ``linear_supported``.
+"""The engine's entry points for linear layers: ``prepare_weight``, ``linear``,
+``linear_supported``.
 
 Weights reach the kernels in a *prepared* form, made once at load time by
 :func:`prepare_weight`: the engine's ``[K, N]`` weight transposed to ``[N, K]`` (K contiguous:
@@ -248,11 +249,12 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
 # * between: XLA W8A16 (the weight widened inside the dot), as before.
 FP8_PREFILL_MIN_M = 512
 FP8_DECODE_MAX_M = 64
-# Opt-in (not measured end to end yet): rows FP8_MGPU_DECODE_MIN_M..FP8_DECODE_MAX_M on the
-# Mosaic GPU swap-AB decode kernel (mgpu_gemm.mgpu_decode_linear, 128-row weight tiles where N
-# allows) instead of the Triton one: 1.34-1.51x faster at M = 64 on 8b_gate_up / 8b_down /
-# 70b_up on the H200 (NOTES_matmul, session 7). "mgpu" turns it on; $JAXINFER_FP8_DECODE_GEMM
-# overrides at trace time.
+# Opt-in: rows FP8_MGPU_DECODE_MIN_M..FP8_DECODE_MAX_M on the Mosaic GPU swap-AB decode
+# kernel (mgpu_gemm.mgpu_decode_linear, 128-row weight tiles where N allows) instead of the
+# Triton one: 1.34-1.51x faster at M = 64 on 8b_gate_up / 8b_down / 70b_up alone on the H200
+# (NOTES_matmul, session 7), but slower inside the 8B FP8 decode program (ITL +11 % / +13 % at
+# 32 / 64 streams; NOTES_matmul "End to end (session 8)"), so not the default. "mgpu" turns
+# it on; $JAXINFER_FP8_DECODE_GEMM overrides at trace time.
 FP8_DECODE_GEMM = "triton"
 FP8_MGPU_DECODE_MIN_M = 17
 

@@ -41,7 +41,8 @@ from jaxinfer.bench.records import make_record
 from pallas_kernels.matmul import api, gate_up_ref, linear_ref, quantize_rows_fp8
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from matmul_plans import SHAPES, mdec_jobs, plan, plan_decode, plan_mdec, plan_w8a8  # noqa: E402
+from matmul_plans import (  # noqa: E402
+    SHAPES, mdec_jobs, plan, plan_decode, plan_mdec, plan_mid, plan_w8a8)
 
 FP8 = jnp.float8_e4m3fn
 T0 = time.time()
@@ -208,9 +209,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
-    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec"), default="full",
+    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid"), default="full",
                     help="decode: the session-4 W8A16 candidates first (plan_decode); "
-                         "mdec: the Mosaic GPU swap-AB decode kernel vs the engine's paths")
+                         "mdec: the Mosaic GPU swap-AB decode kernel vs the engine's paths; "
+                         "mid: 128 / 256 rows, Mosaic GPU both orientations vs XLA")
     ap.add_argument("--ceilings", choices=("all", "bw"), default="all",
                     help="bw: copy / read bandwidth only (skip the 8192^3 matmul rates)")
     ap.add_argument("--guard-timeout", type=float, default=45.0)
@@ -228,13 +230,13 @@ def main() -> None:
         guard_child(ms, args.guard_shape)
     os.makedirs(args.out, exist_ok=True)
     shapes = args.shapes.split(",")
-    jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec}.get(
+    jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec, "mid": plan_mid}.get(
         args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
     guard = None
     if any(j[4] == "mgpu_decode" for j in jobs) and not args.smoke:
         # First, before this process touches the GPU: the Mosaic decode kernel in a child
         # process (its first H200 run faulted and took the CUDA context with it).
-        gms = [m for m in ms if m <= 128]  # smallest and largest M: 8 and M/2 tokens per WG
+        gms = [m for m in ms if m <= 256]  # smallest and largest M: 8 and M/2 tokens per WG
         ok, tail = run_guard(sorted({min(gms), max(gms)}), args.guard_timeout,
                              args.guard_shape)
         log(f"guard {'passed' if ok else 'FAILED: mgpu_decode jobs dropped'}\n{tail}")

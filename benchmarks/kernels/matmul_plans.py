@@ -4,7 +4,8 @@ tile config) jobs a run measures, in priority order (a run's deadline cuts the t
 ``plan`` is the broad sweep of sessions 1–2, ``plan_decode`` the session-4 W8A16 candidates
 (swap-AB, Marlin-style dequantization) plus the Mosaic GPU prefill jobs, ``plan_w8a8`` the
 session-4 W8A8 swap-AB decode candidates, ``plan_mdec`` the session-7 Mosaic GPU swap-AB
-decode kernel (after its alignment fix) against the engine's decode paths. Results:
+decode kernel (after its alignment fix) against the engine's decode paths, ``plan_mid`` the
+session-9 candidates for 128 / 256 rows. Results:
 NOTES_matmul.md.
 """
 
@@ -136,6 +137,48 @@ def plan_mdec(ms, shapes):
             for kind in ("bf16", "w8a16"):
                 jobs.append((sname, M, f"xla_{kind}", kind, "xla", None))
     return jobs
+
+
+def mgpu_split(M, K, N, tile_k, tile_m=128, tile_n=256, sms=132):
+    """Split-K for the prefill tiling at few rows: the smallest power of two that gives the
+    ``ceil(M / tile_m) * N / tile_n`` output tiles at least one wave of ``sms`` (K / s a
+    multiple of ``tile_k`` and >= 1024)."""
+    tiles, s = -(-M // tile_m) * (N // tile_n), 1
+    while tiles * s < sms and K % (tile_k * s * 2) == 0 and K // (s * 2) >= 1024:
+        s *= 2
+    return s
+
+
+def plan_mid(ms, shapes):
+    """Session 9: the engine's middle band (the 128 / 256-row decode buckets and the
+    128-token prefill bucket), which runs FP8 weights as XLA W8A16 (no kernel was measured
+    there): the Mosaic GPU kernels in both orientations — swap-AB (weights on wgmma's M side,
+    every token on its N side, each weight byte read once; ``decode_config`` with 64- or
+    128-row tiles) and the prefill tiling (128 tokens x 256 weight rows per CTA; walking N
+    first or M first, the latter so both 128-token tiles of a weight tile share the L2) —
+    W8A8 and bf16, against XLA bf16 / W8A16 / W8A8 in the same run. FP8 jobs first,
+    largest M first (a deadline cuts bf16 Mosaic jobs first)."""
+    fp8, bf16 = [], []
+    for M in sorted(ms, reverse=True):
+        for sname in shapes:
+            K, N, _ = SHAPES[sname]
+            for tm in (128, 64):
+                if N % tm == 0:
+                    fp8.append((sname, M, "mdec_w8a8" + ("_t128" if tm == 128 else ""),
+                                "w8a8", "mgpu_decode", decode_config(M, K, N, FP8, tile_m=tm)))
+            sk = mgpu_split(M, K, N, 128)
+            fp8.append((sname, M, "mgpu_w8a8", "w8a8", "mgpu", MgpuConfig(tile_k=128, split_k=sk)))
+            fp8.append((sname, M, "mgpu_w8a8_mfirst", "w8a8", "mgpu",
+                        MgpuConfig(tile_k=128, grid_minor_n=False, grid_tile_width=16,
+                                   split_k=sk)))
+            for kind in ("bf16", "w8a16", "w8a8"):
+                fp8.append((sname, M, f"xla_{kind}", kind, "xla", None))
+            if N % 128 == 0:
+                bf16.append((sname, M, "mdec_bf16_t128", "bf16", "mgpu_decode",
+                             decode_config(M, K, N, jnp.bfloat16, tile_m=128)))
+            bf16.append((sname, M, "mgpu_bf16", "bf16", "mgpu",
+                         MgpuConfig(tile_k=64, split_k=mgpu_split(M, K, N, 64))))
+    return fp8 + bf16
 
 
 def plan(ms, shapes, smoke=False, safe=False):

@@ -230,6 +230,9 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
         # bf16 out also for gate_up (a float32 epilogue tile would not fit shared memory).
         out = mgpu_gemm.mgpu_linear(x_in, w_nk, scale, x_scale, config=mgpu_config,
                                     out_dtype=out_dtype, interpret=interpret)
+        if out.ndim == 3:  # split-K: float32 partials [split_k, M, N], scales applied
+            out = jnp.sum(out, axis=0)
+            out = out if w.gate_up else out.astype(out_dtype)
     else:
         out = _xla_linear(x_in, w_nk, scale, x_scale,
                           out_dtype if not w.gate_up else jnp.float32)

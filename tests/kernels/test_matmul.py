@@ -179,6 +179,25 @@ def test_mgpu_decode_swap_ab_matches_reference(kind, split):
     assert rel_err(out, linear_ref(x, w, ws, xs, out_dtype=F32)) < 1e-5
 
 
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_linear_mgpu_split_k_sums_the_partials(gate_up):
+    """``linear(backend="mgpu")`` with a split-K config (the middle band's small-N shapes)
+    adds the float32 partials itself (plain and fused gate+up, W8A8)."""
+    M, K, F = 40, 512, 128
+    w_kn = rand(25, (K, 2 * F), F32, 1 / np.sqrt(K))
+    from jaxinfer.quantization import quantize_fp8_per_channel
+    wq, s = quantize_fp8_per_channel(w_kn)
+    pw = (prepare_gate_up(wq[:, :F], wq[:, F:], s[:F], s[F:]) if gate_up
+          else prepare_weight(wq, s))
+    x = rand(26, (M, K))
+    cfg = MgpuConfig(tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=2, split_k=2)
+    out = linear(x, pw, act_quant=True, backend="mgpu", mgpu_config=cfg, interpret=True)
+    xq, xs = quantize_rows_fp8(x)
+    ref = (gate_up_ref if gate_up else linear_ref)(xq, wq.T, s, xs, out_dtype=F32)
+    assert out.shape == (M, F if gate_up else 2 * F) and out.dtype == jnp.bfloat16
+    assert rel_err(out, ref) < 1e-2
+
+
 def test_mgpu_rejects_bad_shapes():
     x = rand(0, (8, 128))
     with pytest.raises(ValueError, match="must divide"):

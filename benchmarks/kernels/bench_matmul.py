@@ -41,8 +41,15 @@ from jaxinfer.bench.records import make_record
 from pallas_kernels.matmul import api, gate_up_ref, linear_ref, quantize_rows_fp8
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from matmul_plans import (  # noqa: E402
-    SHAPES, mdec_jobs, plan, plan_decode, plan_mdec, plan_mid, plan_w8a8)
+from matmul_plans import (
+    SHAPES,
+    mdec_jobs,
+    plan,
+    plan_decode,
+    plan_mdec,
+    plan_mid,
+    plan_w8a8,
+)
 
 FP8 = jnp.float8_e4m3fn
 T0 = time.time()

@@ -166,18 +166,23 @@ def plan_mid(ms, shapes):
                 if N % tm == 0:
                     fp8.append((sname, M, "mdec_w8a8" + ("_t128" if tm == 128 else ""),
                                 "w8a8", "mgpu_decode", decode_config(M, K, N, FP8, tile_m=tm)))
+            # split-K: a float32 epilogue; 3 stages so that it fits the shared memory
             sk = mgpu_split(M, K, N, 128)
-            fp8.append((sname, M, "mgpu_w8a8", "w8a8", "mgpu", MgpuConfig(tile_k=128, split_k=sk)))
+            st = 4 if sk == 1 else 3
+            fp8.append((sname, M, "mgpu_w8a8", "w8a8", "mgpu",
+                        MgpuConfig(tile_k=128, split_k=sk, max_concurrent_steps=st)))
             fp8.append((sname, M, "mgpu_w8a8_mfirst", "w8a8", "mgpu",
                         MgpuConfig(tile_k=128, grid_minor_n=False, grid_tile_width=16,
-                                   split_k=sk)))
+                                   split_k=sk, max_concurrent_steps=st)))
             for kind in ("bf16", "w8a16", "w8a8"):
                 fp8.append((sname, M, f"xla_{kind}", kind, "xla", None))
             if N % 128 == 0:
                 bf16.append((sname, M, "mdec_bf16_t128", "bf16", "mgpu_decode",
                              decode_config(M, K, N, jnp.bfloat16, tile_m=128)))
+            sk = mgpu_split(M, K, N, 64)
             bf16.append((sname, M, "mgpu_bf16", "bf16", "mgpu",
-                         MgpuConfig(tile_k=64, split_k=mgpu_split(M, K, N, 64))))
+                         MgpuConfig(tile_k=64, split_k=sk, max_concurrent_steps=4 if sk == 1
+                                    else 3)))
     return fp8 + bf16
 
 

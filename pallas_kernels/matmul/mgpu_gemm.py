@@ -282,9 +282,9 @@ def decode_config(M: int, K: int, N: int, dtype: jnp.dtype, split_k: int | None 
 
 
 def mgpu_decode_supported(M: int, K: int, N: int, dtype: jnp.dtype) -> bool:
-    """Whether :func:`mgpu_decode_linear` takes the shape (M <= 128, N % 64, K % tile_k)."""
+    """Whether :func:`mgpu_decode_linear` takes the shape (M <= 256, N % 64, K % tile_k)."""
     cfg = decode_config(M, K, N, dtype)
-    return M <= 128 and N % 64 == 0 and K % (cfg.tile_k * cfg.split_k) == 0 and \
+    return M <= 256 and N % 64 == 0 and K % (cfg.tile_k * cfg.split_k) == 0 and \
         jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8))
 
 

@@ -336,7 +336,8 @@ def test_mgpu_lowers_for_cuda(dtype):
     assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("M,K,N", [(1, 8192, 28672), (64, 4096, 4096), (128, 14336, 4096)])
+@pytest.mark.parametrize("M,K,N", [(1, 8192, 28672), (64, 4096, 4096), (128, 14336, 4096),
+                                   (256, 4096, 28672)])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, FP8])
 def test_mgpu_decode_lowers_for_cuda(M, K, N, dtype):
     scaled = dtype == FP8
@@ -347,6 +348,28 @@ def test_mgpu_decode_lowers_for_cuda(M, K, N, dtype):
     text = lower_for_cuda(f, sds((M, K), dtype), sds((N, K), dtype), sds((N,), F32),
                           sds((M,), F32))
     assert "mosaic_gpu" in text
+
+
+def test_mid_band_plan_lowers_for_cuda():
+    """Every Mosaic GPU job of bench_matmul's ``plan_mid`` (128 / 256 rows, split-K tiles with a
+    float32 epilogue) fits an H200's shared memory when lowered through ``linear``."""
+    import sys
+    sys.path.insert(0, "benchmarks/kernels")
+    from matmul_plans import SHAPES, plan_mid
+
+    jobs = [j for j in plan_mid([256], ["8b_o", "8b_gate_up"]) if j[4] != "xla"]
+    assert {j[4] for j in jobs} == {"mgpu", "mgpu_decode"}
+    assert any(j[5].split_k > 1 for j in jobs if j[4] == "mgpu")
+    for sname, M, _, kind, backend, cfg in jobs:
+        K, N, gu = SHAPES[sname]
+        dt = jnp.bfloat16 if kind == "bf16" else FP8
+
+        def f(x, w, ws, kind=kind, backend=backend, cfg=cfg, gu=gu):
+            pw = PreparedWeight(w, None if kind == "bf16" else ws, gu)
+            return linear(x, pw, act_quant=kind == "w8a8", backend=backend, mgpu_config=cfg)
+
+        assert "mosaic_gpu" in lower_for_cuda(f, sds((M, K), jnp.bfloat16), sds((N, K), dt),
+                                              sds((N,), F32))
 
 
 def test_mgpu_lowering_catches_shared_memory_overflow():

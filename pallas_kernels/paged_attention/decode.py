@@ -5,7 +5,8 @@ query heads that share the KV head once (GQA: each K/V byte is read once for the
 group), walks its range of pages ``block_tokens`` tokens at a time through the block table
 (online softmax, FlashAttention-2 style), and either writes the final output (one split)
 or an f32 partial output plus its base-2 log-sum-exp, which a small XLA merge combines
-exactly (Flash-Decoding, Dao et al. 2023; vLLM's paged_attention_v2 does the same).
+exactly (Flash-Decoding, Dao et al. 2023; vLLM's paged_attention_v2 does the same), or
+with ``merge="kernel"`` the last-arriving split merges in the same launch (decode_merge.py).
 
 K/V are read straight from the stacked cache ``[L, Hkv, P, ps, D]`` at ``layer`` (a kernel
 operand, so no per-layer copy is made) with predicated loads: tokens past the sequence end,
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.paged_attention import decode_merge
 from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,
@@ -60,7 +62,8 @@ def _next_pow2(n: int) -> int:
 def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
                    scale_log2: float, static_window: int | None, has_kscale: bool,
                    has_vscale: bool, split_out: bool, compute_dtype, fp8_widen: str = "cvt",
-                   fp8_dots: str = "none", layout: str = "qk", v_stage: bool = False) -> None:
+                   fp8_dots: str = "none", layout: str = "qk", v_stage: bool = False,
+                   split_of=None) -> None:
     it = iter(refs)
     layer_ref = next(it)
     window_ref = next(it) if static_window is None else None
@@ -70,6 +73,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
     lse_ref = next(it) if split_out else None
 
     b, h, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    s = s if split_of is None else split_of(s)  # decode_merge's test hook
     layer = layer_ref[0]
     seq_len = len_ref[b]
     window = window_ref[0] if window_ref is not None else static_window
@@ -290,8 +294,9 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            num_stages: int | None = None, fp8_compute_dtype=jnp.float16,
                            fp8_widen: str | None = None, fp8_dots: str | None = None,
                            layout: str | None = None, group_rows: int | None = None,
-                           fp8_v_stage: bool | None = None,
-                           fp8_variant: str | None = None) -> jax.Array:
+                           fp8_v_stage: bool | None = None, fp8_variant: str | None = None,
+                           merge: str = "xla", merge_counters: jax.Array | None = None
+                           ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
     Same contract as :func:`reference.paged_decode_attention_ref`. Every tuning option left
@@ -332,26 +337,40 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         (:data:`fp8.FP8_DECODE_OTHER`): the Mosaic GPU kernel of decode_mgpu.py (Hopper;
         ``num_splits`` / ``target_programs`` pass through, the other tuning options do not
         apply), the "by_batch" Triton variant where it does not take the shapes.
+      merge: how the splits are merged (only with > 1 split): "xla" (default: f32 partials,
+        then an XLA fusion: two launches) or "kernel" (one launch: the last-arriving split of
+        each (sequence, KV head) merges them in the kernel; decode_merge.py). The Mosaic GPU
+        variant always merges in XLA.
+      merge_counters: with merge="kernel" only: [B, Hkv] int32 zeros for the kernel's arrival
+        counters (None: fresh zeros every call). Given, the call returns ``(out, counters)``,
+        the counters zero again, for the caller to carry to the next call (e.g. a scan over
+        layers) so that no zeroing runs per call.
     Returns:
-      [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
+      [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros. ``(out, counters)`` when
+      ``merge_counters`` is given.
     Raises:
       PagedAttentionShapeError: inconsistent shapes or dtypes.
       PagedAttentionUnsupportedError: shapes the kernel does not handle (see
         :func:`paged_decode_attention_supported`).
-      ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant``, fp8
-        dots with "kq", a bad ``group_rows``, or "bits" with a bf16 compute dtype.
+      ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant`` /
+        ``merge``, fp8 dots with "kq", a bad ``group_rows``, "bits" with a bf16 compute
+        dtype, or ``merge_counters`` without merge="kernel".
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
+    decode_merge.check_merge(merge, merge_counters, q.shape[0], k_cache.shape[1])
+
+    def ret(out, ctr=merge_counters):  # the counters too, when the caller passed them
+        return out if merge_counters is None else (out, ctr)
     if (jnp.dtype(k_cache.dtype) == jnp.dtype(jnp.float8_e4m3fn)
             and fp8_decode_config(fp8_variant, q.shape[0]).get("backend") == "mgpu"):
         from pallas_kernels.paged_attention import decode_mgpu  # imports this module
         if decode_mgpu.mgpu_decode_supported(q.shape, k_cache.shape, k_cache.dtype):
             cfg = decode_mgpu.MgpuDecodeConfig(num_splits=num_splits,
                                                target_programs=target_programs)
-            return decode_mgpu.paged_decode_attention_mgpu(
+            return ret(decode_mgpu.paged_decode_attention_mgpu(
                 q, k_cache, v_cache, layer, block_tables, seq_lens, scale=scale,
                 window=window, k_scale=k_scale, v_scale=v_scale, config=cfg,
-                interpret=interpret)
+                interpret=interpret))
         fp8_variant = "by_batch"  # shapes the Mosaic kernel does not take: Triton's default
     o = _resolve_options(k_cache.dtype, fp8_variant, q.shape[0], block_tokens=block_tokens,
                          num_splits=num_splits, target_programs=target_programs,
@@ -401,12 +420,11 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype,
         fp8_widen=o["fp8_widen"], fp8_dots=o["fp8_dots"], layout=o["layout"],
         v_stage=v_stage)
-    outs = pl.pallas_call(
-        kernel, grid=(B, Hkv, S), out_shape=out_shape, interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=o["num_warps"],
-                                             num_stages=o["num_stages"]),
-        name=name,
-    )(*operands)
-    if not split_out:
-        return outs[0]
-    return _merge_splits(outs[0], outs[1], q.dtype)
+    params = plgpu.CompilerParams(num_warps=o["num_warps"], num_stages=o["num_stages"])
+    if split_out and merge == "kernel":
+        return ret(*decode_merge.merged_call(
+            kernel, operands, B=B, Hkv=Hkv, S=S, G=G, D=D, dtype=q.dtype, name=name,
+            compiler_params=params, interpret=interpret, counters=merge_counters))
+    outs = pl.pallas_call(kernel, grid=(B, Hkv, S), out_shape=out_shape, interpret=interpret,
+                          compiler_params=params, name=name)(*operands)
+    return ret(_merge_splits(outs[0], outs[1], q.dtype) if split_out else outs[0])

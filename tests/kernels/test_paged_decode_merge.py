@@ -1,0 +1,181 @@
+"""Split-K decode with the merge in the kernel (``merge="kernel"``, decode_merge.py) vs the jnp
+reference and vs the XLA merge (interpret mode on CPU).
+
+Conventions of test_paged_attention.py: fresh random inputs, NaN in every cache slot the
+kernel must not read, permuted pages, ragged lengths (1, page boundaries, a full table).
+The interpreter starts every output (the final one and the f32 partial scratch) as NaN, so
+an unwritten output element, or a merge that reads a partial no split wrote, fails the
+finiteness check.
+
+What the interpreter cannot check: it runs the grid's programs one after another, so the
+last program of a group is always the last to arrive, no two atomics ever race and the
+CTA barriers are skipped (it has none). These tests check the bookkeeping (every split
+counts once, exactly one program merges, the counters come back zero) and the merge math;
+``_ARRIVAL_STRIDE`` permutes which split arrives last. The memory ordering on a GPU is
+checked by the CUDA lowering below (one launch, the counters aliased) and, on the device,
+by benchmarks/kernels/bench_paged_small_batch.py (against the reference, and bit-identical
+outputs over repeated runs).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.paged_attention import (
+    PagedAttentionShapeError,
+    decode_merge,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
+from tests.kernels.cuda_lowering import lower_paged_kernel
+from tests.kernels.test_paged_attention import LAYER, assert_close, make_case, run_both
+
+F8 = jnp.float8_e4m3fn
+SCALES = {"k_scale": jnp.float32(0.7), "v_scale": jnp.float32(1.9)}
+LENS = [1, 16, 33, 64, 128]  # 1, a page, past a page, 4 pages, the full 8-page table
+
+
+def case(seed: int, G: int, D: int, kv=jnp.float32, Hkv: int = 2, lens=LENS, window=0):
+    return make_case(seed, B=len(lens), G=G, Hkv=Hkv, D=D, ps=16, maxp=8, lens=lens,
+                     kv_dtype=kv, window=window)
+
+
+def assert_same(a, b) -> None:
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+@pytest.mark.parametrize("G,D,kv,splits,bt", [
+    (1, 64, jnp.float32, 3, 16),     # MHA, uneven splits (3 pages each, the last 2)
+    (4, 64, jnp.float32, 8, 16),     # GQA 4, a page a split: short rows leave splits empty
+    (4, 128, jnp.bfloat16, 2, 32),
+    (3, 64, jnp.bfloat16, 4, 16),    # a group that is not a power of two
+    (4, 64, F8, 4, 32),              # FP8 default variant at B = 5 (kq8: layout "kq")
+    (1, 64, F8, None, 16),           # FP8, the default variant and split count (8)
+])
+def test_matches_reference_and_xla_merge(G, D, kv, splits, bt):
+    c = case(10 * G + D + (splits or 0), G, D, kv)
+    kw = dict(block_tokens=bt, num_splits=splits, **(SCALES if kv == F8 else {}))
+    out, ref = run_both(c, merge="kernel", **kw)
+    xla, _ = run_both(c, merge="xla", **kw)
+    assert out.dtype == c[0].dtype
+    assert_close(out, ref, tight=kv == jnp.float32)
+    # same partials, same merge math; only the f32 summation order may differ
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(xla, np.float32),
+                               rtol=1e-5 if kv == jnp.float32 else 1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits,stride", [(8, 3), (3, 2)])
+def test_any_split_may_arrive_last(monkeypatch, splits, stride):
+    """Program p computes split (p * stride) % S, so the merging program is not split S - 1:
+    the output is bit for bit the in-order one (the merge reads the splits in index order
+    whoever runs it)."""
+    c = case(20 + splits, 4, 64)
+    kw = {"block_tokens": 16, "num_splits": splits, "merge": "kernel"}
+    plain, ref = run_both(c, **kw)
+    monkeypatch.setattr(decode_merge, "_ARRIVAL_STRIDE", stride)
+    permuted, _ = run_both(c, **kw)
+    assert_close(permuted, ref, tight=True)
+    assert_same(permuted, plain)
+
+
+def test_window_traced_layer_jit_and_padding_rows():
+    lens = [0, 1, 17, 128, 0]
+    c = case(5, 4, 64, kv=jnp.bfloat16, lens=lens, window=40)
+    q, kd, vd, kc, vc, bt, ln = c
+    f = jax.jit(functools.partial(paged_decode_attention, scale=0.2, interpret=True,
+                                  block_tokens=16, num_splits=4, merge="kernel"))
+    out = f(q, kd, vd, jnp.int32(LAYER), bt, ln, window=jnp.int32(40))
+    ref = paged_decode_attention_ref(q, kc, vc, jnp.int32(LAYER), bt, ln, scale=0.2,
+                                     window=40)
+    assert_close(out, ref, tight=False)
+    assert np.all(np.asarray(out)[[0, 4]] == 0)
+
+
+def test_counters_carried_through_a_scan():
+    """The engine's use: counters carried through a scan over layers (zeros in, zeros out),
+    so no zeroing runs per layer; every layer matches the reference."""
+    rng = np.random.default_rng(11)
+    L, Hkv, P, ps, D, B = 3, 2, 9, 16, 64, 2
+    kc = jnp.asarray(rng.standard_normal((L, Hkv, P, ps, D)), jnp.float32)
+    vc = jnp.asarray(rng.standard_normal((L, Hkv, P, ps, D)), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((B, 4 * Hkv, D)), jnp.float32)
+    bt = jnp.asarray(rng.permutation(np.arange(1, P))[:8].reshape(B, 4), jnp.int32)
+    lens = jnp.asarray([30, 64], jnp.int32)
+
+    def body(ctr, layer):
+        out, ctr = paged_decode_attention(q, kc, vc, layer, bt, lens, scale=0.1,
+                                          interpret=True, block_tokens=16, num_splits=4,
+                                          merge="kernel", merge_counters=ctr)
+        return ctr, out
+    ctr, outs = jax.jit(lambda: jax.lax.scan(body, jnp.zeros((B, Hkv), jnp.int32),
+                                             jnp.arange(L, dtype=jnp.int32)))()
+    assert np.all(np.asarray(ctr) == 0)
+    for layer in range(L):
+        ref = paged_decode_attention_ref(q, kc, vc, jnp.int32(layer), bt, lens, scale=0.1)
+        assert_close(outs[layer], ref, tight=True)
+
+
+def test_one_split_is_the_default_kernel():
+    """Nothing to merge: the single-split kernel, the counters handed back untouched."""
+    c = case(7, 4, 64)
+    ctr = jnp.zeros((len(LENS), 2), jnp.int32)
+    (out, ctr_out), ref = run_both(c, num_splits=1, merge="kernel", merge_counters=ctr)
+    base, _ = run_both(c, num_splits=1)
+    assert_same(out, base)
+    assert ctr_out is ctr
+    assert_close(out, ref, tight=True)
+
+
+def test_options_checked():
+    q, kd, vd, _, _, bt, lens = case(1, 4, 64)
+    call = functools.partial(paged_decode_attention, q, kd, vd, 1, bt, lens, scale=1.0,
+                             interpret=True)
+    with pytest.raises(ValueError, match="merge="):
+        call(merge="atomic")
+    with pytest.raises(ValueError, match="needs merge='kernel'"):
+        call(merge_counters=jnp.zeros((len(LENS), 2), jnp.int32))
+    with pytest.raises(PagedAttentionShapeError, match="merge_counters"):
+        call(merge="kernel", merge_counters=jnp.zeros((len(LENS), 3), jnp.int32))
+    with pytest.raises(PagedAttentionShapeError, match="merge_counters"):
+        call(merge="kernel", merge_counters=jnp.zeros((len(LENS), 2), jnp.float32))
+
+
+@pytest.mark.parametrize("B,maxp,kv,window,kw", [
+    (1, 128, jnp.bfloat16, 0, {}),                         # B1 ctx2048: 32 splits
+    (1, 2048, jnp.bfloat16, 0, {"num_splits": 64}),        # B1 ctx32k, 4 chunks in the merge
+    (1, 256, F8, "traced", {}),                            # FP8 kq8 default, traced window
+    (8, 64, jnp.bfloat16, 700, {"layout": "kq", "group_rows": 8}),
+])
+def test_lowers_for_cuda_as_one_launch(B, maxp, kv, window, kw):
+    """Traces and lowers for an H200: one Triton call, the counters aliased to an output."""
+    Hq, Hkv, D, ps, L = 32, 8, 128, 16, 2
+    P, sds = B * maxp + 1, jax.ShapeDtypeStruct
+    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv),
+            sds((L, Hkv, P, ps, D), kv), sds((), jnp.int32), sds((B, maxp), jnp.int32),
+            sds((B,), jnp.int32)]
+    text = lower_paged_kernel(paged_decode_attention, args, kv, window, merge="kernel", **kw)
+    assert text.count("xla.gpu.triton") == 1
+    assert "_kmerge" in text and "output_operand_aliases" in text
+
+
+def test_bench_cpu_smoke(tmp_path):
+    """bench_paged_small_batch.py's CPU mode (tiny heads, interpreter): the device check of
+    both merges passes and every implementation is timed and recorded."""
+    import json
+
+    from benchmarks.kernels import bench_paged_attention, bench_paged_small_batch
+    calls_for = bench_paged_attention.calls_for
+    bench_paged_small_batch.main(["--cpu-smoke", "--out", str(tmp_path)])
+    assert bench_paged_attention.calls_for is calls_for  # the smoke's patch is undone
+    recs = json.loads((tmp_path / "paged_small_batch.json").read_text())
+    checks = [r for r in recs if "/check_rel_err/" in r["name"]]
+    assert len(checks) == 3 and all(r["config"]["ok"] for r in checks), checks
+    timed = {r["config"]["impl"] for r in recs if "/check_rel_err/" not in r["name"]}
+    assert timed == {"stock", "xla", "kfresh", "kcarry S2"}, timed
+    assert all(r["config"]["chain_rel_err_vs_xla"] == 0.0 for r in recs
+               if r["config"].get("impl", "").startswith("k")), recs

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels.matmul.api import fp8_decode_config
-from pallas_kernels.matmul.mgpu_gemm import MgpuConfig, decode_config
+from pallas_kernels.matmul.mgpu_gemm import MgpuConfig, decode_config, mid_split_k
 from pallas_kernels.matmul.triton_gemm import (
     TritonConfig,
     default_config,
@@ -139,16 +139,6 @@ def plan_mdec(ms, shapes):
     return jobs
 
 
-def mgpu_split(M, K, N, tile_k, tile_m=128, tile_n=256, sms=132):
-    """Split-K for the prefill tiling at few rows: the smallest power of two that gives the
-    ``ceil(M / tile_m) * N / tile_n`` output tiles at least one wave of ``sms`` (K / s a
-    multiple of ``tile_k`` and >= 1024)."""
-    tiles, s = -(-M // tile_m) * (N // tile_n), 1
-    while tiles * s < sms and K % (tile_k * s * 2) == 0 and K // (s * 2) >= 1024:
-        s *= 2
-    return s
-
-
 def plan_mid(ms, shapes):
     """Session 9: the engine's middle band (the 128 / 256-row decode buckets and the
     128-token prefill bucket), which runs FP8 weights as XLA W8A16 (no kernel was measured
@@ -167,7 +157,7 @@ def plan_mid(ms, shapes):
                     fp8.append((sname, M, "mdec_w8a8" + ("_t128" if tm == 128 else ""),
                                 "w8a8", "mgpu_decode", decode_config(M, K, N, FP8, tile_m=tm)))
             # split-K: a float32 epilogue; 3 stages so that it fits the shared memory
-            sk = mgpu_split(M, K, N, 128)
+            sk = mid_split_k(M, K, N, 128)
             st = 4 if sk == 1 else 3
             fp8.append((sname, M, "mgpu_w8a8", "w8a8", "mgpu",
                         MgpuConfig(tile_k=128, split_k=sk, max_concurrent_steps=st)))
@@ -179,7 +169,7 @@ def plan_mid(ms, shapes):
             if N % 128 == 0:
                 bf16.append((sname, M, "mdec_bf16_t128", "bf16", "mgpu_decode",
                              decode_config(M, K, N, jnp.bfloat16, tile_m=128)))
-            sk = mgpu_split(M, K, N, 64)
+            sk = mid_split_k(M, K, N, 64)
             bf16.append((sname, M, "mgpu_bf16", "bf16", "mgpu",
                          MgpuConfig(tile_k=64, split_k=sk, max_concurrent_steps=4 if sk == 1
                                     else 3)))

@@ -249,9 +249,19 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
 #   any form measured held to 1.2-2.6 TB/s of FP8 bytes (the per-element upcast and MMA
 #   work), the FP8 dot consumes the bytes as they are (8B qkv M = 1: 12.9 µs vs XLA W8A16
 #   19.3 µs);
-# * between: XLA W8A16 (the weight widened inside the dot), as before.
+# * between (the 128 / 256-row decode buckets, the 128-token prefill bucket): W8A8 on the
+#   Mosaic GPU kernels (session 9, NOTES_matmul "Session 9"; XLA W8A16 before, 0.45-0.93 TB/s
+#   at M = 256, slower than bf16): the swap-AB tiling (every token on wgmma's N side, each
+#   weight byte read once) up to 128 rows and for N < FP8_MID_WIDE_N, 128-row weight tiles
+#   at <= 128 rows where N > 4096; the prefill tiling walked M first
+#   (mgpu_gemm.mid_config) for the wide projections above 128 rows. 8B layer at 256 rows:
+#   148 µs vs 337 (XLA W8A16) and 189 (XLA bf16); 128 rows: 113 vs 175 / 146.
+#   $JAXINFER_FP8_MID_GEMM=xla restores XLA W8A16 there.
 FP8_PREFILL_MIN_M = 512
 FP8_DECODE_MAX_M = 64
+FP8_MID_GEMM = "mgpu"
+FP8_MID_SWAP_MAX_M = 128
+FP8_MID_WIDE_N = 16384
 # Opt-in: rows FP8_MGPU_DECODE_MIN_M..FP8_DECODE_MAX_M on the Mosaic GPU swap-AB decode
 # kernel (mgpu_gemm.mgpu_decode_linear, 128-row weight tiles where N allows) instead of the
 # Triton one: 1.34-1.51x faster at M = 64 on 8b_gate_up / 8b_down / 70b_up alone on the H200
@@ -262,12 +272,24 @@ FP8_DECODE_GEMM = "triton"
 FP8_MGPU_DECODE_MIN_M = 17
 
 
-def _fp8_decode_gemm() -> str:
-    v = os.environ.get("JAXINFER_FP8_DECODE_GEMM", FP8_DECODE_GEMM)
-    if v not in ("triton", "mgpu"):
-        raise LinearError(f"JAXINFER_FP8_DECODE_GEMM / FP8_DECODE_GEMM: 'triton' or 'mgpu', "
-                          f"got {v!r}")
+def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
+    v = os.environ.get(var, default)
+    if v not in choices:
+        raise LinearError(f"{var} / {var.removeprefix('JAXINFER_')}: one of {choices}, got {v!r}")
     return v
+
+
+def _fp8_decode_gemm() -> str:
+    return _env_choice("JAXINFER_FP8_DECODE_GEMM", FP8_DECODE_GEMM, ("triton", "mgpu"))
+
+
+def _fp8_mid_gemm() -> str:
+    return _env_choice("JAXINFER_FP8_MID_GEMM", FP8_MID_GEMM, ("mgpu", "xla"))
+
+
+def _mid_decode_tile(M: int, N: int) -> int:
+    """Weight rows per CTA of the swap-AB kernel in the middle band (measured best)."""
+    return 128 if M <= FP8_MID_SWAP_MAX_M and N > 4096 and N % 128 == 0 else 64
 
 
 def fp8_decode_config(M: int, K: int, N: int) -> triton_gemm.TritonConfig:
@@ -285,11 +307,17 @@ def fp8_decode_config(M: int, K: int, N: int) -> triton_gemm.TritonConfig:
 
 def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     """``(backend, act_quant)`` of the engine's FP8 projection ``[M, K] x [N, K]ᵀ`` on GPU
-    (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (opt-in,
-    ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``. Raises LinearError for
-    an unknown ``$JAXINFER_FP8_DECODE_GEMM``."""
+    (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (the middle band;
+    at 17-64 rows opt-in, ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``.
+    Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM``."""
     if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
         return "mgpu", True
+    if FP8_DECODE_MAX_M < M < FP8_PREFILL_MIN_M and _fp8_mid_gemm() == "mgpu":
+        if ((M <= FP8_MID_SWAP_MAX_M or N < FP8_MID_WIDE_N) and N % _mid_decode_tile(M, N) == 0
+                and mgpu_gemm.mgpu_decode_supported(M, K, N, FP8)):
+            return "mgpu_decode", True
+        if mgpu_gemm.mgpu_supported(M, K, N, FP8, mgpu_gemm.mid_config(M, K, N, FP8)):
+            return "mgpu", True
     if (FP8_MGPU_DECODE_MIN_M <= M <= FP8_DECODE_MAX_M and _fp8_decode_gemm() == "mgpu"
             and mgpu_gemm.mgpu_decode_supported(M, K, N, FP8)):
         return "mgpu_decode", True
@@ -312,7 +340,12 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     N = w_nk.shape[0]
     backend, act_quant = fp8_engine_plan(M, K, N)
     tc = fp8_decode_config(M, K, N) if backend == "triton" else None
-    mc = (mgpu_gemm.decode_config(M, K, N, FP8, tile_m=128 if N % 128 == 0 else 64)
-          if backend == "mgpu_decode" else None)
+    mc = None
+    if backend == "mgpu_decode":
+        tile_m = (_mid_decode_tile(M, N) if M > FP8_DECODE_MAX_M
+                  else 128 if N % 128 == 0 else 64)
+        mc = mgpu_gemm.decode_config(M, K, N, FP8, tile_m=tile_m)
+    elif backend == "mgpu" and M < FP8_PREFILL_MIN_M:
+        mc = mgpu_gemm.mid_config(M, K, N, FP8)
     return linear(x, PreparedWeight(w_nk, w_scale), act_quant=act_quant, backend=backend,
                   interpret=interpret, triton_config=tc, mgpu_config=mc)

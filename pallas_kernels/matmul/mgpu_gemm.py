@@ -237,6 +237,28 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
     return out if m_pad == M else out[..., :M, :]
 
 
+def mid_split_k(M: int, K: int, N: int, tile_k: int, tile_m: int = 128, tile_n: int = 256,
+                num_sms: int = 132) -> int:
+    """Split-K for :func:`mgpu_linear`'s prefill tiling at few rows: the smallest power of two
+    that gives the ``ceil(M / tile_m) * N / tile_n`` CTA tiles at least one wave of
+    ``num_sms`` (K / s a multiple of ``tile_k`` and >= 1024)."""
+    tiles, s = -(-M // tile_m) * (N // tile_n), 1
+    while tiles * s < num_sms and K % (tile_k * s * 2) == 0 and K // (s * 2) >= 1024:
+        s *= 2
+    return s
+
+
+def mid_config(M: int, K: int, N: int, dtype: jnp.dtype) -> MgpuConfig:
+    """:func:`mgpu_linear` tiles for 129-511 rows (measured on the H200 at 256: NOTES_matmul
+    "Session 9"): 128 x 256 CTA tiles walked M first (the row tiles of one weight tile run
+    together, so the second reads it from L2), split-K to one wave for small N, 3 pipeline
+    stages when split (its float32 epilogue needs the shared memory)."""
+    tile_k = 128 if jnp.dtype(dtype).itemsize == 1 else 64
+    s = mid_split_k(M, K, N, tile_k)
+    return MgpuConfig(tile_k=tile_k, grid_minor_n=False, grid_tile_width=16, split_k=s,
+                      max_concurrent_steps=4 if s == 1 else 3)
+
+
 def decode_split_k(K: int, N: int, tile_m: int, tile_k: int, m_pad: int, itemsize: int,
                    num_sms: int = 132, max_split: int = 16) -> int:
     """Split-K for the decode kernel from a byte model of the busiest SM.
@@ -282,9 +304,12 @@ def decode_config(M: int, K: int, N: int, dtype: jnp.dtype, split_k: int | None 
 
 
 def mgpu_decode_supported(M: int, K: int, N: int, dtype: jnp.dtype) -> bool:
-    """Whether :func:`mgpu_decode_linear` takes the shape (M <= 256, N % 64, K % tile_k)."""
+    """Whether :func:`mgpu_decode_linear` takes the shape (M <= 256, N % 64, K % tile_k, and
+    the tokens per warpgroup a multiple of the 64-wide epilogue tile above 64: M padded to
+    16 up to 128 rows, exactly 256 above)."""
     cfg = decode_config(M, K, N, dtype)
     return M <= 256 and N % 64 == 0 and K % (cfg.tile_k * cfg.split_k) == 0 and \
+        cfg.tile_n % cfg.epi_tile_n == 0 and \
         jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8))
 
 

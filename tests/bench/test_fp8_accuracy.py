@@ -32,10 +32,11 @@ def test_plan_mode_follows_the_engine_policy() -> None:
     with act_quant("plan", log):
         assert api.fp8_engine_plan(512, 640, 1536) == ("xla", True)   # Mosaic kernel fits
         assert api.fp8_engine_plan(512, 576, 960) == ("xla", False)   # K % 128: W8A16
-        assert api.fp8_engine_plan(256, 640, 1536) == ("xla", False)  # between: W8A16
+        assert api.fp8_engine_plan(256, 640, 1536) == ("xla", True)   # between: Mosaic W8A8
+        assert api.fp8_engine_plan(256, 576, 960) == ("xla", False)   # K % 128: W8A16
         assert api.fp8_engine_plan(16, 576, 960) == ("xla", True)     # decode
-    assert log == {"512x640x1536": "W8A8", "512x576x960": "W8A16", "256x640x1536": "W8A16",
-                   "16x576x960": "W8A8"}
+    assert log == {"512x640x1536": "W8A8", "512x576x960": "W8A16", "256x640x1536": "W8A8",
+                   "256x576x960": "W8A16", "16x576x960": "W8A8"}
     with act_quant("all", log):
         assert api.fp8_engine_plan(256, 576, 960) == ("xla", True)
 

@@ -18,7 +18,8 @@ F32 = jnp.float32
 
 
 @pytest.mark.parametrize("M,want", [(1, ("triton", True)), (37, ("triton", True)),
-                                    (128, ("xla", False)), (512, ("mgpu", True))])
+                                    (128, ("mgpu_decode", True)), (200, ("mgpu", True)),
+                                    (512, ("mgpu", True))])
 def test_fp8_engine_linear_follows_the_plan(M, want):
     K, N = 256, 512
     x = jax.random.normal(jax.random.key(M), (M, K), F32).astype(jnp.bfloat16)
@@ -40,11 +41,31 @@ def test_fp8_engine_linear_follows_the_plan(M, want):
     text = lower_for_cuda(api.fp8_engine_linear, *(jax.ShapeDtypeStruct(a.shape, a.dtype)
                                                    for a in (x, wq, ws)))
     assert ("skinny_gemm" in text) == (backend == "triton")
-    assert ("mosaic_gpu" in text) == (backend == "mgpu")
+    assert ("mosaic_gpu" in text) == (backend in ("mgpu", "mgpu_decode"))
+
+
+@pytest.mark.parametrize("M,K,N,want", [
+    (128, 4096, 6144, "mgpu_decode"), (256, 4096, 4096, "mgpu_decode"),
+    (256, 14336, 4096, "mgpu_decode"), (256, 4096, 28672, "mgpu"), (256, 8192, 28672, "mgpu"),
+    (192, 4096, 6144, "mgpu")])
+def test_middle_band_plan_at_llama_shapes_lowers_for_cuda(M, K, N, want, monkeypatch):
+    """128 / 256 rows (the engine's largest decode buckets): W8A8 on the Mosaic GPU kernels
+    at the Llama-3.1 projection shapes, in the tilings measured best (swap-AB, or the prefill
+    tiling for the wide projections above 128 rows), each fitting an H200 when lowered;
+    $JAXINFER_FP8_MID_GEMM=xla gives XLA W8A16 back."""
+    assert api.fp8_engine_plan(M, K, N) == (want, True)
+    sds = jax.ShapeDtypeStruct
+    avals = (sds((M, K), jnp.bfloat16), sds((N, K), jnp.float8_e4m3fn), sds((N,), F32))
+    assert "mosaic_gpu" in lower_for_cuda(api.fp8_engine_linear, *avals)
+    monkeypatch.setenv("JAXINFER_FP8_MID_GEMM", "xla")
+    assert api.fp8_engine_plan(M, K, N) == ("xla", False)
+    monkeypatch.setenv("JAXINFER_FP8_MID_GEMM", "cublas")
+    with pytest.raises(api.LinearError, match="JAXINFER_FP8_MID_GEMM"):
+        api.fp8_engine_plan(M, K, N)
 
 
 @pytest.mark.parametrize("M,want", [(16, "triton"), (37, "mgpu_decode"), (64, "mgpu_decode"),
-                                    (65, "xla")])
+                                    (65, "mgpu_decode")])
 def test_opt_in_mosaic_decode_gemm(M, want, monkeypatch):
     """$JAXINFER_FP8_DECODE_GEMM=mgpu: rows 17..64 on the Mosaic GPU swap-AB decode kernel
     (interpreted here, against the W8A8 reference), lowered as a Mosaic GPU kernel."""
@@ -66,7 +87,7 @@ def test_opt_in_mosaic_decode_gemm(M, want, monkeypatch):
     assert "mosaic_gpu" in text and "skinny_gemm" not in text
     monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "cutlass")
     with pytest.raises(api.LinearError, match="JAXINFER_FP8_DECODE_GEMM"):
-        api.fp8_engine_plan(M, K, N)
+        api.fp8_engine_plan(min(M, api.FP8_DECODE_MAX_M), K, N)  # read in the decode band
 
 
 def test_matmul_backend_is_validated():

@@ -3,8 +3,9 @@
 ``paged_decode_attention(..., merge="kernel")`` runs the same grid (B, Hkv, splits) and the
 same per-split work as the default (decode.py), but instead of a second launch (the XLA
 fusion ``decode._merge_splits``), the *last-arriving* split of each (sequence, KV head)
-group merges the group's partials ("semaphore" / last-block reduction, as in TensorRT-LLM's
-multi-block masked MHA, and CUB's single-pass reductions):
+group merges the group's partials (the last-block reduction of NVIDIA's CUDA sample
+threadFenceReduction; TensorRT-LLM's multi-block masked MHA counts arrivals per head the
+same way):
 
 1. every program writes its f32 partial output ``o_s = acc_s / l_s`` and its base-2
    log-sum-exp ``lse_s`` (``-inf`` for an empty split) to global scratch (two extra outputs

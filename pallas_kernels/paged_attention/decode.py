@@ -295,7 +295,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            fp8_widen: str | None = None, fp8_dots: str | None = None,
                            layout: str | None = None, group_rows: int | None = None,
                            fp8_v_stage: bool | None = None, fp8_variant: str | None = None,
-                           merge: str = "xla", merge_counters: jax.Array | None = None
+                           merge: str = "auto", merge_counters: jax.Array | None = None
                            ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
@@ -337,10 +337,12 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         (:data:`fp8.FP8_DECODE_OTHER`): the Mosaic GPU kernel of decode_mgpu.py (Hopper;
         ``num_splits`` / ``target_programs`` pass through, the other tuning options do not
         apply), the "by_batch" Triton variant where it does not take the shapes.
-      merge: how the splits are merged (only with > 1 split): "xla" (default: f32 partials,
-        then an XLA fusion: two launches) or "kernel" (one launch: the last-arriving split of
-        each (sequence, KV head) merges them in the kernel; decode_merge.py). The Mosaic GPU
-        variant always merges in XLA.
+      merge: how the splits are merged (only with > 1 split): "xla" (f32 partials, then an
+        XLA fusion: two launches), "kernel" (one launch: the last-arriving split of each
+        (sequence, KV head) merges them in the kernel; decode_merge.py) or "auto" (default:
+        "kernel" for B * Hkv <= decode_merge.MERGE_KERNEL_MAX_GROUPS, as measured on the
+        H200; ``$JAXINFER_DECODE_MERGE`` overrides). The Mosaic GPU variant always merges
+        in XLA.
       merge_counters: with merge="kernel" only: [B, Hkv] int32 zeros for the kernel's arrival
         counters (None: fresh zeros every call). Given, the call returns ``(out, counters)``,
         the counters zero again, for the caller to carry to the next call (e.g. a scan over
@@ -358,6 +360,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     decode_merge.check_merge(merge, merge_counters, q.shape[0], k_cache.shape[1])
+    merge = decode_merge.resolve_merge(merge, q.shape[0], k_cache.shape[1])
 
     def ret(out, ctr=merge_counters):  # the counters too, when the caller passed them
         return out if merge_counters is None else (out, ctr)

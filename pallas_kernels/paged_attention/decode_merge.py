@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +69,14 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.paged_attention.errors import PagedAttentionShapeError
 
-MERGES = ("xla", "kernel")
+MERGES = ("auto", "xla", "kernel")
+# merge="auto": "kernel" when B * Hkv <= this, else "xla". H200, 8B heads (Hkv 8), session 9
+# (NOTES_paged_attention "The in-kernel merge on the H200"): at B = 1 (8 groups) the kernel
+# merge was faster at every context (ctx 1024 / 2048 / 4096 / 32k: 549 / 956 / 1618 / 3446
+# vs 491 / 617 / 1439 / 3361 GB/s; FP8 ctx 2048 423 vs 227), at B = 8 (64 groups) 2-4 %
+# slower; between them unmeasured. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides
+# the default at trace time.
+MERGE_KERNEL_MAX_GROUPS = 16
 # f32 elements of one chunk of partials [C, G, D] the merging program loads at once: 8192 is
 # 64 registers a thread at 4 warps (after the main loop, whose registers are free by then);
 # 16 splits a chunk for G = 4, D = 128.
@@ -80,6 +88,18 @@ _ARRIVAL_STRIDE = 1
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def resolve_merge(merge: str, batch: int, num_kv_heads: int) -> str:
+    """"xla" or "kernel" for ``merge`` ("auto": ``$JAXINFER_DECODE_MERGE`` if set, else by
+    :data:`MERGE_KERNEL_MAX_GROUPS`). Raises ValueError for an unknown value."""
+    if merge == "auto":
+        merge = os.environ.get("JAXINFER_DECODE_MERGE", "auto")
+        if merge not in MERGES:
+            raise ValueError(f"JAXINFER_DECODE_MERGE={merge!r}, one of {MERGES}")
+    if merge == "auto":
+        return "kernel" if batch * num_kv_heads <= MERGE_KERNEL_MAX_GROUPS else "xla"
+    return merge
 
 
 def check_merge(merge: str, counters, batch: int, num_kv_heads: int) -> None:

@@ -145,6 +145,34 @@ def test_options_checked():
         call(merge="kernel", merge_counters=jnp.zeros((len(LENS), 2), jnp.float32))
 
 
+def test_auto_merge_by_groups_and_env(monkeypatch):
+    """merge="auto" (the default): in the kernel for B * Hkv <= MERGE_KERNEL_MAX_GROUPS (batch
+    1-2 with 8 KV heads, measured faster on the H200), in XLA above; $JAXINFER_DECODE_MERGE
+    overrides; lowered for an H200 the default call has one Triton launch at B = 1."""
+    monkeypatch.delenv("JAXINFER_DECODE_MERGE", raising=False)
+    assert decode_merge.MERGE_KERNEL_MAX_GROUPS == 16
+    assert decode_merge.resolve_merge("auto", 1, 8) == "kernel"
+    assert decode_merge.resolve_merge("auto", 2, 8) == "kernel"
+    assert decode_merge.resolve_merge("auto", 8, 8) == "xla"
+    assert decode_merge.resolve_merge("xla", 1, 8) == "xla"
+    monkeypatch.setenv("JAXINFER_DECODE_MERGE", "xla")
+    assert decode_merge.resolve_merge("auto", 1, 8) == "xla"
+    assert decode_merge.resolve_merge("kernel", 8, 8) == "kernel"  # explicit beats the env
+    monkeypatch.setenv("JAXINFER_DECODE_MERGE", "atomic")
+    with pytest.raises(ValueError, match="JAXINFER_DECODE_MERGE"):
+        decode_merge.resolve_merge("auto", 1, 8)
+    monkeypatch.delenv("JAXINFER_DECODE_MERGE")
+    Hq, Hkv, D, ps, L, maxp = 32, 8, 128, 16, 2, 128
+    for B, launches in ((1, 1), (8, 2)):  # ctx 2048: several splits at both
+        sds, P = jax.ShapeDtypeStruct, B * maxp + 1
+        args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), jnp.bfloat16),
+                sds((L, Hkv, P, ps, D), jnp.bfloat16), sds((), jnp.int32),
+                sds((B, maxp), jnp.int32), sds((B,), jnp.int32)]
+        text = lower_paged_kernel(paged_decode_attention, args, jnp.bfloat16, 0)
+        assert text.count("xla.gpu.triton") == 1
+        assert ("_kmerge" in text) == (launches == 1)
+
+
 @pytest.mark.parametrize("B,maxp,kv,window,kw", [
     (1, 128, jnp.bfloat16, 0, {}),                         # B1 ctx2048: 32 splits
     (1, 2048, jnp.bfloat16, 0, {"num_splits": 64}),        # B1 ctx32k, 4 chunks in the merge

@@ -162,9 +162,10 @@ class EngineConfig:
         float8_e4m3fn with per-output-channel scales.
       matmul_backend: "auto" (the Pallas GEMMs for FP8 projections on GPU, XLA elsewhere),
         "xla", or "pallas" (on CPU: interpret mode, for tests). With the Pallas GEMMs FP8
-        projections run W8A8 (activations quantized per token) at decode (<= 64 rows) and
-        prefill (>= 512 rows) sizes and W8A16 on XLA between
-        (pallas_kernels.matmul.api.fp8_engine_plan); bf16 projections always run on XLA.
+        projections run W8A8 (activations quantized per token) on the Triton kernel up to
+        64 rows and on the Mosaic GPU kernels above, W8A16 on XLA only where no kernel
+        takes the shape (pallas_kernels.matmul.api.fp8_engine_plan); bf16 projections
+        always run on XLA.
       kv_cache_dtype: dtype of the paged KV cache (vLLM's ``--kv-cache-dtype``): "auto" (the
         model dtype) or "fp8" / "fp8_e4m3" (float8_e4m3fn with one K and one V scale per
         layer, half the bytes of bf16, so twice the tokens fit; see

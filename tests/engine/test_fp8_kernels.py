@@ -47,7 +47,7 @@ def test_fp8_engine_linear_follows_the_plan(M, want):
 @pytest.mark.parametrize("M,K,N,want", [
     (128, 4096, 6144, "mgpu_decode"), (256, 4096, 4096, "mgpu_decode"),
     (256, 14336, 4096, "mgpu_decode"), (256, 4096, 28672, "mgpu"), (256, 8192, 28672, "mgpu"),
-    (192, 4096, 6144, "mgpu")])
+    (192, 4096, 6144, "mgpu"), (96, 14336, 4096, "mgpu_decode"), (255, 4096, 6144, "mgpu_decode")])
 def test_middle_band_plan_at_llama_shapes_lowers_for_cuda(M, K, N, want, monkeypatch):
     """128 / 256 rows (the engine's largest decode buckets): W8A8 on the Mosaic GPU kernels
     at the Llama-3.1 projection shapes, in the tilings measured best (swap-AB, or the prefill

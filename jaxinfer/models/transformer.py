@@ -79,8 +79,8 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
           interpret: bool = False) -> jax.Array:
     """``h @ w[name]``. FP8 weights: with ``kernels`` and a per-channel scale the weight is
     held as ``[N, K]`` and runs on the Pallas GEMMs the measured policy picks for the row
-    count (pallas_kernels.matmul.api.fp8_engine_linear: W8A8 on the kernels at decode and
-    prefill sizes, W8A16 on XLA between); otherwise it is widened to h's dtype in an XLA
+    count (pallas_kernels.matmul.api.fp8_engine_linear: W8A8 on the Triton or Mosaic GPU
+    kernels, W8A16 on XLA where none takes the shape); otherwise it is widened to h's dtype in an XLA
     GEMM (W8A16) and scaled per channel after it, or per group of input rows (block-FP8
     checkpoints; jaxinfer.quantization.fp8_weight_linear)."""
     scale = w.get(name + "_scale")

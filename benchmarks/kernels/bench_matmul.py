@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from jaxinfer.bench.records import make_record
 from pallas_kernels.matmul import api, gate_up_ref, linear_ref, quantize_rows_fp8
+from pallas_kernels.matmul.mgpu_gemm import mgpu_decode_supported
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from matmul_plans import (
@@ -240,10 +241,12 @@ def main() -> None:
     jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec, "mid": plan_mid}.get(
         args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
     guard = None
-    if any(j[4] == "mgpu_decode" for j in jobs) and not args.smoke:
+    if any(j[4] == "mgpu_decode" and j[1] <= 256 for j in jobs) and not args.smoke:
         # First, before this process touches the GPU: the Mosaic decode kernel in a child
         # process (its first H200 run faulted and took the CUDA context with it).
-        gms = [m for m in ms if m <= 256]  # smallest and largest M: 8 and M/2 tokens per WG
+        gk, gn = (int(v) for v in args.guard_shape.split(","))
+        # smallest and largest M the kernel takes: 8 and M/2 tokens per warpgroup
+        gms = [m for m in ms if mgpu_decode_supported(m, gk, gn, FP8)]
         ok, tail = run_guard(sorted({min(gms), max(gms)}), args.guard_timeout,
                              args.guard_shape)
         log(f"guard {'passed' if ok else 'FAILED: mgpu_decode jobs dropped'}\n{tail}")

@@ -4,7 +4,8 @@ Issue #3's remaining miss: at B = 1 and short contexts a call is ~11-12 µs (our
 plus the XLA merge fusion) over 4-17 MB of KV, so launches, not bytes, bound it. This script
 compares, in one process, at the Llama-3.1-8B heads (Hq 32, Hkv 8, D 128, page 16):
 
-- ``xla``: the default, ``paged_decode_attention(merge="xla")`` (kernel + merge fusion);
+- ``xla``: ``paged_decode_attention(merge="xla")`` (kernel + merge fusion; the default
+  before session 9, now ``merge="auto"`` picks the kernel merge at B * Hkv <= 16);
 - ``kfresh``: ``merge="kernel"`` with fresh zero counters per call (the plain API);
 - ``kcarry Sn``: ``merge="kernel"`` with the counters carried from call to call
   (``merge_counters=``, as a scan over layers would), at ``n`` splits around
@@ -115,8 +116,9 @@ class Cupti:
 
 
 def check_point(c, records, interp: dict, window: int = 0, kernel_splits=()) -> dict:
-    """Rel. L2 errors against the reference at ragged lengths (1, 3 pages, the full context),
-    both merges; merge='kernel' run 5 times must give the same bits."""
+    """Rel. L2 errors against the reference at ragged lengths (1, 3 pages, the full context;
+    at B = 1 only the full context), both merges; merge='kernel' run 5 times must give the
+    same bits."""
     scale = 1.0 / math.sqrt(c["D"])
     lens = np.random.default_rng(1).integers(1, c["ctx"] + 1, c["B"])
     lens[0], lens[-1] = 1, c["ctx"]

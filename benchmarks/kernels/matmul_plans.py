@@ -14,7 +14,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels.matmul.api import fp8_decode_config
-from pallas_kernels.matmul.mgpu_gemm import MgpuConfig, decode_config, mid_split_k
+from pallas_kernels.matmul.mgpu_gemm import (
+    MgpuConfig,
+    decode_config,
+    mgpu_decode_supported,
+    mid_split_k,
+)
 from pallas_kernels.matmul.triton_gemm import (
     TritonConfig,
     default_config,
@@ -153,7 +158,7 @@ def plan_mid(ms, shapes):
         for sname in shapes:
             K, N, _ = SHAPES[sname]
             for tm in (128, 64):
-                if N % tm == 0:
+                if N % tm == 0 and mgpu_decode_supported(M, K, N, FP8):
                     fp8.append((sname, M, "mdec_w8a8" + ("_t128" if tm == 128 else ""),
                                 "w8a8", "mgpu_decode", decode_config(M, K, N, FP8, tile_m=tm)))
             # split-K: a float32 epilogue; 3 stages so that it fits the shared memory
@@ -166,7 +171,7 @@ def plan_mid(ms, shapes):
                                    split_k=sk, max_concurrent_steps=st)))
             for kind in ("bf16", "w8a16", "w8a8"):
                 fp8.append((sname, M, f"xla_{kind}", kind, "xla", None))
-            if N % 128 == 0:
+            if N % 128 == 0 and mgpu_decode_supported(M, K, N, jnp.bfloat16):
                 bf16.append((sname, M, "mdec_bf16_t128", "bf16", "mgpu_decode",
                              decode_config(M, K, N, jnp.bfloat16, tile_m=128)))
             sk = mid_split_k(M, K, N, 64)

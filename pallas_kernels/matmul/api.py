@@ -14,9 +14,10 @@ Backends (``backend=``):
   bf16 / W8A16 / W8A8, fused gate+up SwiGLU, ragged M and N by masking.
 * ``"mgpu"``   — :mod:`.mgpu_gemm`, Pallas Mosaic GPU wgmma GEMM for prefill (M padded to
   128), bf16 x bf16 or FP8 x FP8 (W8A8), N % 256 == 0, K % 128 (FP8) / 64 (bf16) == 0.
-* ``"mgpu_decode"`` — :func:`.mgpu_gemm.mgpu_decode_linear`, swap-AB wgmma for M <= 128
-  (weights on the MMA's 64-row side, tokens padded to 16k on the other), split-K for small N;
-  same dtype rules as ``"mgpu"``, N % 64 == 0.
+* ``"mgpu_decode"`` — :func:`.mgpu_gemm.mgpu_decode_linear`, swap-AB wgmma for M <= 256
+  (weights on the MMA's 64-row side, tokens padded to 16k on the other; 129-240 rows not
+  taken: see :func:`.mgpu_gemm.mgpu_decode_supported`), split-K for small N; same dtype
+  rules as ``"mgpu"``, N % 64 == 0.
 * ``"auto"``   — picks by shape from what was measured on an H200
   (benchmarks/kernels/NOTES_matmul.md): today the Triton kernel for W8A8 decode (M <= 64),
   XLA everywhere else (XLA's bf16 and W8A16 decode GEMMs were faster than ours; the Mosaic
@@ -220,7 +221,10 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
                           "(bf16, or FP8 with act_quant=True)")
     if backend == "mgpu_decode":
         if not mgpu_gemm.mgpu_decode_supported(M, K, Nw, x_in.dtype):
-            raise LinearError(f"linear: backend 'mgpu_decode' cannot take M={M} K={K} N={Nw}")
+            raise LinearError(
+                f"linear: backend 'mgpu_decode' cannot take M={M} K={K} N={Nw} ({x_in.dtype}): "
+                "it needs M <= 128 or 241 <= M <= 256, N % 64 == 0 and K a multiple of "
+                "tile_k x split_k (mgpu_gemm.mgpu_decode_supported)")
         out = mgpu_gemm.mgpu_decode_linear(x_in, w_nk, scale, x_scale, config=mgpu_config,
                                            out_dtype=out_dtype if not w.gate_up else F32,
                                            interpret=interpret)
@@ -252,9 +256,10 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
 # * between (the 128 / 256-row decode buckets, the 128-token prefill bucket): W8A8 on the
 #   Mosaic GPU kernels (session 9, NOTES_matmul "Session 9"; XLA W8A16 before, 0.45-0.93 TB/s
 #   at M = 256, slower than bf16): the swap-AB tiling (every token on wgmma's N side, each
-#   weight byte read once) up to 128 rows and for N < FP8_MID_WIDE_N, 128-row weight tiles
-#   at <= 128 rows where N > 4096; the prefill tiling walked M first
-#   (mgpu_gemm.mid_config) for the wide projections above 128 rows. 8B layer at 256 rows:
+#   weight byte read once) up to 128 rows, and at 241-256 rows for N < FP8_MID_WIDE_N;
+#   128-row weight tiles at <= 128 rows where N > 4096; the prefill tiling walked M first
+#   (mgpu_gemm.mid_config) for the rest (wide projections above 128 rows, and 129-240 rows,
+#   which the swap-AB epilogue does not take; those row counts were not measured). 8B layer at 256 rows:
 #   148 µs vs 337 (XLA W8A16) and 189 (XLA bf16); 128 rows: 113 vs 175 / 146.
 #   $JAXINFER_FP8_MID_GEMM=xla restores XLA W8A16 there.
 FP8_PREFILL_MIN_M = 512
@@ -310,15 +315,16 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (the middle band;
     at 17-64 rows opt-in, ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``.
     Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM``."""
+    decode_gemm, mid_gemm = _fp8_decode_gemm(), _fp8_mid_gemm()  # both checked at any M
     if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
         return "mgpu", True
-    if FP8_DECODE_MAX_M < M < FP8_PREFILL_MIN_M and _fp8_mid_gemm() == "mgpu":
+    if FP8_DECODE_MAX_M < M < FP8_PREFILL_MIN_M and mid_gemm == "mgpu":
         if ((M <= FP8_MID_SWAP_MAX_M or N < FP8_MID_WIDE_N) and N % _mid_decode_tile(M, N) == 0
                 and mgpu_gemm.mgpu_decode_supported(M, K, N, FP8)):
             return "mgpu_decode", True
         if mgpu_gemm.mgpu_supported(M, K, N, FP8, mgpu_gemm.mid_config(M, K, N, FP8)):
             return "mgpu", True
-    if (FP8_MGPU_DECODE_MIN_M <= M <= FP8_DECODE_MAX_M and _fp8_decode_gemm() == "mgpu"
+    if (FP8_MGPU_DECODE_MIN_M <= M <= FP8_DECODE_MAX_M and decode_gemm == "mgpu"
             and mgpu_gemm.mgpu_decode_supported(M, K, N, FP8)):
         return "mgpu_decode", True
     if M <= FP8_DECODE_MAX_M and K % 16 == 0:

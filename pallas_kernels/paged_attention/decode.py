@@ -340,9 +340,9 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       merge: how the splits are merged (only with > 1 split): "xla" (f32 partials, then an
         XLA fusion: two launches), "kernel" (one launch: the last-arriving split of each
         (sequence, KV head) merges them in the kernel; decode_merge.py) or "auto" (default:
-        "kernel" for B * Hkv <= decode_merge.MERGE_KERNEL_MAX_GROUPS, as measured on the
-        H200; ``$JAXINFER_DECODE_MERGE`` overrides). The Mosaic GPU variant always merges
-        in XLA.
+        "kernel" for B * Hkv <= decode_merge.MERGE_KERNEL_MAX_GROUPS when the merge runs
+        straight-line, as measured on the H200; ``$JAXINFER_DECODE_MERGE`` overrides). The
+        Mosaic GPU variant always merges in XLA.
       merge_counters: with merge="kernel" only: [B, Hkv] int32 zeros for the kernel's arrival
         counters (None: fresh zeros every call). Given, the call returns ``(out, counters)``,
         the counters zero again, for the caller to carry to the next call (e.g. a scan over
@@ -360,7 +360,6 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     decode_merge.check_merge(merge, merge_counters, q.shape[0], k_cache.shape[1])
-    merge = decode_merge.resolve_merge(merge, q.shape[0], k_cache.shape[1])
 
     def ret(out, ctr=merge_counters):  # the counters too, when the caller passed them
         return out if merge_counters is None else (out, ctr)
@@ -407,6 +406,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         layer, window, k_scale, v_scale, k_cache.dtype, fp8_compute_dtype)
     operands += [block_tables, seq_lens, q, k_cache, v_cache]
 
+    merge = decode_merge.resolve_merge(merge, B, Hkv, S, G, D)
     split_out = S > 1
     if split_out:
         out_shape = [jax.ShapeDtypeStruct((B, Hkv, S, G, D), jnp.float32),

@@ -77,6 +77,9 @@ MERGES = ("auto", "xla", "kernel")
 # slower; between them unmeasured. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides
 # the default at trace time.
 MERGE_KERNEL_MAX_GROUPS = 16
+# Chunks the merging program adds straight-line; above, a fori_loop (G * D * S large: e.g.
+# G = 8 with 64 splits), which "auto" leaves to the XLA merge (not run on a GPU yet).
+MERGE_MAX_UNROLLED_CHUNKS = 4
 # f32 elements of one chunk of partials [C, G, D] the merging program loads at once: 8192 is
 # 64 registers a thread at 4 warps (after the main loop, whose registers are free by then);
 # 16 splits a chunk for G = 4, D = 128.
@@ -90,15 +93,32 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def resolve_merge(merge: str, batch: int, num_kv_heads: int) -> str:
-    """"xla" or "kernel" for ``merge`` ("auto": ``$JAXINFER_DECODE_MERGE`` if set, else by
-    :data:`MERGE_KERNEL_MAX_GROUPS`). Raises ValueError for an unknown value."""
+def _chunk_splits(S: int, G: int, D: int) -> int:
+    """Splits per chunk of the in-kernel merge (``MERGE_CHUNK_ELEMS`` f32 elements)."""
+    Gm, Sp = _next_pow2(G), _next_pow2(S)
+    return min(Sp, max(1, 1 << int(math.log2(max(1, MERGE_CHUNK_ELEMS // (Gm * D))))))
+
+
+def merge_unrolled(S: int, G: int, D: int) -> bool:
+    """Whether the in-kernel merge of S splits of G x D runs straight-line (at most
+    ``MERGE_MAX_UNROLLED_CHUNKS`` chunks), the form measured on the H200; more chunks take
+    a ``fori_loop`` checked only in the interpreter."""
+    return -(-S // _chunk_splits(S, G, D)) <= MERGE_MAX_UNROLLED_CHUNKS
+
+
+def resolve_merge(merge: str, batch: int, num_kv_heads: int, splits: int, group: int,
+                  head_dim: int) -> str:
+    """"xla" or "kernel" for ``merge``. "auto": ``$JAXINFER_DECODE_MERGE`` if set, else
+    "kernel" when ``batch * num_kv_heads <= MERGE_KERNEL_MAX_GROUPS`` and the merge runs
+    straight-line (:func:`merge_unrolled`), "xla" otherwise. Raises ValueError for an
+    unknown value."""
     if merge == "auto":
         merge = os.environ.get("JAXINFER_DECODE_MERGE", "auto")
         if merge not in MERGES:
             raise ValueError(f"JAXINFER_DECODE_MERGE={merge!r}, one of {MERGES}")
     if merge == "auto":
-        return "kernel" if batch * num_kv_heads <= MERGE_KERNEL_MAX_GROUPS else "xla"
+        small = batch * num_kv_heads <= MERGE_KERNEL_MAX_GROUPS
+        return "kernel" if small and merge_unrolled(splits, group, head_dim) else "xla"
     return merge
 
 
@@ -106,7 +126,8 @@ def check_merge(merge: str, counters, batch: int, num_kv_heads: int) -> None:
     """Validates ``merge`` and ``merge_counters`` of :func:`decode.paged_decode_attention`.
 
     Raises:
-      ValueError: ``merge`` not in :data:`MERGES`, or counters given with ``merge="xla"``.
+      ValueError: ``merge`` not in :data:`MERGES`, or counters given with a merge other than
+        "kernel" ("auto" too: the caller must know the call returns the counters).
       PagedAttentionShapeError: counters not a [B, Hkv] int32 array.
     """
     if merge not in MERGES:
@@ -128,7 +149,7 @@ def _merge_group(o_ref, part_ref, lse_ref, b, h, *, S: int, G: int, D: int) -> N
     f32 (its log2-sum-exp, -inf if empty); the math of decode._merge_splits.
     """
     Gm, Sp = _next_pow2(G), _next_pow2(S)
-    C = min(Sp, max(1, 1 << int(math.log2(max(1, MERGE_CHUNK_ELEMS // (Gm * D))))))
+    C = _chunk_splits(S, G, D)
     g = jnp.arange(Gm, dtype=jnp.int32)
     col = jnp.arange(D, dtype=jnp.int32)
     gmask = g < G
@@ -152,7 +173,7 @@ def _merge_group(o_ref, part_ref, lse_ref, b, h, *, S: int, G: int, D: int) -> N
 
     n_chunks = -(-S // C)
     num = jnp.zeros((Gm, D), jnp.float32)
-    if n_chunks <= 4:  # straight-line: every chunk's loads in flight together
+    if n_chunks <= MERGE_MAX_UNROLLED_CHUNKS:  # straight-line: all chunks' loads in flight
         for i in range(n_chunks):
             num = chunk(i * C, num)
     else:

@@ -81,6 +81,31 @@ def test_any_split_may_arrive_last(monkeypatch, splits, stride):
     permuted, _ = run_both(c, **kw)
     assert_close(permuted, ref, tight=True)
     assert_same(permuted, plain)
+    monkeypatch.setattr(decode_merge, "_ARRIVAL_STRIDE", 2 * splits)  # the hook is read here
+    with pytest.raises(ValueError, match="coprime"):
+        run_both(c, **kw)
+
+
+def test_merge_loop_path_and_auto_avoids_it(monkeypatch):
+    """More than MERGE_MAX_UNROLLED_CHUNKS chunks of partials: the merging program adds them
+    in a fori_loop (forced here by a small chunk) and still matches the reference and the
+    XLA merge; merge="auto" keeps such shapes on the XLA merge (the loop has not run on a
+    GPU)."""
+    monkeypatch.delenv("JAXINFER_DECODE_MERGE", raising=False)
+    c = case(31, 4, 64, lens=[1, 40, 128])
+    kw = {"block_tokens": 16, "num_splits": 8}
+    monkeypatch.setattr(decode_merge, "MERGE_CHUNK_ELEMS", 4 * 64)  # 1 split a chunk: 8 chunks
+    assert not decode_merge.merge_unrolled(8, 4, 64)
+    looped, ref = run_both(c, merge="kernel", **kw)
+    xla, _ = run_both(c, merge="xla", **kw)
+    assert_close(looped, ref, tight=True)
+    assert_close(looped, xla, tight=True)
+    assert decode_merge.resolve_merge("auto", 1, 2, 8, 4, 64) == "xla"
+    monkeypatch.setattr(decode_merge, "MERGE_CHUNK_ELEMS", 8192)
+    assert decode_merge.resolve_merge("auto", 1, 2, 8, 4, 64) == "kernel"
+    # the 8B heads at B 1, ctx 32k (64 splits, G 4, D 128: 4 chunks) stay straight-line; G 8
+    # (a Qwen2.5-7B-like 32 / 4 layout) at 64 splits does not
+    assert decode_merge.merge_unrolled(64, 4, 128) and not decode_merge.merge_unrolled(64, 8, 128)
 
 
 def test_window_traced_layer_jit_and_padding_rows():
@@ -151,16 +176,17 @@ def test_auto_merge_by_groups_and_env(monkeypatch):
     overrides; lowered for an H200 the default call has one Triton launch at B = 1."""
     monkeypatch.delenv("JAXINFER_DECODE_MERGE", raising=False)
     assert decode_merge.MERGE_KERNEL_MAX_GROUPS == 16
-    assert decode_merge.resolve_merge("auto", 1, 8) == "kernel"
-    assert decode_merge.resolve_merge("auto", 2, 8) == "kernel"
-    assert decode_merge.resolve_merge("auto", 8, 8) == "xla"
-    assert decode_merge.resolve_merge("xla", 1, 8) == "xla"
+    r = functools.partial(decode_merge.resolve_merge, splits=32, group=4, head_dim=128)
+    assert r("auto", 1, 8) == "kernel"
+    assert r("auto", 2, 8) == "kernel"
+    assert r("auto", 8, 8) == "xla"
+    assert r("xla", 1, 8) == "xla"
     monkeypatch.setenv("JAXINFER_DECODE_MERGE", "xla")
-    assert decode_merge.resolve_merge("auto", 1, 8) == "xla"
-    assert decode_merge.resolve_merge("kernel", 8, 8) == "kernel"  # explicit beats the env
+    assert r("auto", 1, 8) == "xla"
+    assert r("kernel", 8, 8) == "kernel"  # explicit beats the env
     monkeypatch.setenv("JAXINFER_DECODE_MERGE", "atomic")
     with pytest.raises(ValueError, match="JAXINFER_DECODE_MERGE"):
-        decode_merge.resolve_merge("auto", 1, 8)
+        r("auto", 1, 8)
     monkeypatch.delenv("JAXINFER_DECODE_MERGE")
     Hq, Hkv, D, ps, L, maxp = 32, 8, 128, 16, 2, 128
     for B, launches in ((1, 1), (8, 2)):  # ctx 2048: several splits at both

@@ -259,8 +259,9 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
 #   weight byte read once) up to 128 rows, and at 241-256 rows for N < FP8_MID_WIDE_N;
 #   128-row weight tiles at <= 128 rows where N > 4096; the prefill tiling walked M first
 #   (mgpu_gemm.mid_config) for the rest (wide projections above 128 rows, and 129-240 rows,
-#   which the swap-AB epilogue does not take; those row counts were not measured). 8B layer at 256 rows:
-#   148 µs vs 337 (XLA W8A16) and 189 (XLA bf16); 128 rows: 113 vs 175 / 146.
+#   which the swap-AB epilogue does not take; those row counts were not measured). 8B
+#   layer at 256 rows: 148 µs vs 337 (XLA W8A16) and 189 (XLA bf16); 128 rows: 113 vs
+#   175 / 146.
 #   $JAXINFER_FP8_MID_GEMM=xla restores XLA W8A16 there.
 FP8_PREFILL_MIN_M = 512
 FP8_DECODE_MAX_M = 64
@@ -292,9 +293,14 @@ def _fp8_mid_gemm() -> str:
     return _env_choice("JAXINFER_FP8_MID_GEMM", FP8_MID_GEMM, ("mgpu", "xla"))
 
 
-def _mid_decode_tile(M: int, N: int) -> int:
-    """Weight rows per CTA of the swap-AB kernel in the middle band (measured best)."""
-    return 128 if M <= FP8_MID_SWAP_MAX_M and N > 4096 and N % 128 == 0 else 64
+def _swap_ab_tile(M: int, N: int) -> int:
+    """Weight rows per CTA of the Mosaic swap-AB kernel (measured best): 128 where N allows,
+    in the middle band only up to FP8_MID_SWAP_MAX_M rows and for N > 4096."""
+    if N % 128:
+        return 64
+    if M <= FP8_DECODE_MAX_M:
+        return 128
+    return 128 if M <= FP8_MID_SWAP_MAX_M and N > 4096 else 64
 
 
 def fp8_decode_config(M: int, K: int, N: int) -> triton_gemm.TritonConfig:
@@ -319,7 +325,7 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
         return "mgpu", True
     if FP8_DECODE_MAX_M < M < FP8_PREFILL_MIN_M and mid_gemm == "mgpu":
-        if ((M <= FP8_MID_SWAP_MAX_M or N < FP8_MID_WIDE_N) and N % _mid_decode_tile(M, N) == 0
+        if ((M <= FP8_MID_SWAP_MAX_M or N < FP8_MID_WIDE_N)
                 and mgpu_gemm.mgpu_decode_supported(M, K, N, FP8)):
             return "mgpu_decode", True
         if mgpu_gemm.mgpu_supported(M, K, N, FP8, mgpu_gemm.mid_config(M, K, N, FP8)):
@@ -348,9 +354,7 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     tc = fp8_decode_config(M, K, N) if backend == "triton" else None
     mc = None
     if backend == "mgpu_decode":
-        tile_m = (_mid_decode_tile(M, N) if M > FP8_DECODE_MAX_M
-                  else 128 if N % 128 == 0 else 64)
-        mc = mgpu_gemm.decode_config(M, K, N, FP8, tile_m=tile_m)
+        mc = mgpu_gemm.decode_config(M, K, N, FP8, tile_m=_swap_ab_tile(M, N))
     elif backend == "mgpu" and M < FP8_PREFILL_MIN_M:
         mc = mgpu_gemm.mid_config(M, K, N, FP8)
     return linear(x, PreparedWeight(w_nk, w_scale), act_quant=act_quant, backend=backend,

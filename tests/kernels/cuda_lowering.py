@@ -20,6 +20,17 @@ def lower_for_cuda(fn, *avals) -> str:
         return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
 
 
+def decode_avals(B: int, maxp: int, kv_dtype, *, Hq: int = 32, Hkv: int = 8, D: int = 128,
+                 ps: int = 16, L: int = 2) -> list[jax.ShapeDtypeStruct]:
+    """Abstract operands of ``paged_decode_attention`` (q bf16 [B, Hq, D], stacked K / V
+    caches [L, Hkv, B * maxp + 1, ps, D] of ``kv_dtype``, layer, block tables [B, maxp],
+    lengths [B]); Llama-3.1-8B heads by default."""
+    sds, P = jax.ShapeDtypeStruct, B * maxp + 1
+    return [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv_dtype),
+            sds((L, Hkv, P, ps, D), kv_dtype), sds((), jnp.int32), sds((B, maxp), jnp.int32),
+            sds((B,), jnp.int32)]
+
+
 def lower_paged_kernel(kernel, avals: list, kv_dtype, window, **kw) -> str:
     """Lower a paged-attention kernel (``kernel(*avals, scale=, window=, [k_scale, v_scale,]
     **kw)``) for CUDA; ``window="traced"`` passes the window as a traced int32 scalar, FP8 KV

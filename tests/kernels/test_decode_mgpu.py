@@ -28,7 +28,7 @@ from pallas_kernels.paged_attention.decode_mgpu import (
     mgpu_decode_supported,
     paged_decode_attention_mgpu,
 )
-from tests.kernels.cuda_lowering import lower_for_cuda
+from tests.kernels.cuda_lowering import decode_avals, lower_for_cuda
 from tests.kernels.test_paged_attention import LAYER, make_case
 
 F8 = jnp.float8_e4m3fn
@@ -133,11 +133,7 @@ LOWER = ([(B, ctx, kv, 0) for B, ctx in SHAPES for kv in (F8, jnp.bfloat16)]
 @pytest.mark.parametrize("B,ctx,kv,cfg", LOWER)
 def test_lowers_for_cuda(B, ctx, kv, cfg):
     """Trace and lower for an H200 (traced layer and window): one Mosaic GPU custom call."""
-    Hq, Hkv, D, ps, L = 32, 8, 128, 16, 2
-    P, sds = B * ctx // ps + 1, jax.ShapeDtypeStruct
-    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv),
-            sds((L, Hkv, P, ps, D), kv), sds((), jnp.int32), sds((B, ctx // ps), jnp.int32),
-            sds((B,), jnp.int32), sds((), jnp.int32)]
+    args = [*decode_avals(B, ctx // 16, kv), jax.ShapeDtypeStruct((), jnp.int32)]  # + window
     scales = {"k_scale": 0.5, "v_scale": 2.0} if kv == F8 else {}
 
     def fn(*a):

@@ -23,7 +23,7 @@ from pallas_kernels.paged_attention import (
     paged_decode_attention_ref,
     paged_decode_attention_supported,
 )
-from tests.kernels.cuda_lowering import lower_paged_kernel
+from tests.kernels.cuda_lowering import decode_avals, lower_paged_kernel
 
 LAYER = 1
 
@@ -123,15 +123,21 @@ def test_sliding_window_traced_and_layer_traced():
     assert_close(out, ref, tight=True)
 
 
-def test_inside_scan_over_layers():
-    """The engine's use: lax.scan over layers with the whole stacked cache."""
+def scan_case():
+    """(q, k_cache, v_cache, block_tables, lens, L) of the scan-over-layers tests: 3 layers of
+    2 KV heads (G 4, D 64), 2 sequences of 30 and 64 tokens over permuted 16-token pages."""
     rng = np.random.default_rng(11)
     L, Hkv, P, ps, D, B = 3, 2, 9, 16, 64, 2
     kc = jnp.asarray(rng.standard_normal((L, Hkv, P, ps, D)), jnp.float32)
     vc = jnp.asarray(rng.standard_normal((L, Hkv, P, ps, D)), jnp.float32)
     q = jnp.asarray(rng.standard_normal((B, 4 * Hkv, D)), jnp.float32)
     bt = jnp.asarray(rng.permutation(np.arange(1, P))[:8].reshape(B, 4), jnp.int32)
-    lens = jnp.asarray([30, 64], jnp.int32)
+    return q, kc, vc, bt, jnp.asarray([30, 64], jnp.int32), L
+
+
+def test_inside_scan_over_layers():
+    """The engine's use: lax.scan over layers with the whole stacked cache."""
+    q, kc, vc, bt, lens, L = scan_case()
 
     def body(_, layer):
         return None, paged_decode_attention(q, kc, vc, layer, bt, lens, scale=0.1,
@@ -184,11 +190,7 @@ def test_supported():
 ])
 def test_lowers_for_cuda(B, Hq, Hkv, D, ps, maxp, kv_dtype, window, kw):
     """Trace and lower for an H200 on this CPU machine (no GPU needed)."""
-    L, P = 2, B * maxp + 1
-    sds = jax.ShapeDtypeStruct
-    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv_dtype),
-            sds((L, Hkv, P, ps, D), kv_dtype), sds((), jnp.int32), sds((B, maxp), jnp.int32),
-            sds((B,), jnp.int32)]
+    args = decode_avals(B, maxp, kv_dtype, Hq=Hq, Hkv=Hkv, D=D, ps=ps)
     text = lower_paged_kernel(paged_decode_attention, args, kv_dtype, window, **kw)
     assert text.count("xla.gpu.triton") == 1
 
@@ -246,11 +248,8 @@ def test_fp8_variant_options_checked():
 @pytest.mark.parametrize("variant", ["bits", "qk8", "qk8_bits", "qk8_pv8"])
 def test_fp8_variants_lower_for_cuda(variant):
     from pallas_kernels.paged_attention.fp8 import FP8_DECODE_VARIANTS
-    B, Hq, Hkv, D, ps, maxp, L = 32, 32, 8, 128, 16, 128, 2
-    P, f8, sds = B * maxp + 1, jnp.float8_e4m3fn, jax.ShapeDtypeStruct
-    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), f8),
-            sds((L, Hkv, P, ps, D), f8), sds((), jnp.int32), sds((B, maxp), jnp.int32),
-            sds((B,), jnp.int32)]
+    f8 = jnp.float8_e4m3fn
+    args = decode_avals(32, 128, f8)
     text = lower_paged_kernel(paged_decode_attention, args, f8, "traced", fp8_variant="cvt",
                               **FP8_DECODE_VARIANTS[variant])
     assert text.count("xla.gpu.triton") == 1

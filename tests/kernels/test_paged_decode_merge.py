@@ -32,8 +32,14 @@ from pallas_kernels.paged_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
 )
-from tests.kernels.cuda_lowering import lower_paged_kernel
-from tests.kernels.test_paged_attention import LAYER, assert_close, make_case, run_both
+from tests.kernels.cuda_lowering import decode_avals, lower_paged_kernel
+from tests.kernels.test_paged_attention import (
+    LAYER,
+    assert_close,
+    make_case,
+    run_both,
+    scan_case,
+)
 
 F8 = jnp.float8_e4m3fn
 SCALES = {"k_scale": jnp.float32(0.7), "v_scale": jnp.float32(1.9)}
@@ -124,13 +130,8 @@ def test_window_traced_layer_jit_and_padding_rows():
 def test_counters_carried_through_a_scan():
     """The engine's use: counters carried through a scan over layers (zeros in, zeros out),
     so no zeroing runs per layer; every layer matches the reference."""
-    rng = np.random.default_rng(11)
-    L, Hkv, P, ps, D, B = 3, 2, 9, 16, 64, 2
-    kc = jnp.asarray(rng.standard_normal((L, Hkv, P, ps, D)), jnp.float32)
-    vc = jnp.asarray(rng.standard_normal((L, Hkv, P, ps, D)), jnp.float32)
-    q = jnp.asarray(rng.standard_normal((B, 4 * Hkv, D)), jnp.float32)
-    bt = jnp.asarray(rng.permutation(np.arange(1, P))[:8].reshape(B, 4), jnp.int32)
-    lens = jnp.asarray([30, 64], jnp.int32)
+    q, kc, vc, bt, lens, L = scan_case()
+    B, Hkv = q.shape[0], kc.shape[1]
 
     def body(ctr, layer):
         out, ctr = paged_decode_attention(q, kc, vc, layer, bt, lens, scale=0.1,
@@ -188,15 +189,11 @@ def test_auto_merge_by_groups_and_env(monkeypatch):
     with pytest.raises(ValueError, match="JAXINFER_DECODE_MERGE"):
         r("auto", 1, 8)
     monkeypatch.delenv("JAXINFER_DECODE_MERGE")
-    Hq, Hkv, D, ps, L, maxp = 32, 8, 128, 16, 2, 128
-    for B, launches in ((1, 1), (8, 2)):  # ctx 2048: several splits at both
-        sds, P = jax.ShapeDtypeStruct, B * maxp + 1
-        args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), jnp.bfloat16),
-                sds((L, Hkv, P, ps, D), jnp.bfloat16), sds((), jnp.int32),
-                sds((B, maxp), jnp.int32), sds((B,), jnp.int32)]
+    for B, in_kernel in ((1, True), (8, False)):  # ctx 2048: several splits at both
+        args = decode_avals(B, 128, jnp.bfloat16)
         text = lower_paged_kernel(paged_decode_attention, args, jnp.bfloat16, 0)
         assert text.count("xla.gpu.triton") == 1
-        assert ("_kmerge" in text) == (launches == 1)
+        assert ("_kmerge" in text) == in_kernel
 
 
 @pytest.mark.parametrize("B,maxp,kv,window,kw", [
@@ -207,11 +204,7 @@ def test_auto_merge_by_groups_and_env(monkeypatch):
 ])
 def test_lowers_for_cuda_as_one_launch(B, maxp, kv, window, kw):
     """Traces and lowers for an H200: one Triton call, the counters aliased to an output."""
-    Hq, Hkv, D, ps, L = 32, 8, 128, 16, 2
-    P, sds = B * maxp + 1, jax.ShapeDtypeStruct
-    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv),
-            sds((L, Hkv, P, ps, D), kv), sds((), jnp.int32), sds((B, maxp), jnp.int32),
-            sds((B,), jnp.int32)]
+    args = decode_avals(B, maxp, kv)
     text = lower_paged_kernel(paged_decode_attention, args, kv, window, merge="kernel", **kw)
     assert text.count("xla.gpu.triton") == 1
     assert "_kmerge" in text and "output_operand_aliases" in text

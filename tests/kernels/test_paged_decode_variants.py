@@ -20,7 +20,7 @@ import pytest
 from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS
 from pallas_kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref
 from pallas_kernels.paged_attention.fp8 import FP8_DECODE_VARIANTS
-from tests.kernels.cuda_lowering import lower_paged_kernel
+from tests.kernels.cuda_lowering import decode_avals, lower_paged_kernel
 from tests.kernels.test_paged_attention import LAYER, assert_close, make_case, run_both
 
 F8 = jnp.float8_e4m3fn
@@ -129,11 +129,7 @@ def test_sweep_configs_lower_for_cuda(name, kw):
     """Each sweep config traces and lowers for an H200 at the sweep's B32 ctx2048 shape."""
     kw = dict(kw)
     kv = F8 if kw.pop("kv") == "fp8" else jnp.bfloat16
-    B, Hq, Hkv, D, ps, maxp, L = 32, 32, 8, 128, 16, 128, 2
-    P, sds = B * maxp + 1, jax.ShapeDtypeStruct
-    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), kv),
-            sds((L, Hkv, P, ps, D), kv), sds((), jnp.int32), sds((B, maxp), jnp.int32),
-            sds((B,), jnp.int32)]
+    args = decode_avals(32, 128, kv)
     text = lower_paged_kernel(paged_decode_attention, args, kv, "traced", **kw)
     assert text.count("xla.gpu.triton") == 1
 
@@ -141,11 +137,7 @@ def test_sweep_configs_lower_for_cuda(name, kw):
 @pytest.mark.parametrize("name", list(FP8_DECODE_VARIANTS))
 def test_named_variants_lower_for_cuda(name):
     """Each table entry traces and lowers for an H200 (B32 ctx2048, Llama-3.1-8B heads)."""
-    B, Hq, Hkv, D, ps, maxp, L = 32, 32, 8, 128, 16, 128, 2
-    P, sds = B * maxp + 1, jax.ShapeDtypeStruct
-    args = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, P, ps, D), F8),
-            sds((L, Hkv, P, ps, D), F8), sds((), jnp.int32), sds((B, maxp), jnp.int32),
-            sds((B,), jnp.int32)]
+    args = decode_avals(32, 128, F8)
     text = lower_paged_kernel(paged_decode_attention, args, F8, "traced", fp8_variant=name)
     assert text.count("xla.gpu.triton") == 1
 

@@ -150,6 +150,7 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true",
                     help="after the traced phases, run --steps engine steps under cProfile and "
                          "write the top functions by own time (host_profile.txt)")
+    ap.add_argument("--top", type=int, default=25, help="kernels listed per phase in the text")
     ap.add_argument("--synthetic", action="store_true",
                     help="no prompts: compile the decode bucket and replay it with each row at "
                          "--ctx on its own pages (KV contents random); device-only phase only")
@@ -217,7 +218,7 @@ def main() -> None:
             report.append(f"== {phase}: wall {wall_ms:.3f} ms/step; no kernel summary: {e}")
             continue
         summary[phase] = {"wall_ms_per_step": wall_ms, **s}
-        report.append(format_summary(phase, s, wall_ms))
+        report.append(format_summary(phase, s, wall_ms, ns.top))
     if ns.host_profile and not ns.synthetic:
         import cProfile
         import io

@@ -38,7 +38,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.bench.records import make_record
-from pallas_kernels.matmul import api, gate_up_ref, linear_ref, quantize_rows_fp8
+from pallas_kernels.matmul import (
+    api,
+    gate_up_ref,
+    linear_ref,
+    quantize_row_groups_fp8,
+    quantize_rows_fp8,
+)
 from pallas_kernels.matmul.mgpu_gemm import mgpu_decode_supported
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +54,7 @@ from matmul_plans import (
     plan,
     plan_decode,
     plan_mdec,
+    plan_fused,
     plan_mid,
     plan_w8a8,
 )
@@ -153,18 +160,21 @@ def ours_fn(kind, gate_up, backend, cfg, interpret=False):
         else:
             pw = api.PreparedWeight(w["q_nk"], w["ws"], gate_up)
         kw = {"triton_config": cfg} if backend == "triton" else {"mgpu_config": cfg}
-        return api.linear(x, pw, act_quant=(kind == "w8a8"), backend=backend,
-                          interpret=interpret, **kw)
+        group = cfg.act_group if backend == "triton" and cfg is not None else 0
+        return api.linear(x, pw, act_quant=(kind == "w8a8"), act_group=group,
+                          backend=backend, interpret=interpret, **kw)
     return one
 
 
-def ref_out(kind, gate_up, x, w):
+def ref_out(kind, gate_up, x, w, group=0):
+    """The float32 reference of a job (W8A8: x quantized per token, or per token and
+    ``group`` columns for a Triton config with ``act_group``)."""
     f = gate_up_ref if gate_up else linear_ref
     if kind == "bf16":
         return f(x, w["nk"])
     if kind == "w8a16":
         return f(x, w["q_nk"], w["ws"])
-    xq, xs = quantize_rows_fp8(x)
+    xq, xs = quantize_row_groups_fp8(x, group) if group else quantize_rows_fp8(x)
     return f(xq, w["q_nk"], w["ws"], xs, out_dtype=jnp.bfloat16)
 
 
@@ -217,10 +227,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
-    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid"), default="full",
+    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid", "fused"),
+                    default="full",
                     help="decode: the session-4 W8A16 candidates first (plan_decode); "
                          "mdec: the Mosaic GPU swap-AB decode kernel vs the engine's paths; "
-                         "mid: 128 / 256 rows, Mosaic GPU both orientations vs XLA")
+                         "mid: 128 / 256 rows, Mosaic GPU both orientations vs XLA; "
+                         "fused: the Triton decode GEMM's in-kernel quantization / merge")
     ap.add_argument("--ceilings", choices=("all", "bw"), default="all",
                     help="bw: copy / read bandwidth only (skip the 8192^3 matmul rates)")
     ap.add_argument("--guard-timeout", type=float, default=45.0)
@@ -238,7 +250,8 @@ def main() -> None:
         guard_child(ms, args.guard_shape)
     os.makedirs(args.out, exist_ok=True)
     shapes = args.shapes.split(",")
-    jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec, "mid": plan_mid}.get(
+    jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec, "mid": plan_mid,
+            "fused": plan_fused}.get(
         args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
     guard = None
     if any(j[4] == "mgpu_decode" and j[1] <= 256 for j in jobs) and not args.smoke:
@@ -327,7 +340,8 @@ def main() -> None:
                 poison.block_until_ready()
                 del poison
                 out = fn(*a)[0].astype(jnp.float32)
-                ref = ref_out(kind, gu, a[0][0], a[1][0]).astype(jnp.float32)
+                ref = ref_out(kind, gu, a[0][0], a[1][0],
+                              getattr(j[5], "act_group", 0)).astype(jnp.float32)
                 err = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
                 ok = bool(jnp.isfinite(out).all()) and err < 1e-2
                 checked[ck] = ok

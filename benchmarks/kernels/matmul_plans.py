@@ -5,7 +5,8 @@ tile config) jobs a run measures, in priority order (a run's deadline cuts the t
 (swap-AB, Marlin-style dequantization) plus the Mosaic GPU prefill jobs, ``plan_w8a8`` the
 session-4 W8A8 swap-AB decode candidates, ``plan_mdec`` the session-7 Mosaic GPU swap-AB
 decode kernel (after its alignment fix) against the engine's decode paths, ``plan_mid`` the
-session-9 candidates for 128 / 256 rows. Results:
+session-9 candidates for 128 / 256 rows, ``plan_fused`` the session-10 fusions of the Triton
+decode GEMM. Results:
 NOTES_matmul.md.
 """
 
@@ -179,6 +180,29 @@ def plan_mid(ms, shapes):
                          MgpuConfig(tile_k=64, split_k=sk, max_concurrent_steps=4 if sk == 1
                                     else 3)))
     return fp8 + bf16
+
+
+def plan_fused(ms, shapes):
+    """Session 10: the engine's Triton W8A8 decode GEMM (``api.fp8_decode_config``) as it was
+    (x quantized per token by two XLA kernels before it, split-K summed by an XLA fusion after
+    it: ``fuse="none"``), with the split-K merge in the kernel (``"merge"``), and with x also
+    quantized inside it per token and 128 columns (``"all"``, the new default), beside XLA
+    bf16 and the Mosaic swap-AB kernel (``mdec_w8a8``, 128-row tiles where N allows) — M by
+    M, so a deadline cuts the largest M last."""
+    jobs = []
+    for M in ms:
+        for sname in shapes:
+            K, N, gu = SHAPES[sname]
+            n_out = N // 2 if gu else N
+            for fuse in ("all", "merge", "none"):
+                tc = fp8_decode_config(M, K, n_out, gu, fuse)
+                jobs.append((sname, M, f"tri_w8a8_{fuse}", "w8a8", "triton", tc))
+            jobs.append((sname, M, "xla_bf16", "bf16", "xla", None))
+            tm = 128 if N % 128 == 0 else 64
+            if M <= 128 and mgpu_decode_supported(M, K, N, FP8):
+                jobs.append((sname, M, "mdec_w8a8", "w8a8", "mgpu_decode",
+                             decode_config(M, K, N, FP8, tile_m=tm)))
+    return jobs
 
 
 def plan(ms, shapes, smoke=False, safe=False):

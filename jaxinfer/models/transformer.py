@@ -91,8 +91,8 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
     return fp8_weight_linear(h, w[name], scale)
 
 
-@functools.partial(jax.jit, static_argnames=("interpret",))
-def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array,
+@functools.partial(jax.jit, static_argnames=("gate_up", "interpret"))
+def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up: bool = False,
                        interpret: bool = False) -> jax.Array:
     """pallas_kernels.matmul.api.fp8_engine_linear under its own ``jit``: the unrolled layers'
     calls of one shape share one traced and lowered function (XLA inlines it), so a kernel's
@@ -100,7 +100,7 @@ def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array,
     0.4-1 s a call: an 8B prefill program with 128 of them compiled in ~130 s, not ~20 s."""
     from pallas_kernels.matmul.api import fp8_engine_linear
 
-    return fp8_engine_linear(h, w_nk, scale, interpret=interpret)
+    return fp8_engine_linear(h, w_nk, scale, gate_up=gate_up, interpret=interpret)
 
 
 def _to_kernel_layout(weights: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -263,12 +263,20 @@ class CausalLM(nnx.Module):
         x = x + o
 
         h = rms_norm(x, w["ffn_norm"], eps)
-        gate, up = jnp.split(_proj(h, w, "w_gate_up", *kern), 2, axis=-1)
-        if cfg.hidden_act == "silu":
-            act = jax.nn.silu(gate)
+        scale = w.get("w_gate_up_scale")
+        if kern[0] and cfg.hidden_act == "silu" and scale is not None and scale.ndim == 1:
+            # the FP8 kernels' gate_up form: silu(gate) * up from the GEMM (in its epilogue
+            # on the Triton decode GEMM), not a [T, 2F] round trip through memory
+            act_up = _fp8_kernel_linear(h, w["w_gate_up"], scale, gate_up=True,
+                                        interpret=kern[1])
         else:
-            act = jax.nn.gelu(gate, approximate=True)
-        f = _proj(act * up, w, "w_down", *kern)
+            gate, up = jnp.split(_proj(h, w, "w_gate_up", *kern), 2, axis=-1)
+            if cfg.hidden_act == "silu":
+                act = jax.nn.silu(gate)
+            else:
+                act = jax.nn.gelu(gate, approximate=True)
+            act_up = act * up
+        f = _proj(act_up, w, "w_down", *kern)
         if cfg.post_norms:
             f = rms_norm(f, w["post_ffn_norm"], eps)
         return x + f, cache

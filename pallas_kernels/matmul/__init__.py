@@ -16,6 +16,7 @@ from pallas_kernels.matmul.api import (
 from pallas_kernels.matmul.reference import (
     gate_up_ref,
     linear_ref,
+    quantize_row_groups_fp8,
     quantize_rows_fp8,
     silu_mul_ref,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "linear_supported",
     "prepare_gate_up",
     "prepare_weight",
+    "quantize_row_groups_fp8",
     "quantize_rows_fp8",
     "silu_mul_ref",
 ]

@@ -39,7 +39,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.matmul import mgpu_gemm, triton_gemm
-from pallas_kernels.matmul.reference import FP8, grouped_linear_ref, quantize_rows_fp8, silu_mul_ref
+from pallas_kernels.matmul.reference import (
+    FP8,
+    grouped_linear_ref,
+    quantize_row_groups_fp8,
+    quantize_rows_fp8,
+    silu_mul_ref,
+)
 
 F32 = jnp.float32
 BACKENDS = ("auto", "xla", "triton", "mgpu", "mgpu_decode")
@@ -145,7 +151,14 @@ def _xla_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None,
     if w_scale is not None and w_scale.ndim == 2:  # per-group scales [N, G] (W8A16)
         return grouped_linear_ref(x, w_nk, w_scale, out_dtype)
     dn = (((1,), (1,)), ((), ()))
-    if x.dtype == FP8 and w_nk.dtype == FP8:
+    if x_scale is not None and x_scale.ndim == 2:  # per (token, group of K / G columns)
+        (M, K), G = x.shape, x_scale.shape[1]
+        part = jax.lax.dot_general(x.reshape(M, G, K // G), w_nk.reshape(-1, G, K // G),
+                                   (((2,), (2,)), ((1,), (1,))),
+                                   preferred_element_type=jnp.float32)  # [G, M, N]
+        acc = jnp.einsum("gmn,mg->mn", part, x_scale)
+        x_scale = None
+    elif x.dtype == FP8 and w_nk.dtype == FP8:
         acc = jax.lax.dot_general(x, w_nk, dn, preferred_element_type=jnp.float32)
     else:
         w = w_nk.astype(x.dtype) if w_nk.dtype != x.dtype else w_nk
@@ -159,7 +172,7 @@ def _xla_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None,
 
 def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | None = None, *,
            layer: jax.Array | int | None = None, act_quant: bool = False,
-           backend: str = "auto", interpret: bool = False,
+           act_group: int = 0, backend: str = "auto", interpret: bool = False,
            triton_config: triton_gemm.TritonConfig | None = None,
            mgpu_config: mgpu_gemm.MgpuConfig | None = None) -> jax.Array:
     """A linear layer ``x @ W`` (with FP8 scaling / fused SwiGLU), dispatched to a kernel.
@@ -172,14 +185,18 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
         carries its own).
       layer: int32 scalar picking the layer of a stacked PreparedWeight.
       act_quant: quantize ``x`` per token to FP8 first (W8A8); needs an FP8 weight.
+      act_group: with act_quant, one scale per token and group of ``act_group`` columns of x
+        instead (DeepSeek-V3's 1 x 128 activation tiles): inside the GEMM on ``"triton"``
+        (``triton_config.act_group`` must equal it), before an XLA dot on ``"xla"``.
       backend: one of ``BACKENDS``.
       interpret: run Pallas kernels in interpret mode (CPU tests).
     Returns:
       [M, N] in ``x.dtype`` ([M, F] for a gate_up weight: ``silu(gate) * up``).
     Raises:
       LinearError: unknown backend, mismatched K, act_quant with a bf16 weight, a stacked
-        weight without ``layer``, per-group scales with act_quant or a kernel backend, or a
-        backend that cannot take the shape.
+        weight without ``layer``, per-group scales with act_quant or a kernel backend, a
+        backend that cannot take the shape, or act_group without act_quant, on a backend
+        other than triton / xla, or not matching the triton config.
     """
     if backend not in BACKENDS:
         raise LinearError(f"linear: unknown backend {backend!r}; choose from {BACKENDS}")
@@ -204,7 +221,20 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
         raise LinearError("linear: per-group weight scales run W8A16 on the XLA path only "
                           f"(act_quant={act_quant}, backend={backend!r})")
     out_dtype = x.dtype
-    x_in, x_scale = (quantize_rows_fp8(x) if act_quant else (x, None))
+    cfg_group = triton_config.act_group if backend == "triton" and triton_config else 0
+    if act_group and not act_quant:
+        raise LinearError("linear: act_group needs act_quant=True (W8A8)")
+    if act_group and backend not in ("triton", "xla"):
+        raise LinearError(f"linear: act_group runs on backend 'triton' or 'xla', not {backend!r}")
+    if cfg_group != (act_group if backend == "triton" else 0):
+        raise LinearError(f"linear: act_group={act_group} but the triton config quantizes "
+                          f"with act_group={cfg_group}")
+    if act_group and backend == "xla":
+        x_in, x_scale = quantize_row_groups_fp8(x, act_group)
+    elif act_quant and not act_group:
+        x_in, x_scale = quantize_rows_fp8(x)
+    else:  # bf16, or quantized inside the Triton GEMM
+        x_in, x_scale = x, None
     if backend == "auto":
         backend = "xla" if w.grouped else _pick_backend(M, K, Nw, jnp.dtype(w.w.dtype),
                                                         act_quant, w.gate_up)
@@ -276,6 +306,13 @@ FP8_MID_WIDE_N = 16384
 # it on; $JAXINFER_FP8_DECODE_GEMM overrides at trace time.
 FP8_DECODE_GEMM = "triton"
 FP8_MGPU_DECODE_MIN_M = 17
+# The Triton decode GEMM's fusions (session 10): "all" = x quantized to FP8 inside the GEMM
+# per token and group of FP8_DECODE_ACT_GROUP input columns (no quantization kernels before
+# it) + the split-K partials summed by the last split in the kernel (no epilogue fusion
+# after it); "merge" = only the latter (x quantized per token by XLA first); "none" = the
+# session-4 kernel. $JAXINFER_FP8_DECODE_FUSE overrides at trace time.
+FP8_DECODE_FUSE = "all"
+FP8_DECODE_ACT_GROUP = 128
 
 
 def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
@@ -303,17 +340,35 @@ def _swap_ab_tile(M: int, N: int) -> int:
     return 128 if M <= FP8_MID_SWAP_MAX_M and N > 4096 else 64
 
 
-def fp8_decode_config(M: int, K: int, N: int) -> triton_gemm.TritonConfig:
+def _fp8_decode_fuse() -> str:
+    return _env_choice("JAXINFER_FP8_DECODE_FUSE", FP8_DECODE_FUSE, ("all", "merge", "none"))
+
+
+def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
+                      fuse: str | None = None) -> triton_gemm.TritonConfig:
     """Swap-AB FP8-dot tiles for ``M <= FP8_DECODE_MAX_M`` tokens: 64 weight rows x 256 K
-    per step, tokens padded to a power of two >= 16, split-K until ~2 waves of 132 SMs."""
+    per step, tokens padded to a power of two >= 16, split-K until ~2 waves of 132 SMs;
+    ``N`` output columns (F for a gate_up weight). ``fuse`` (default
+    ``$JAXINFER_FP8_DECODE_FUSE`` or :data:`FP8_DECODE_FUSE`): "all" quantizes x in the
+    kernel per token and group of FP8_DECODE_ACT_GROUP columns (where the group divides K)
+    and merges split-K in the kernel, "merge" only the latter, "none" neither.
+    Raises LinearError for an unknown ``fuse``."""
+    fuse = _fp8_decode_fuse() if fuse is None else fuse
+    if fuse not in ("all", "merge", "none"):
+        raise LinearError(f"fp8_decode_config: fuse must be all / merge / none, got {fuse!r}")
     bm = min(64, max(16, 1 << max(M - 1, 0).bit_length()))
     bn, bk = 64, 256
     while bk > 16 and K % bk:
         bk //= 2
+    group = FP8_DECODE_ACT_GROUP if fuse == "all" and K % FP8_DECODE_ACT_GROUP == 0 else 0
     split = triton_gemm.split_to_fill(pl.cdiv(N, bn) * pl.cdiv(M, bm), K, bk)
     cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
-                                   num_stages=4, fp8_dot=True, swap_ab=True)
-    return triton_gemm.fit_smem(cfg, K, FP8, FP8)
+                                   num_stages=4, fp8_dot=True, swap_ab=True, act_group=group,
+                                   merge=fuse != "none")
+    cfg = triton_gemm.fit_smem(cfg, K, jnp.bfloat16 if group else FP8, FP8, gate_up)
+    if group and cfg.bk % group:  # fit_smem went below the group: quantize outside
+        return fp8_decode_config(M, K, N, gate_up, "merge")
+    return cfg
 
 
 def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
@@ -321,7 +376,8 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (the middle band;
     at 17-64 rows opt-in, ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``.
     Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM``."""
-    decode_gemm, mid_gemm = _fp8_decode_gemm(), _fp8_mid_gemm()  # both checked at any M
+    decode_gemm, mid_gemm = _fp8_decode_gemm(), _fp8_mid_gemm()  # all checked at any M
+    _fp8_decode_fuse()
     if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
         return "mgpu", True
     if FP8_DECODE_MAX_M < M < FP8_PREFILL_MIN_M and mid_gemm == "mgpu":
@@ -339,23 +395,34 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
 
 
 def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
-                      interpret: bool = False) -> jax.Array:
+                      gate_up: bool = False, interpret: bool = False) -> jax.Array:
     """The engine's FP8 projection: ``x [M, K]`` bf16 times an FP8 weight ``w_nk [N, K]``
     with per-output-channel ``w_scale [N]`` f32 -> ``[M, N]`` in ``x.dtype``, on the kernel
-    :func:`fp8_engine_plan` picks for M (W8A8 with per-token activation scales on the
-    kernels, W8A16 on XLA).
+    :func:`fp8_engine_plan` picks for M (W8A8 on the kernels: activation scales per token,
+    or per token and group of K columns inside the Triton decode GEMM; W8A16 on XLA).
+    ``gate_up``: ``w_nk`` is ``[2F, K]`` (gate rows first) and the result ``silu(gate) * up``
+    ``[M, F]`` (in the Triton GEMM's epilogue; after the GEMM, from float32, elsewhere).
 
     Raises:
-      LinearError: mismatched shapes (see :func:`linear`).
+      LinearError: mismatched shapes (see :func:`linear`), an odd gate_up row count.
     """
     M, K = x.shape
     N = w_nk.shape[0]
+    if gate_up and N % 2:
+        raise LinearError(f"fp8_engine_linear: a gate_up weight needs an even row count, got {N}")
     backend, act_quant = fp8_engine_plan(M, K, N)
-    tc = fp8_decode_config(M, K, N) if backend == "triton" else None
+    tc, group = None, 0
+    if act_quant and M <= FP8_DECODE_MAX_M and backend in ("triton", "xla"):
+        # the Triton decode GEMM's activation groups (the same math where a caller's plan
+        # puts these rows on XLA, e.g. a test's reference)
+        tc = fp8_decode_config(M, K, N // 2 if gate_up else N, gate_up)
+        group = tc.act_group
+        tc = tc if backend == "triton" else None
     mc = None
     if backend == "mgpu_decode":
         mc = mgpu_gemm.decode_config(M, K, N, FP8, tile_m=_swap_ab_tile(M, N))
     elif backend == "mgpu" and M < FP8_PREFILL_MIN_M:
         mc = mgpu_gemm.mid_config(M, K, N, FP8)
-    return linear(x, PreparedWeight(w_nk, w_scale), act_quant=act_quant, backend=backend,
-                  interpret=interpret, triton_config=tc, mgpu_config=mc)
+    return linear(x, PreparedWeight(w_nk, w_scale, gate_up), act_quant=act_quant,
+                  act_group=group, backend=backend, interpret=interpret, triton_config=tc,
+                  mgpu_config=mc)

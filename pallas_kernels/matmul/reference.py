@@ -38,21 +38,41 @@ def quantize_rows_fp8(a: jax.Array) -> tuple[jax.Array, jax.Array]:
     return q, scale.astype(jnp.float32)
 
 
+def quantize_row_groups_fp8(a: jax.Array, group: int) -> tuple[jax.Array, jax.Array]:
+    """Absmax quantization of each ``group`` consecutive columns of each row of ``a [R, C]``
+    to float8_e4m3fn (DeepSeek-V3's 1 x 128 activation tiles; vLLM
+    ``per_token_group_quant_fp8``): ``(q [R, C], scale [R, C / group] f32)`` with
+    ``a[r, c] ≈ q[r, c] * scale[r, c // group]``. Raises ValueError if group does not divide C.
+    """
+    R, C = a.shape
+    if C % group:
+        raise ValueError(f"quantize_row_groups_fp8: group {group} does not divide {C} columns")
+    q, s = quantize_rows_fp8(a.reshape(R * (C // group), group))
+    return q.reshape(R, C), s.reshape(R, C // group)
+
+
 def linear_ref(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
                x_scale: jax.Array | None = None,
                out_dtype: jnp.dtype | None = None) -> jax.Array:
     """``out[m, n] = x_scale[m] * w_scale[n] * sum_k x[m, k] * w_nk[n, k]`` in float32.
 
     Args:
-      x: [M, K] bf16/f32, or float8_e4m3fn with ``x_scale`` [M] f32.
+      x: [M, K] bf16/f32, or float8_e4m3fn with ``x_scale`` [M] f32 (per token) or [M, G]
+        (per token and group of K / G columns: each group's dot is scaled by its own scale).
       w_nk: [N, K] bf16/f32, or float8_e4m3fn with ``w_scale`` [N] f32.
       out_dtype: result dtype (default: ``x.dtype``, or bf16 when x is FP8).
     Returns:
       [M, N] in ``out_dtype``.
     """
-    acc = jnp.dot(x.astype(jnp.float32), w_nk.astype(jnp.float32).T,
-                  precision=jax.lax.Precision.HIGHEST)
-    if x_scale is not None:
+    xf, wf = x.astype(jnp.float32), w_nk.astype(jnp.float32)
+    if x_scale is not None and x_scale.ndim == 2:
+        (M, K), G = x.shape, x_scale.shape[1]
+        acc = jnp.einsum("mgk,ngk,mg->mn", xf.reshape(M, G, K // G),
+                         wf.reshape(-1, G, K // G), x_scale.astype(jnp.float32),
+                         precision=jax.lax.Precision.HIGHEST)
+    else:
+        acc = jnp.dot(xf, wf.T, precision=jax.lax.Precision.HIGHEST)
+    if x_scale is not None and x_scale.ndim == 1:
         acc = acc * x_scale.astype(jnp.float32)[:, None]
     if w_scale is not None:
         acc = acc * w_scale.astype(jnp.float32)[None, :]

@@ -18,7 +18,13 @@ vLLM's/ SGLang's Triton FP8 GEMMs):
   of ``split_k * bk``;
 * epilogue (split_k == 1): per-token scale, per-channel scale, optional SiLU(gate)*up, cast,
   masked store. With ``split_k > 1`` the kernel writes float32 partials ``[split_k, M, Nw]``
-  and the (tiny) reduction + epilogue runs as one XLA fusion.
+  and the (tiny) reduction + epilogue runs as one XLA fusion, or, with ``merge=True``, the
+  last-arriving split of each output tile reduces them in the kernel (one launch; the
+  arrival counting of ``paged_attention/decode_merge.py``);
+* ``act_group`` (W8A8 from bf16 activations, no quantization kernel before the GEMM): each
+  step quantizes its ``x[bm, act_group]`` slices to e4m3 with one absmax scale per token and
+  group (DeepSeek-V3's 1 x 128 activation tiles, vLLM's ``per_token_group_quant_fp8``), runs
+  the FP8 dot per group and adds it to the float32 accumulator times the group's scales.
 
 A stacked weight ``[L, Nw, K]`` (per-layer weights under the engine's scan) is read in place
 at ``layer`` (an int32 scalar), so no per-layer slice is copied.
@@ -34,7 +40,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas_kernels.matmul.reference import FP8
+from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +64,12 @@ class TritonConfig:
     # fix the exponent bias (exact, subnormals included), instead of Triton's
     # fp8 -> f16 -> f32 -> bf16 conversion chain.
     fast_dequant: bool = False
+    # In-kernel FP8 quantization of bf16 activations per (token, group of act_group K
+    # columns); 0 = off (x arrives FP8 with per-token scales, or the dot is not FP8).
+    act_group: int = 0
+    # split_k > 1: the last split of each output tile to finish sums the float32 partials
+    # and runs the epilogue in the kernel (else one XLA fusion after it).
+    merge: bool = False
 
 
 SMEM_BUDGET = 200 * 1024  # bytes of Hopper's 227 KiB the pipelined tiles may take
@@ -134,15 +146,28 @@ def fp8_bits_to_bf16(w: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(bits, jnp.bfloat16) * jnp.bfloat16(BIAS_FIX)
 
 
+def _quantize_group(xt: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``xt [bm, g]`` -> (e4m3 ``[bm, g]``, f32 scale ``[bm]``): absmax / 448 per row, as
+    ``reference.quantize_row_groups_fp8``."""
+    xf = xt.astype(jnp.float32)
+    scale = jnp.maximum(jnp.max(jnp.abs(xf), axis=1), MIN_ABSMAX) / FP8_MAX
+    return jnp.clip(xf / scale[:, None], -FP8_MAX, FP8_MAX).astype(FP8), scale
+
+
 def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: bool,
-            stacked: bool, has_ws: bool, has_xs: bool, partial: bool, compute_dtype):
+            stacked: bool, has_ws: bool, has_xs: bool, partial: bool, compute_dtype,
+            interpret: bool):
     it = iter(refs)
     layer_ref = next(it) if stacked else None
     x_ref = next(it)
     w_ref = next(it)
     ws_ref = next(it) if has_ws else None
     xs_ref = next(it) if has_xs else None
+    if cfg.merge and partial:
+        next(it)  # the zero counters input (aliased to cnt_ref)
     o_ref = next(it)
+    part_ref = next(it) if cfg.merge and partial else o_ref
+    cnt_ref = next(it) if cfg.merge and partial else None
     bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
     pn, pm, ps = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     if stacked:
@@ -170,17 +195,27 @@ def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: 
             return fp8_bits_to_bf16(wt)
         return wt.astype(compute_dtype)
 
+    def dot(wt, xt):  # [bn, bm] (swap-AB) or [bm, bn], float32
+        return plt.dot(wt, xt, trans_b=True) if cfg.swap_ab else plt.dot(xt, wt, trans_b=True)
+
     def body(i, accs):
+        if cfg.act_group:  # quantize each group of x in registers, FP8 dot per group
+            g = cfg.act_group
+            for j in range(bk // g):
+                ks = pl.ds(pl.multiple_of(k0 + i * bk + j * g, g), g)
+                xq, xs = _quantize_group(plt.load(
+                    x_ref.at[pl.ds(pm * bm, bm), ks],
+                    mask=None if rmask is None else rmask[:, None]))
+                xs = xs[None, :] if cfg.swap_ab else xs[:, None]
+                accs = tuple(acc + dot(load_w(s, ks), xq) * xs
+                             for acc, s in zip(accs, row_starts))
+            return accs
         ks = pl.ds(pl.multiple_of(k0 + i * bk, bk), bk)
         xt = plt.load(x_ref.at[pl.ds(pm * bm, bm), ks],
                       mask=None if rmask is None else rmask[:, None])
         if xt.dtype != compute_dtype:
             xt = xt.astype(compute_dtype)
-        if cfg.swap_ab:  # [bn, bm] += W_tile · x_tileᵀ
-            return tuple(acc + plt.dot(load_w(s, ks), xt, trans_b=True)
-                         for acc, s in zip(accs, row_starts))
-        return tuple(acc + plt.dot(xt, load_w(s, ks), trans_b=True)
-                     for acc, s in zip(accs, row_starts))
+        return tuple(acc + dot(load_w(s, ks), xt) for acc, s in zip(accs, row_starts))
 
     acc_shape = (bn, bm) if cfg.swap_ab else (bm, bn)
     zeros = tuple(jnp.zeros(acc_shape, jnp.float32) for _ in row_starts)
@@ -195,24 +230,49 @@ def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: 
         omask = jnp.broadcast_to(rmask[:, None], (bm, bn))
     else:
         omask = rmask[:, None] & cmask[None, :]
-    if partial:
-        # o_ref: [split_k, M, Nw] float32 partial sums; epilogue runs in XLA.
-        for acc, s in zip(accs, row_starts):
-            plt.store(o_ref.at[ps, pl.ds(pm * bm, bm), pl.ds(s, bn)], acc, mask=omask)
+
+    def epilogue(accs):
+        if has_xs:
+            xs = plt.load(xs_ref.at[pl.ds(pm * bm, bm)], mask=rmask)
+            accs = tuple(a * xs[:, None] for a in accs)
+        if has_ws:
+            accs = tuple(a * plt.load(ws_ref.at[pl.ds(s, bn)], mask=cmask)[None, :]
+                         for a, s in zip(accs, row_starts))
+        if gate_up:
+            g, u = accs
+            out = g * jax.nn.sigmoid(g) * u
+        else:
+            (out,) = accs
+        plt.store(o_ref.at[pl.ds(pm * bm, bm), pl.ds(pn * bn, bn)], out.astype(o_ref.dtype),
+                  mask=omask)
+
+    if not partial:
+        epilogue(accs)
         return
-    if has_xs:
-        xs = plt.load(xs_ref.at[pl.ds(pm * bm, bm)], mask=rmask)
-        accs = tuple(a * xs[:, None] for a in accs)
-    if has_ws:
-        accs = tuple(a * plt.load(ws_ref.at[pl.ds(s, bn)], mask=cmask)[None, :]
-                     for a, s in zip(accs, row_starts))
-    if gate_up:
-        g, u = accs
-        out = g * jax.nn.sigmoid(g) * u
-    else:
-        (out,) = accs
-    plt.store(o_ref.at[pl.ds(pm * bm, bm), pl.ds(pn * bn, bn)], out.astype(o_ref.dtype),
-              mask=omask)
+    # part_ref: [split_k, M, Nw] float32 partial sums
+    for acc, s in zip(accs, row_starts):
+        plt.store(part_ref.at[ps, pl.ds(pm * bm, bm), pl.ds(s, bn)], acc, mask=omask)
+    if not cfg.merge:
+        return  # the epilogue runs in XLA
+    # Last-arriving split sums the tile's partials (memory ordering as decode_merge.py:
+    # barrier, acq_rel gpu-scope atomic, barrier; plain loads from L2 after the acquire).
+    if not interpret:  # the interpreter has no barrier (and runs programs in order)
+        plt.debug_barrier()
+    old = plt.atomic_add(cnt_ref, (pn, pm), jnp.ones((), jnp.int32))
+    if not interpret:
+        plt.debug_barrier()
+
+    @pl.when(old == cfg.split_k - 1)
+    def _merge():
+        sums = []
+        for s in row_starts:
+            tot = jnp.zeros((bm, bn), jnp.float32)
+            for p in range(cfg.split_k):  # fixed order: the result does not depend on arrival
+                tot = tot + plt.load(part_ref.at[jnp.int32(p), pl.ds(pm * bm, bm), pl.ds(s, bn)],
+                                     mask=omask)  # masked-off elements are not stored
+            sums.append(tot)
+        epilogue(tuple(sums))
+        plt.store(cnt_ref.at[pn, pm], jnp.zeros((), jnp.int32))  # zeros in, zeros out
 
 
 def _xla_epilogue(partials: jax.Array, w_scale: jax.Array | None, x_scale: jax.Array | None,
@@ -235,14 +295,16 @@ def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = Non
     """Skinny GEMM ``x [M, K] · w_nkᵀ`` -> ``[M, N]`` (``[M, F]`` for ``gate_up``).
 
     Args:
-      x: [M, K] bf16, or float8_e4m3fn with ``x_scale`` [M] f32.
+      x: [M, K] bf16, or float8_e4m3fn with ``x_scale`` [M] f32. With ``config.act_group``
+        bf16/f32 (quantized to e4m3 in the kernel per token and group of K columns).
       w_nk: [Nw, K] (or stacked [L, Nw, K] with ``layer``) bf16 or float8_e4m3fn.
       w_scale: [Nw] (or [L, Nw]) f32 per-output-channel scale, or None.
       layer: int32 scalar selecting the layer of a stacked weight.
       gate_up: ``w_nk`` is ``[2F, K]`` (gate rows, then up rows); returns ``silu(g) * u``.
       config: tiles; :func:`default_config` when None.
     Raises:
-      ValueError: mismatched shapes, or K not a multiple of ``split_k * bk``.
+      ValueError: mismatched shapes, K not a multiple of ``split_k * bk``, or ``act_group``
+        without an FP8 weight, with FP8 / scaled x, or not dividing ``bk``.
     """
     stacked = w_nk.ndim == 3
     M, K = x.shape
@@ -259,40 +321,57 @@ def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = Non
     if K % (cfg.split_k * cfg.bk):
         raise ValueError(f"triton_linear: K={K} is not a multiple of split_k*bk="
                          f"{cfg.split_k * cfg.bk}")
+    if cfg.act_group and (w_nk.dtype != FP8 or x.dtype == FP8 or x_scale is not None
+                          or cfg.bk % cfg.act_group or cfg.act_group < 16):
+        raise ValueError(
+            f"triton_linear: act_group={cfg.act_group} needs an FP8 weight, unscaled bf16/f32 "
+            f"x (got {x.dtype}, x_scale {'given' if x_scale is not None else 'None'}) and a "
+            f"group of >= 16 dividing bk={cfg.bk}")
     if x.dtype == FP8 and x_scale is None:
         raise ValueError("triton_linear: FP8 activations need x_scale")
     if w_nk.dtype == FP8 and w_scale is None:
         raise ValueError("triton_linear: FP8 weights need w_scale")
-    if x.dtype == FP8 and w_nk.dtype == FP8 and cfg.fp8_dot:
+    if cfg.act_group or (x.dtype == FP8 and w_nk.dtype == FP8 and cfg.fp8_dot):
         compute = FP8
     else:
         compute = jnp.bfloat16 if jnp.dtype(x.dtype).itemsize <= 2 else jnp.float32
     partial = cfg.split_k > 1
+    merge = partial and cfg.merge
+    epilogue_in_kernel = merge or not partial
     kernel = functools.partial(
         _kernel, M=M, Nw=Nw, K=K, F=F, cfg=cfg, gate_up=gate_up, stacked=stacked,
-        has_ws=(w_scale is not None) and not partial,
-        has_xs=(x_scale is not None) and not partial, partial=partial,
-        compute_dtype=compute)
+        has_ws=(w_scale is not None) and epilogue_in_kernel,
+        has_xs=(x_scale is not None) and epilogue_in_kernel, partial=partial,
+        compute_dtype=compute, interpret=interpret)
     args: list[jax.Array] = []
     if stacked:
         args.append(jnp.asarray(layer, jnp.int32).reshape(1))
     args += [x, w_nk]
-    if w_scale is not None and not partial:
+    if w_scale is not None and epilogue_in_kernel:
         args.append(w_scale.astype(jnp.float32))
-    if x_scale is not None and not partial:
+    if x_scale is not None and epilogue_in_kernel:
         args.append(x_scale.astype(jnp.float32))
-    if partial:
-        out_shape = jax.ShapeDtypeStruct((cfg.split_k, M, Nw), jnp.float32)
-    else:
-        out_shape = jax.ShapeDtypeStruct((M, n_out), out_dtype)
     grid = (pl.cdiv(n_out, cfg.bn), pl.cdiv(M, cfg.bm), cfg.split_k)
+    final = jax.ShapeDtypeStruct((M, n_out), out_dtype)
+    partials = jax.ShapeDtypeStruct((cfg.split_k, M, Nw), jnp.float32)
+    aliases = {}
+    if merge:  # (out, partials scratch, counters: zeros in -> zeros out)
+        args.append(jnp.zeros(grid[:2], jnp.int32))
+        aliases = {len(args) - 1: 2}
+        out_shape = (final, partials, jax.ShapeDtypeStruct(grid[:2], jnp.int32))
+    else:
+        out_shape = partials if partial else final
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     out = pl.pallas_call(
         kernel, out_shape=out_shape, grid=grid,
-        in_specs=[any_spec] * len(args), out_specs=any_spec,
+        in_specs=[any_spec] * len(args),
+        out_specs=tuple(any_spec for _ in out_shape) if merge else any_spec,
+        input_output_aliases=aliases,
         compiler_params=plt.CompilerParams(num_warps=cfg.num_warps,
                                            num_stages=cfg.num_stages),
         interpret=interpret, name="skinny_gemm")(*args)
+    if merge:
+        return out[0]
     if not partial:
         return out
     ws = w_scale

@@ -306,12 +306,17 @@ FP8_MID_WIDE_N = 16384
 # it on; $JAXINFER_FP8_DECODE_GEMM overrides at trace time.
 FP8_DECODE_GEMM = "triton"
 FP8_MGPU_DECODE_MIN_M = 17
-# The Triton decode GEMM's fusions (session 10): "all" = x quantized to FP8 inside the GEMM
-# per token and group of FP8_DECODE_ACT_GROUP input columns (no quantization kernels before
-# it) + the split-K partials summed by the last split in the kernel (no epilogue fusion
-# after it); "merge" = only the latter (x quantized per token by XLA first); "none" = the
-# session-4 kernel. $JAXINFER_FP8_DECODE_FUSE overrides at trace time.
-FP8_DECODE_FUSE = "all"
+# The Triton decode GEMM's fusions (session 10, NOTES_matmul "Session 10"): "all" = x
+# quantized to FP8 inside the GEMM per token and group of FP8_DECODE_ACT_GROUP input columns
+# (no quantization kernels before it) + the split-K partials summed by the last split in the
+# kernel (no epilogue fusion after it); "merge" = only the latter (x quantized per token by
+# XLA first); "none" = neither (the session-4 kernel). Measured on the H200: "all" is 1.4-3.5x
+# slower per GEMM (the quantized x goes registers -> shared memory every step and each group's
+# dot is scaled before it is added: 8b_gate_up M = 1 52.4 vs 36.6 µs, M = 64 104 vs 68), the
+# 8B FP8 batch-1 decode step 4.14 vs 3.50 ms of device time; "merge" 1-8 % slower per GEMM
+# and end to end (TPOT p50 1 / 16 / 64 streams 4.43 / 4.24 / 6.54 vs 4.12 / 4.11 / 6.19 ms).
+# Both stay opt-ins; $JAXINFER_FP8_DECODE_FUSE overrides at trace time.
+FP8_DECODE_FUSE = "none"
 FP8_DECODE_ACT_GROUP = 128
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.config import ConfigError, EngineConfig
-from pallas_kernels.matmul import api, linear_ref, quantize_row_groups_fp8, quantize_rows_fp8
+from pallas_kernels.matmul import api, linear_ref, quantize_rows_fp8
 from tests.conftest import tiny_loaded
 from tests.kernels.cuda_lowering import lower_for_cuda
 
@@ -28,11 +28,7 @@ def test_fp8_engine_linear_follows_the_plan(M, want):
     assert api.fp8_engine_plan(M, K, N) == want
     backend, act_quant = want
     out = api.fp8_engine_linear(x, wq, ws, interpret=True)
-    if backend == "triton":  # x quantized in the kernel per token and group of 128 columns
-        assert api.fp8_decode_config(M, K, N).act_group == 128
-        xq, xs = quantize_row_groups_fp8(x, 128)
-        ref = linear_ref(xq, wq, ws, xs, out_dtype=F32)
-    elif act_quant:
+    if act_quant:
         xq, xs = quantize_rows_fp8(x)
         ref = linear_ref(xq, wq, ws, xs, out_dtype=F32)
     else:

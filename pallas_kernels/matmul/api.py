@@ -318,6 +318,12 @@ FP8_MGPU_DECODE_MIN_M = 17
 # Both stay opt-ins; $JAXINFER_FP8_DECODE_FUSE overrides at trace time.
 FP8_DECODE_FUSE = "none"
 FP8_DECODE_ACT_GROUP = 128
+# Engine gate_up on the Triton decode GEMM with SwiGLU in its epilogue (gate and up tiles in
+# one program: two weight streams per program) up to this many rows: H200, 8B FP8 batch 1,
+# the gate_up GEMM 31.8 vs 39.3 µs a layer (decode-step profile, session 10); at 64 rows its
+# split-K float32 partials ([2, 64, 28672]) made the step slower (TPOT 6.16-6.19 vs 5.74 ms),
+# so above it the plain [M, 2F] GEMM and a SwiGLU fusion, as before.
+FP8_GATE_UP_EPILOGUE_MAX_M = 16
 
 
 def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
@@ -406,7 +412,9 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     :func:`fp8_engine_plan` picks for M (W8A8 on the kernels: activation scales per token,
     or per token and group of K columns inside the Triton decode GEMM; W8A16 on XLA).
     ``gate_up``: ``w_nk`` is ``[2F, K]`` (gate rows first) and the result ``silu(gate) * up``
-    ``[M, F]`` (in the Triton GEMM's epilogue; after the GEMM, from float32, elsewhere).
+    ``[M, F]``: from the float32 accumulator in the Triton GEMM's epilogue (or its split-K
+    epilogue fusion) up to FP8_GATE_UP_EPILOGUE_MAX_M rows, else from the ``[M, 2F]`` GEMM
+    output in one XLA fusion.
 
     Raises:
       LinearError: mismatched shapes (see :func:`linear`), an odd gate_up row count.
@@ -416,6 +424,9 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     if gate_up and N % 2:
         raise LinearError(f"fp8_engine_linear: a gate_up weight needs an even row count, got {N}")
     backend, act_quant = fp8_engine_plan(M, K, N)
+    if gate_up and not (backend == "triton" and M <= FP8_GATE_UP_EPILOGUE_MAX_M):
+        # [M, 2F] in x.dtype from the plain GEMM, then SwiGLU (one XLA fusion)
+        return silu_mul_ref(fp8_engine_linear(x, w_nk, w_scale, interpret=interpret))
     tc, group = None, 0
     if act_quant and M <= FP8_DECODE_MAX_M and backend in ("triton", "xla"):
         # the Triton decode GEMM's activation groups (the same math where a caller's plan

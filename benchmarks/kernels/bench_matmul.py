@@ -53,8 +53,8 @@ from matmul_plans import (
     mdec_jobs,
     plan,
     plan_decode,
-    plan_mdec,
     plan_fused,
+    plan_mdec,
     plan_mid,
     plan_w8a8,
 )

@@ -1,0 +1,209 @@
+"""The Triton decode GEMM's session-10 options, in interpret mode on fresh random inputs
+against float32 references: x quantized to FP8 inside the kernel per token and group of K
+columns (``act_group``), the split-K partials merged by the last-arriving split inside the
+kernel (``merge``), and the engine's FP8 gate_up form (SwiGLU in the GEMM's epilogue up to
+``api.FP8_GATE_UP_EPILOGUE_MAX_M`` rows)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.matmul import (
+    api,
+    gate_up_ref,
+    linear_ref,
+    quantize_row_groups_fp8,
+    quantize_rows_fp8,
+)
+from pallas_kernels.matmul.triton_gemm import TritonConfig, triton_linear
+from tests.kernels.cuda_lowering import lower_for_cuda
+
+FP8 = jnp.float8_e4m3fn
+F32 = jnp.float32
+
+
+def rand(seed: int, shape, dtype=jnp.bfloat16, scale: float = 1.0) -> jax.Array:
+    return (jax.random.normal(jax.random.key(seed), shape, F32) * scale).astype(dtype)
+
+
+def rel_err(out, ref) -> float:
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert np.isfinite(out).all(), "kernel left non-finite outputs"
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def fp8_weight(seed: int, rows: int, K: int):
+    return quantize_rows_fp8(rand(seed, (rows, K), F32, 1 / np.sqrt(K)))
+
+
+def test_quantize_row_groups_fp8_is_per_token_per_group():
+    x = rand(1, (3, 256), F32)
+    x = x.at[1, 128:].multiply(1000.0)  # one group of one row far larger than the rest
+    q, s = quantize_row_groups_fp8(x, 128)
+    assert q.dtype == FP8 and q.shape == (3, 256) and s.shape == (3, 2)
+    xg = np.asarray(x, np.float64).reshape(3, 2, 128)
+    np.testing.assert_allclose(np.asarray(s), np.abs(xg).max(-1) / 448.0, rtol=1e-6)
+    deq = np.asarray(q, np.float64).reshape(3, 2, 128) * np.asarray(s, np.float64)[..., None]
+    # e4m3 keeps 3 mantissa bits: each value within 2^-4 of itself (relative), or below the
+    # group's smallest normal step
+    err = np.abs(deq - xg)
+    assert np.all(err <= np.maximum(np.abs(xg) * 2.0 ** -4,
+                                    np.asarray(s, np.float64)[..., None] * 2.0 ** -9) * 1.0001)
+    assert np.abs(np.asarray(q[1, :128], F32)).max() == 448.0  # the small group keeps its range
+    with pytest.raises(ValueError, match="does not divide"):
+        quantize_row_groups_fp8(x, 96)
+
+
+def test_linear_ref_with_group_scales_is_the_sum_of_scaled_group_dots():
+    xq, xs = quantize_row_groups_fp8(rand(2, (4, 256)), 64)
+    wq, ws = fp8_weight(3, 24, 256)
+    out = linear_ref(xq, wq, ws, xs, out_dtype=F32)
+    want = sum(np.asarray(xq[:, 64 * g:64 * (g + 1)], np.float64)
+               @ np.asarray(wq[:, 64 * g:64 * (g + 1)], np.float64).T
+               * np.asarray(xs[:, g], np.float64)[:, None] for g in range(4))
+    want = want * np.asarray(ws, np.float64)[None, :]
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("M,N,split,gate_up,swap_ab", [
+    (1, 96, 2, False, True), (5, 64, 4, False, True), (16, 128, 1, False, True),
+    (20, 72, 2, False, True), (3, 64, 2, True, True), (33, 48, 2, True, True),
+    (7, 40, 2, False, False)])
+def test_in_kernel_group_quantization_and_merge(M, N, split, gate_up, swap_ab):
+    """act_group=128 (+ merge): bf16 x goes into the kernel, which must equal the FP8 dot of
+    x quantized per token and 128 columns; with and without the in-kernel split merge; ragged
+    M and N (not multiples of the tiles), gate_up, both MMA orientations."""
+    K = 1024 if split == 4 else 512
+    x = rand(M * 31 + N, (M, K))
+    wq, ws = fp8_weight(M + N, N, K)
+    xq, xs = quantize_row_groups_fp8(x, 128)
+    ref = (gate_up_ref if gate_up else linear_ref)(xq, wq, ws, xs, out_dtype=F32)
+    bm = 64 if not swap_ab else 16
+    for merge in (True, False):
+        cfg = TritonConfig(bm=bm, bn=32, bk=256, split_k=split, fp8_dot=True,
+                           swap_ab=swap_ab, act_group=128, merge=merge)
+        out = triton_linear(x, wq, ws, gate_up=gate_up, config=cfg, out_dtype=F32,
+                            interpret=True)
+        assert out.shape == ref.shape
+        assert rel_err(out, ref) < 1e-5, (merge, rel_err(out, ref))
+
+
+@pytest.mark.parametrize("kind", ["bf16", "w8a8"])
+@pytest.mark.parametrize("split,gate_up", [(2, False), (4, False), (2, True)])
+def test_in_kernel_merge_equals_the_xla_epilogue(kind, split, gate_up):
+    """merge=True: the last split to arrive sums the partials in a fixed order and runs the
+    scales / SwiGLU / cast in the kernel: the same as the XLA epilogue fusion's result."""
+    M, K, N = 9, 1024, 80
+    x = rand(40 + split, (M, K))
+    if kind == "bf16":
+        w, ws, xin, xs = rand(41, (N, K), jnp.bfloat16, 1 / 32), None, x, None
+    else:
+        w, ws = fp8_weight(41, N, K)
+        xin, xs = quantize_rows_fp8(x)
+    outs = []
+    for merge in (False, True):
+        cfg = TritonConfig(bm=16, bn=32, bk=128, split_k=split, swap_ab=True,
+                           fp8_dot=kind == "w8a8", merge=merge)
+        outs.append(triton_linear(xin, w, ws, xs, gate_up=gate_up, config=cfg,
+                                  out_dtype=F32, interpret=True))
+    ref = (gate_up_ref if gate_up else linear_ref)(xin, w, ws, xs, out_dtype=F32)
+    assert rel_err(outs[1], ref) < 1e-5 and rel_err(outs[0], ref) < 1e-5
+    np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_act_group_and_merge_options_are_validated():
+    x = rand(0, (4, 512))
+    wq, ws = fp8_weight(1, 64, 512)
+    cfg = TritonConfig(bm=16, bn=32, bk=256, fp8_dot=True, swap_ab=True, act_group=128)
+    xq, xs = quantize_rows_fp8(x)
+    with pytest.raises(ValueError, match="act_group=128 needs"):  # x already FP8
+        triton_linear(xq, wq, ws, xs, config=cfg, interpret=True)
+    with pytest.raises(ValueError, match="act_group=128 needs"):  # bf16 weight
+        triton_linear(x, rand(2, (64, 512)), config=cfg, interpret=True)
+    with pytest.raises(ValueError, match="act_group=96 needs"):  # does not divide bk
+        triton_linear(x, wq, ws, config=dataclasses.replace(cfg, act_group=96),
+                      interpret=True)
+    pw = api.PreparedWeight(wq, ws)
+    with pytest.raises(api.LinearError, match="needs act_quant"):
+        api.linear(x, pw, act_group=128, backend="xla")
+    with pytest.raises(api.LinearError, match="runs on backend"):
+        api.linear(x, pw, act_quant=True, act_group=128, backend="mgpu")
+    with pytest.raises(api.LinearError, match="quantizes with act_group=128"):
+        api.linear(x, pw, act_quant=True, backend="triton", triton_config=cfg)
+    with pytest.raises(api.LinearError, match="fuse must be"):
+        api.fp8_decode_config(4, 512, 64, fuse="some")
+
+
+def test_linear_act_group_on_xla_and_triton_agree():
+    """The same W8A8-per-group math on XLA (quantize, grouped dot) and in the kernel."""
+    M, K, N = 6, 512, 96
+    x = rand(5, (M, K))
+    wq, ws = fp8_weight(6, N, K)
+    pw = api.PreparedWeight(wq, ws)
+    cfg = TritonConfig(bm=16, bn=32, bk=256, split_k=2, fp8_dot=True, swap_ab=True,
+                       act_group=128, merge=True)
+    tri = api.linear(x.astype(F32), pw, act_quant=True, act_group=128, backend="triton",
+                     triton_config=cfg, interpret=True)
+    xla = api.linear(x.astype(F32), pw, act_quant=True, act_group=128, backend="xla")
+    xq, xs = quantize_row_groups_fp8(x.astype(F32), 128)
+    ref = linear_ref(xq, wq, ws, xs, out_dtype=F32)
+    assert rel_err(tri, ref) < 1e-5 and rel_err(xla, ref) < 1e-5
+
+
+@pytest.mark.parametrize("fuse", ["all", "merge", "none"])
+def test_decode_config_follows_the_fuse_choice(fuse, monkeypatch):
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_FUSE", fuse)
+    for M, K, N in [(1, 4096, 6144), (16, 14336, 4096), (64, 4096, 14336)]:
+        cfg = api.fp8_decode_config(M, K, N, gate_up=N == 14336)
+        assert cfg.merge == (fuse != "none")
+        assert cfg.act_group == (128 if fuse == "all" else 0)
+        assert cfg.swap_ab and cfg.fp8_dot and K % (cfg.split_k * cfg.bk) == 0
+    assert api.fp8_decode_config(1, 4096 + 64, 64).act_group == 0  # 128 does not divide K
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_FUSE", "fast")
+    with pytest.raises(api.LinearError, match="JAXINFER_FP8_DECODE_FUSE"):
+        api.fp8_engine_plan(300, 4096, 4096)  # validated at every row count
+
+
+@pytest.mark.parametrize("M,kernel", [(8, "triton"), (37, "triton"), (128, "mgpu_decode")])
+def test_engine_gate_up_form(M, kernel):
+    """fp8_engine_linear(gate_up=True) == silu(x Wgᵀ) * (x Wuᵀ) with per-token W8A8: SwiGLU
+    in the Triton GEMM's epilogue up to FP8_GATE_UP_EPILOGUE_MAX_M rows, after the [M, 2F]
+    GEMM above it (and on the Mosaic middle band)."""
+    K, F = 256, 256
+    x = rand(M, (M, K))
+    wq, ws = fp8_weight(M + 1, 2 * F, K)
+    assert api.fp8_engine_plan(M, K, 2 * F) == (kernel, True)
+    out = api.fp8_engine_linear(x, wq, ws, gate_up=True, interpret=True)
+    xq, xs = quantize_rows_fp8(x)
+    ref = gate_up_ref(xq, wq, ws, xs, out_dtype=F32)
+    assert out.shape == (M, F) and out.dtype == jnp.bfloat16
+    assert rel_err(out, ref) < 1e-2  # bf16 output (and bf16 gate / up above 16 rows)
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, wq, ws)]
+    text = lower_for_cuda(functools.partial(api.fp8_engine_linear, gate_up=True), *avals)
+    assert ("skinny_gemm" in text) == (kernel == "triton")
+    with pytest.raises(api.LinearError, match="even row count"):
+        api.fp8_engine_linear(x, wq[:-1], ws[:-1], gate_up=True, interpret=True)
+
+
+@pytest.mark.parametrize("M", [1, 16, 64])
+def test_fused_configs_lower_for_cuda_at_llama_shapes(M):
+    """Every fuse choice's config at the Llama-3.1-8B projections lowers for an H200 (the
+    H200 compiled and checked them all in session 10's bench_matmul --plan fused)."""
+    sds = jax.ShapeDtypeStruct
+    for K, N, gu in [(4096, 6144, False), (4096, 28672, True), (14336, 4096, False)]:
+        for fuse in ("all", "merge"):
+            cfg = api.fp8_decode_config(M, K, N // 2 if gu else N, gu, fuse)
+            fn = functools.partial(triton_linear, gate_up=gu, config=cfg)
+            text = lower_for_cuda(fn, sds((M, K), jnp.bfloat16), sds((N, K), FP8),
+                                  sds((N,), F32)) if cfg.act_group else lower_for_cuda(
+                functools.partial(triton_linear, gate_up=gu, config=cfg),
+                sds((M, K), FP8), sds((N, K), FP8), sds((N,), F32), sds((M,), F32))
+            assert "skinny_gemm" in text
+            # the in-kernel merge's arrival counter (an op name in the serialized Triton IR)
+            assert ("atomic_rmw" in text) == (cfg.split_k > 1)

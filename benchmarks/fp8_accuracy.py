@@ -29,10 +29,10 @@ in float32, or the bf16 engine for ``*-vs-bf16``):
 
 The ``fp8-*`` variants are W8A16 (the weight widened inside an XLA GEMM). Two more prefixes
 run the same per-channel weights as W8A8, the math of the GPU engine's Pallas GEMMs
-(``pallas_kernels.matmul.api.fp8_engine_linear``: each activation row quantized to e4m3 with
+(``pallas_kernels.matmul.fp8_plan.fp8_engine_linear``: each activation row quantized to e4m3 with
 absmax/448 scale by ``quantize_rows_fp8``, FP8 x FP8 dot with float32 accumulation, both
 scales after) computed by XLA on the CPU: the engine runs with ``matmul_backend="pallas"``
-and ``api.fp8_engine_plan`` patched to answer the ``"xla"`` backend:
+and ``fp8_plan.fp8_engine_plan`` patched to answer the ``"xla"`` backend:
 
 * ``w8a8-channel[...]``   every projection W8A8, at every row count (per-token scales make
                        each row's result independent of the others: what decode computes);
@@ -113,9 +113,9 @@ def act_quant(mode: str | None, plan_log: dict[str, str]):
         return
     import jax
 
-    from pallas_kernels.matmul import api
+    from pallas_kernels.matmul import fp8_plan
 
-    real = api.fp8_engine_plan
+    real = fp8_plan.fp8_engine_plan
 
     def plan(M: int, K: int, N: int) -> tuple[str, bool]:
         aq = mode == "all" or real(M, K, N)[1]
@@ -123,11 +123,11 @@ def act_quant(mode: str | None, plan_log: dict[str, str]):
         return "xla", aq
 
     jax.clear_caches()
-    api.fp8_engine_plan = plan
+    fp8_plan.fp8_engine_plan = plan
     try:
         yield
     finally:
-        api.fp8_engine_plan = real
+        fp8_plan.fp8_engine_plan = real
         jax.clear_caches()
 
 

@@ -53,7 +53,7 @@ import jaxinfer.models.transformer as T  # noqa: E402
 _mo = T.model_options
 T.model_options = lambda ec: {**_mo(ec), "interpret": False}
 if a.gemm == "nojit":
-    from pallas_kernels.matmul.api import fp8_engine_linear
+    from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
     T._fp8_kernel_linear = lambda h, w, s, interpret=False: fp8_engine_linear(h, w, s, interpret=interpret)
 if a.attention != "reference":  # off a GPU get_backend would pick interpret mode
     from jaxinfer.layers.pallas_attention import PallasAttentionBackend

@@ -164,7 +164,7 @@ class EngineConfig:
         "xla", or "pallas" (on CPU: interpret mode, for tests). With the Pallas GEMMs FP8
         projections run W8A8 (activations quantized per token) on the Triton kernel up to
         64 rows and on the Mosaic GPU kernels above, W8A16 on XLA only where no kernel
-        takes the shape (pallas_kernels.matmul.api.fp8_engine_plan); bf16 projections
+        takes the shape (pallas_kernels.matmul.fp8_plan.fp8_engine_plan); bf16 projections
         always run on XLA.
       kv_cache_dtype: dtype of the paged KV cache (vLLM's ``--kv-cache-dtype``): "auto" (the
         model dtype) or "fp8" / "fp8_e4m3" (float8_e4m3fn with one K and one V scale per

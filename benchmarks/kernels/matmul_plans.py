@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels.matmul.api import fp8_decode_config
+from pallas_kernels.matmul.fp8_plan import fp8_decode_config
 from pallas_kernels.matmul.mgpu_gemm import (
     MgpuConfig,
     decode_config,
@@ -131,7 +131,7 @@ def mdec_jobs(sname, M, shapes=None):
 def plan_mdec(ms, shapes):
     """Session 7: the Mosaic GPU swap-AB decode kernel (bf16, W8A8 in two tilings) against
     the engine's paths at decode — the Triton W8A8 swap-AB kernel with the engine's own
-    config (``api.fp8_decode_config``), XLA bf16 and XLA W8A16 — M by M, so a deadline cuts
+    config (``fp8_plan.fp8_decode_config``), XLA bf16 and XLA W8A16 — M by M, so a deadline cuts
     the largest M last."""
     jobs = []
     for M in ms:
@@ -183,7 +183,7 @@ def plan_mid(ms, shapes):
 
 
 def plan_fused(ms, shapes):
-    """Session 10: the engine's Triton W8A8 decode GEMM (``api.fp8_decode_config``) as it was
+    """Session 10: the engine's Triton W8A8 decode GEMM (``fp8_plan.fp8_decode_config``) as it was
     (x quantized per token by two XLA kernels before it, split-K summed by an XLA fusion after
     it: ``fuse="none"``), with the split-K merge in the kernel (``"merge"``), and with x also
     quantized inside it per token and 128 columns (``"all"``, the new default), beside XLA

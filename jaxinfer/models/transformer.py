@@ -79,7 +79,7 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
           interpret: bool = False) -> jax.Array:
     """``h @ w[name]``. FP8 weights: with ``kernels`` and a per-channel scale the weight is
     held as ``[N, K]`` and runs on the Pallas GEMMs the measured policy picks for the row
-    count (pallas_kernels.matmul.api.fp8_engine_linear: W8A8 on the Triton or Mosaic GPU
+    count (pallas_kernels.matmul.fp8_plan.fp8_engine_linear: W8A8 on the Triton or Mosaic GPU
     kernels, W8A16 on XLA where none takes the shape); otherwise it is widened to h's dtype in an XLA
     GEMM (W8A16) and scaled per channel after it, or per group of input rows (block-FP8
     checkpoints; jaxinfer.quantization.fp8_weight_linear)."""
@@ -94,11 +94,11 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
 @functools.partial(jax.jit, static_argnames=("gate_up", "interpret"))
 def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up: bool = False,
                        interpret: bool = False) -> jax.Array:
-    """pallas_kernels.matmul.api.fp8_engine_linear under its own ``jit``: the unrolled layers'
+    """pallas_kernels.matmul.fp8_plan.fp8_engine_linear under its own ``jit``: the unrolled layers'
     calls of one shape share one traced and lowered function (XLA inlines it), so a kernel's
     Python lowering runs once per shape, not once per layer. Lowering a Mosaic GPU GEMM took
     0.4-1 s a call: an 8B prefill program with 128 of them compiled in ~130 s, not ~20 s."""
-    from pallas_kernels.matmul.api import fp8_engine_linear
+    from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
 
     return fp8_engine_linear(h, w_nk, scale, gate_up=gate_up, interpret=interpret)
 

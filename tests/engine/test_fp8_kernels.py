@@ -10,7 +10,7 @@ import pytest
 
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.config import ConfigError, EngineConfig
-from pallas_kernels.matmul import api, linear_ref, quantize_rows_fp8
+from pallas_kernels.matmul import api, fp8_plan, linear_ref, quantize_rows_fp8
 from tests.conftest import tiny_loaded
 from tests.kernels.cuda_lowering import lower_for_cuda
 
@@ -25,9 +25,9 @@ def test_fp8_engine_linear_follows_the_plan(M, want):
     x = jax.random.normal(jax.random.key(M), (M, K), F32).astype(jnp.bfloat16)
     w = jax.random.normal(jax.random.key(M + 1), (N, K), F32) / 16
     wq, ws = quantize_rows_fp8(w)
-    assert api.fp8_engine_plan(M, K, N) == want
+    assert fp8_plan.fp8_engine_plan(M, K, N) == want
     backend, act_quant = want
-    out = api.fp8_engine_linear(x, wq, ws, interpret=True)
+    out = fp8_plan.fp8_engine_linear(x, wq, ws, interpret=True)
     if act_quant:
         xq, xs = quantize_rows_fp8(x)
         ref = linear_ref(xq, wq, ws, xs, out_dtype=F32)
@@ -38,7 +38,7 @@ def test_fp8_engine_linear_follows_the_plan(M, want):
     ref = np.asarray(ref, np.float64)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2  # bf16 output rounding
     # which kernel the H200 program holds (lowered for CUDA on this CPU)
-    text = lower_for_cuda(api.fp8_engine_linear, *(jax.ShapeDtypeStruct(a.shape, a.dtype)
+    text = lower_for_cuda(fp8_plan.fp8_engine_linear, *(jax.ShapeDtypeStruct(a.shape, a.dtype)
                                                    for a in (x, wq, ws)))
     assert ("skinny_gemm" in text) == (backend == "triton")
     assert ("mosaic_gpu" in text) == (backend in ("mgpu", "mgpu_decode"))
@@ -53,15 +53,15 @@ def test_middle_band_plan_at_llama_shapes_lowers_for_cuda(M, K, N, want, monkeyp
     at the Llama-3.1 projection shapes, in the tilings measured best (swap-AB, or the prefill
     tiling for the wide projections above 128 rows), each fitting an H200 when lowered;
     $JAXINFER_FP8_MID_GEMM=xla gives XLA W8A16 back."""
-    assert api.fp8_engine_plan(M, K, N) == (want, True)
+    assert fp8_plan.fp8_engine_plan(M, K, N) == (want, True)
     sds = jax.ShapeDtypeStruct
     avals = (sds((M, K), jnp.bfloat16), sds((N, K), jnp.float8_e4m3fn), sds((N,), F32))
-    assert "mosaic_gpu" in lower_for_cuda(api.fp8_engine_linear, *avals)
+    assert "mosaic_gpu" in lower_for_cuda(fp8_plan.fp8_engine_linear, *avals)
     monkeypatch.setenv("JAXINFER_FP8_MID_GEMM", "xla")
-    assert api.fp8_engine_plan(M, K, N) == ("xla", False)
+    assert fp8_plan.fp8_engine_plan(M, K, N) == ("xla", False)
     monkeypatch.setenv("JAXINFER_FP8_MID_GEMM", "cublas")
     with pytest.raises(api.LinearError, match="JAXINFER_FP8_MID_GEMM"):
-        api.fp8_engine_plan(M, K, N)
+        fp8_plan.fp8_engine_plan(M, K, N)
 
 
 @pytest.mark.parametrize("M,want", [(16, "triton"), (37, "mgpu_decode"), (64, "mgpu_decode"),
@@ -73,22 +73,22 @@ def test_opt_in_mosaic_decode_gemm(M, want, monkeypatch):
     monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "mgpu")
     jax.clear_caches()  # the choice is made at trace time: no trace of the default plan reused
     K, N = 256, 512
-    assert api.fp8_engine_plan(M, K, N)[0] == want
+    assert fp8_plan.fp8_engine_plan(M, K, N)[0] == want
     if want != "mgpu_decode":
         return
     x = jax.random.normal(jax.random.key(M), (M, K), F32).astype(jnp.bfloat16)
     wq, ws = quantize_rows_fp8(jax.random.normal(jax.random.key(M + 1), (N, K), F32) / 16)
-    out = np.asarray(api.fp8_engine_linear(x, wq, ws, interpret=True), np.float64)
+    out = np.asarray(fp8_plan.fp8_engine_linear(x, wq, ws, interpret=True), np.float64)
     xq, xs = quantize_rows_fp8(x)
     ref = np.asarray(linear_ref(xq, wq, ws, xs, out_dtype=F32), np.float64)
     assert out.shape == (M, N) and np.isfinite(out).all()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
-    text = lower_for_cuda(api.fp8_engine_linear, *(jax.ShapeDtypeStruct(a.shape, a.dtype)
+    text = lower_for_cuda(fp8_plan.fp8_engine_linear, *(jax.ShapeDtypeStruct(a.shape, a.dtype)
                                                    for a in (x, wq, ws)))
     assert "mosaic_gpu" in text and "skinny_gemm" not in text
     monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "cutlass")
     with pytest.raises(api.LinearError, match="JAXINFER_FP8_DECODE_GEMM"):
-        api.fp8_engine_plan(M, K, N)  # checked at every row count
+        fp8_plan.fp8_engine_plan(M, K, N)  # checked at every row count
 
 
 def test_matmul_backend_is_validated():
@@ -117,8 +117,8 @@ def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch, request)
     assert qkv[0].shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)  # [N, K]
     got = pal.generate(prompts, sp)
 
-    real_plan = api.fp8_engine_plan
-    monkeypatch.setattr(api, "fp8_engine_plan",
+    real_plan = fp8_plan.fp8_engine_plan
+    monkeypatch.setattr(fp8_plan, "fp8_engine_plan",
                         lambda M, K, N: ("xla", real_plan(M, K, N)[1]))
     # The kernel GEMM is a module-level jit whose traces would outlive the patch: drop them
     # (here and after the test) so the reference engine really runs the patched plan.

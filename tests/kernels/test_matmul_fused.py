@@ -2,7 +2,7 @@
 against float32 references: x quantized to FP8 inside the kernel per token and group of K
 columns (``act_group``), the split-K partials merged by the last-arriving split inside the
 kernel (``merge``), and the engine's FP8 gate_up form (SwiGLU in the GEMM's epilogue up to
-``api.FP8_GATE_UP_EPILOGUE_MAX_M`` rows)."""
+``fp8_plan.FP8_GATE_UP_EPILOGUE_MAX_M`` rows)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from pallas_kernels.matmul import (
     api,
+    fp8_plan,
     gate_up_ref,
     linear_ref,
     quantize_row_groups_fp8,
@@ -137,7 +138,7 @@ def test_act_group_and_merge_options_are_validated():
     with pytest.raises(api.LinearError, match="quantizes with act_group=128"):
         api.linear(x, pw, act_quant=True, backend="triton", triton_config=cfg)
     with pytest.raises(api.LinearError, match="fuse must be"):
-        api.fp8_decode_config(4, 512, 64, fuse="some")
+        fp8_plan.fp8_decode_config(4, 512, 64, fuse="some")
 
 
 def test_linear_act_group_on_xla_and_triton_agree():
@@ -160,14 +161,14 @@ def test_linear_act_group_on_xla_and_triton_agree():
 def test_decode_config_follows_the_fuse_choice(fuse, monkeypatch):
     monkeypatch.setenv("JAXINFER_FP8_DECODE_FUSE", fuse)
     for M, K, N in [(1, 4096, 6144), (16, 14336, 4096), (64, 4096, 14336)]:
-        cfg = api.fp8_decode_config(M, K, N, gate_up=N == 14336)
+        cfg = fp8_plan.fp8_decode_config(M, K, N, gate_up=N == 14336)
         assert cfg.merge == (fuse != "none")
         assert cfg.act_group == (128 if fuse == "all" else 0)
         assert cfg.swap_ab and cfg.fp8_dot and K % (cfg.split_k * cfg.bk) == 0
-    assert api.fp8_decode_config(1, 4096 + 64, 64).act_group == 0  # 128 does not divide K
+    assert fp8_plan.fp8_decode_config(1, 4096 + 64, 64).act_group == 0  # 128 does not divide K
     monkeypatch.setenv("JAXINFER_FP8_DECODE_FUSE", "fast")
     with pytest.raises(api.LinearError, match="JAXINFER_FP8_DECODE_FUSE"):
-        api.fp8_engine_plan(300, 4096, 4096)  # validated at every row count
+        fp8_plan.fp8_engine_plan(300, 4096, 4096)  # validated at every row count
 
 
 @pytest.mark.parametrize("M,kernel", [(8, "triton"), (37, "triton"), (128, "mgpu_decode")])
@@ -178,17 +179,17 @@ def test_engine_gate_up_form(M, kernel):
     K, F = 256, 256
     x = rand(M, (M, K))
     wq, ws = fp8_weight(M + 1, 2 * F, K)
-    assert api.fp8_engine_plan(M, K, 2 * F) == (kernel, True)
-    out = api.fp8_engine_linear(x, wq, ws, gate_up=True, interpret=True)
+    assert fp8_plan.fp8_engine_plan(M, K, 2 * F) == (kernel, True)
+    out = fp8_plan.fp8_engine_linear(x, wq, ws, gate_up=True, interpret=True)
     xq, xs = quantize_rows_fp8(x)
     ref = gate_up_ref(xq, wq, ws, xs, out_dtype=F32)
     assert out.shape == (M, F) and out.dtype == jnp.bfloat16
     assert rel_err(out, ref) < 1e-2  # bf16 output (and bf16 gate / up above 16 rows)
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, wq, ws)]
-    text = lower_for_cuda(functools.partial(api.fp8_engine_linear, gate_up=True), *avals)
+    text = lower_for_cuda(functools.partial(fp8_plan.fp8_engine_linear, gate_up=True), *avals)
     assert ("skinny_gemm" in text) == (kernel == "triton")
     with pytest.raises(api.LinearError, match="even row count"):
-        api.fp8_engine_linear(x, wq[:-1], ws[:-1], gate_up=True, interpret=True)
+        fp8_plan.fp8_engine_linear(x, wq[:-1], ws[:-1], gate_up=True, interpret=True)
 
 
 @pytest.mark.parametrize("M", [1, 16, 64])
@@ -198,7 +199,7 @@ def test_fused_configs_lower_for_cuda_at_llama_shapes(M):
     sds = jax.ShapeDtypeStruct
     for K, N, gu in [(4096, 6144, False), (4096, 28672, True), (14336, 4096, False)]:
         for fuse in ("all", "merge"):
-            cfg = api.fp8_decode_config(M, K, N // 2 if gu else N, gu, fuse)
+            cfg = fp8_plan.fp8_decode_config(M, K, N // 2 if gu else N, gu, fuse)
             fn = functools.partial(triton_linear, gate_up=gu, config=cfg)
             text = lower_for_cuda(fn, sds((M, K), jnp.bfloat16), sds((N, K), FP8),
                                   sds((N,), F32)) if cfg.act_group else lower_for_cuda(

@@ -1,0 +1,190 @@
+"""The engine's FP8 projections on GPU: which kernel (and tiles) each row count runs on,
+measured on an H200 (benchmarks/kernels/NOTES_matmul.md), and :func:`fp8_engine_linear`, the
+call the model makes (jaxinfer/models/transformer.py).
+
+Kernel choices read environment variables at trace time (A/B runs; each is in the compile-
+cache fingerprint, jaxinfer/compile_cache.KERNEL_ENV_VARS): ``$JAXINFER_FP8_DECODE_GEMM``,
+``$JAXINFER_FP8_MID_GEMM``, ``$JAXINFER_FP8_DECODE_FUSE``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels.matmul import mgpu_gemm, triton_gemm
+from pallas_kernels.matmul.api import LinearError, PreparedWeight, linear
+from pallas_kernels.matmul.reference import FP8, silu_mul_ref
+
+# ----------------------------------------------------------------------------- engine policy
+# The engine's FP8 projections on GPU, chosen by the program's static row count M from the
+# H200 runs of benchmarks/kernels/bench_matmul.py (NOTES_matmul.md, session 4):
+# * M >= FP8_PREFILL_MIN_M: W8A8 (x quantized per token) on the Mosaic GPU wgmma kernel,
+#   1,013-1,428 TFLOP/s at M = 2048 on the Llama-3.1-8B / 70B projections (XLA bf16 <= 826);
+# * M <= FP8_DECODE_MAX_M: W8A8 on the Triton kernel with swap-AB and the FP8 tensor-core dot
+#   (the weight tile is the MMA's 64-row side, tokens padded to 16 on the other): W8A16 in
+#   any form measured held to 1.2-2.6 TB/s of FP8 bytes (the per-element upcast and MMA
+#   work), the FP8 dot consumes the bytes as they are (8B qkv M = 1: 12.9 µs vs XLA W8A16
+#   19.3 µs);
+# * between (the 128 / 256-row decode buckets, the 128-token prefill bucket): W8A8 on the
+#   Mosaic GPU kernels (session 9, NOTES_matmul "Session 9"; XLA W8A16 before, 0.45-0.93 TB/s
+#   at M = 256, slower than bf16): the swap-AB tiling (every token on wgmma's N side, each
+#   weight byte read once) up to 128 rows, and at 241-256 rows for N < FP8_MID_WIDE_N;
+#   128-row weight tiles at <= 128 rows where N > 4096; the prefill tiling walked M first
+#   (mgpu_gemm.mid_config) for the rest (wide projections above 128 rows, and 129-240 rows,
+#   which the swap-AB epilogue does not take; those row counts were not measured). 8B
+#   layer at 256 rows: 148 µs vs 337 (XLA W8A16) and 189 (XLA bf16); 128 rows: 113 vs
+#   175 / 146.
+#   $JAXINFER_FP8_MID_GEMM=xla restores XLA W8A16 there.
+FP8_PREFILL_MIN_M = 512
+FP8_DECODE_MAX_M = 64
+FP8_MID_GEMM = "mgpu"
+FP8_MID_SWAP_MAX_M = 128
+FP8_MID_WIDE_N = 16384
+# Opt-in: rows FP8_MGPU_DECODE_MIN_M..FP8_DECODE_MAX_M on the Mosaic GPU swap-AB decode
+# kernel (mgpu_gemm.mgpu_decode_linear, 128-row weight tiles where N allows) instead of the
+# Triton one: 1.34-1.51x faster at M = 64 on 8b_gate_up / 8b_down / 70b_up alone on the H200
+# (NOTES_matmul, session 7), but slower inside the 8B FP8 decode program (ITL +11 % / +13 % at
+# 32 / 64 streams; NOTES_matmul "End to end (session 8)"), so not the default. "mgpu" turns
+# it on; $JAXINFER_FP8_DECODE_GEMM overrides at trace time.
+FP8_DECODE_GEMM = "triton"
+FP8_MGPU_DECODE_MIN_M = 17
+# The Triton decode GEMM's fusions (session 10, NOTES_matmul "Session 10"): "all" = x
+# quantized to FP8 inside the GEMM per token and group of FP8_DECODE_ACT_GROUP input columns
+# (no quantization kernels before it) + the split-K partials summed by the last split in the
+# kernel (no epilogue fusion after it); "merge" = only the latter (x quantized per token by
+# XLA first); "none" = neither (the session-4 kernel). Measured on the H200: "all" is 1.4-3.5x
+# slower per GEMM (the quantized x goes registers -> shared memory every step and each group's
+# dot is scaled before it is added: 8b_gate_up M = 1 52.4 vs 36.6 µs, M = 64 104 vs 68), the
+# 8B FP8 batch-1 decode step 4.14 vs 3.50 ms of device time; "merge" 1-8 % slower per GEMM
+# and end to end (TPOT p50 1 / 16 / 64 streams 4.43 / 4.24 / 6.54 vs 4.12 / 4.11 / 6.19 ms).
+# Both stay opt-ins; $JAXINFER_FP8_DECODE_FUSE overrides at trace time.
+FP8_DECODE_FUSE = "none"
+FP8_DECODE_ACT_GROUP = 128
+# Engine gate_up on the Triton decode GEMM with SwiGLU in its epilogue (gate and up tiles in
+# one program: two weight streams per program) up to this many rows: H200, 8B FP8 batch 1,
+# the gate_up GEMM 31.8 vs 39.3 µs a layer (decode-step profile, session 10); at 64 rows its
+# split-K float32 partials ([2, 64, 28672]) made the step slower (TPOT 6.16-6.19 vs 5.74 ms),
+# so above it the plain [M, 2F] GEMM and a SwiGLU fusion, as before.
+FP8_GATE_UP_EPILOGUE_MAX_M = 16
+
+
+def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
+    v = os.environ.get(var, default)
+    if v not in choices:
+        raise LinearError(f"{var} / {var.removeprefix('JAXINFER_')}: one of {choices}, got {v!r}")
+    return v
+
+
+def _fp8_decode_gemm() -> str:
+    return _env_choice("JAXINFER_FP8_DECODE_GEMM", FP8_DECODE_GEMM, ("triton", "mgpu"))
+
+
+def _fp8_mid_gemm() -> str:
+    return _env_choice("JAXINFER_FP8_MID_GEMM", FP8_MID_GEMM, ("mgpu", "xla"))
+
+
+def _swap_ab_tile(M: int, N: int) -> int:
+    """Weight rows per CTA of the Mosaic swap-AB kernel (measured best): 128 where N allows,
+    in the middle band only up to FP8_MID_SWAP_MAX_M rows and for N > 4096."""
+    if N % 128:
+        return 64
+    if M <= FP8_DECODE_MAX_M:
+        return 128
+    return 128 if M <= FP8_MID_SWAP_MAX_M and N > 4096 else 64
+
+
+def _fp8_decode_fuse() -> str:
+    return _env_choice("JAXINFER_FP8_DECODE_FUSE", FP8_DECODE_FUSE, ("all", "merge", "none"))
+
+
+def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
+                      fuse: str | None = None) -> triton_gemm.TritonConfig:
+    """Swap-AB FP8-dot tiles for ``M <= FP8_DECODE_MAX_M`` tokens: 64 weight rows x 256 K
+    per step, tokens padded to a power of two >= 16, split-K until ~2 waves of 132 SMs;
+    ``N`` output columns (F for a gate_up weight). ``fuse`` (default
+    ``$JAXINFER_FP8_DECODE_FUSE`` or :data:`FP8_DECODE_FUSE`): "all" quantizes x in the
+    kernel per token and group of FP8_DECODE_ACT_GROUP columns (where the group divides K)
+    and merges split-K in the kernel, "merge" only the latter, "none" neither.
+    Raises LinearError for an unknown ``fuse``."""
+    fuse = _fp8_decode_fuse() if fuse is None else fuse
+    if fuse not in ("all", "merge", "none"):
+        raise LinearError(f"fp8_decode_config: fuse must be all / merge / none, got {fuse!r}")
+    bm = min(64, max(16, 1 << max(M - 1, 0).bit_length()))
+    bn, bk = 64, 256
+    while bk > 16 and K % bk:
+        bk //= 2
+    group = FP8_DECODE_ACT_GROUP if fuse == "all" and K % FP8_DECODE_ACT_GROUP == 0 else 0
+    split = triton_gemm.split_to_fill(pl.cdiv(N, bn) * pl.cdiv(M, bm), K, bk)
+    cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
+                                   num_stages=4, fp8_dot=True, swap_ab=True, act_group=group,
+                                   merge=fuse != "none")
+    cfg = triton_gemm.fit_smem(cfg, K, jnp.bfloat16 if group else FP8, FP8, gate_up)
+    if group and cfg.bk % group:  # fit_smem went below the group: quantize outside
+        return fp8_decode_config(M, K, N, gate_up, "merge")
+    return cfg
+
+
+def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
+    """``(backend, act_quant)`` of the engine's FP8 projection ``[M, K] x [N, K]ᵀ`` on GPU
+    (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (the middle band;
+    at 17-64 rows opt-in, ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``.
+    Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM``."""
+    decode_gemm, mid_gemm = _fp8_decode_gemm(), _fp8_mid_gemm()  # all checked at any M
+    _fp8_decode_fuse()
+    if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
+        return "mgpu", True
+    if FP8_DECODE_MAX_M < M < FP8_PREFILL_MIN_M and mid_gemm == "mgpu":
+        if ((M <= FP8_MID_SWAP_MAX_M or N < FP8_MID_WIDE_N)
+                and mgpu_gemm.mgpu_decode_supported(M, K, N, FP8)):
+            return "mgpu_decode", True
+        if mgpu_gemm.mgpu_supported(M, K, N, FP8, mgpu_gemm.mid_config(M, K, N, FP8)):
+            return "mgpu", True
+    if (FP8_MGPU_DECODE_MIN_M <= M <= FP8_DECODE_MAX_M and decode_gemm == "mgpu"
+            and mgpu_gemm.mgpu_decode_supported(M, K, N, FP8)):
+        return "mgpu_decode", True
+    if M <= FP8_DECODE_MAX_M and K % 16 == 0:
+        return "triton", True
+    return "xla", False
+
+
+def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
+                      gate_up: bool = False, interpret: bool = False) -> jax.Array:
+    """The engine's FP8 projection: ``x [M, K]`` bf16 times an FP8 weight ``w_nk [N, K]``
+    with per-output-channel ``w_scale [N]`` f32 -> ``[M, N]`` in ``x.dtype``, on the kernel
+    :func:`fp8_engine_plan` picks for M (W8A8 on the kernels: activation scales per token,
+    or per token and group of K columns inside the Triton decode GEMM; W8A16 on XLA).
+    ``gate_up``: ``w_nk`` is ``[2F, K]`` (gate rows first) and the result ``silu(gate) * up``
+    ``[M, F]``: from the float32 accumulator in the Triton GEMM's epilogue (or its split-K
+    epilogue fusion) up to FP8_GATE_UP_EPILOGUE_MAX_M rows, else from the ``[M, 2F]`` GEMM
+    output in one XLA fusion.
+
+    Raises:
+      LinearError: mismatched shapes (see :func:`linear`), an odd gate_up row count.
+    """
+    M, K = x.shape
+    N = w_nk.shape[0]
+    if gate_up and N % 2:
+        raise LinearError(f"fp8_engine_linear: a gate_up weight needs an even row count, got {N}")
+    backend, act_quant = fp8_engine_plan(M, K, N)
+    if gate_up and not (backend == "triton" and M <= FP8_GATE_UP_EPILOGUE_MAX_M):
+        # [M, 2F] in x.dtype from the plain GEMM, then SwiGLU (one XLA fusion)
+        return silu_mul_ref(fp8_engine_linear(x, w_nk, w_scale, interpret=interpret))
+    tc, group = None, 0
+    if act_quant and M <= FP8_DECODE_MAX_M and backend in ("triton", "xla"):
+        # the Triton decode GEMM's activation groups (the same math where a caller's plan
+        # puts these rows on XLA, e.g. a test's reference)
+        tc = fp8_decode_config(M, K, N // 2 if gate_up else N, gate_up)
+        group = tc.act_group
+        tc = tc if backend == "triton" else None
+    mc = None
+    if backend == "mgpu_decode":
+        mc = mgpu_gemm.decode_config(M, K, N, FP8, tile_m=_swap_ab_tile(M, N))
+    elif backend == "mgpu" and M < FP8_PREFILL_MIN_M:
+        mc = mgpu_gemm.mid_config(M, K, N, FP8)
+    return linear(x, PreparedWeight(w_nk, w_scale, gate_up), act_quant=act_quant,
+                  act_group=group, backend=backend, interpret=interpret, triton_config=tc,
+                  mgpu_config=mc)

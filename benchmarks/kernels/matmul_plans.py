@@ -197,6 +197,10 @@ def plan_fused(ms, shapes):
             for fuse in ("all", "merge", "none"):
                 tc = fp8_decode_config(M, K, n_out, gu, fuse)
                 jobs.append((sname, M, f"tri_w8a8_{fuse}", "w8a8", "triton", tc))
+            # the engine's kernel without the XLA quantization before it (its epilogue
+            # fusion, when split, still counts): what the GEMM kernel itself streams
+            jobs.append((sname, M, "tri_w8a8_kernel", "w8a8", "triton_k",
+                         fp8_decode_config(M, K, n_out, gu, "none")))
             jobs.append((sname, M, "xla_bf16", "bf16", "xla", None))
             tm = 128 if N % 128 == 0 else 64
             if M <= 128 and mgpu_decode_supported(M, K, N, FP8):

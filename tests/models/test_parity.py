@@ -44,13 +44,21 @@ def _real(name: str):
     return meta, np.load(FIXTURES / "real" / f"{name}.npz")
 
 
+@pytest.fixture(scope="module")
+def gemma3_loaded():
+    """gemma3-270m's weights, read once for the module: the engines built on them copy them
+    (CausalLM takes ``dict(params)``), so the two gemma3 tests below share one load."""
+    return load_model("gemma3-270m", progress=False)
+
+
 @pytest.fixture(scope="module", params=[("smollm2-135m", "smollm2-135m-instruct"),
                                         ("gemma3-270m", "gemma3-270m")])
 def real_model(request):
     model, fixture = request.param
     if not (FIXTURES / "real" / f"{fixture}.npz").exists():
         pytest.fail(f"missing fixture {fixture}.npz: run scripts/make_reference_fixtures.py")
-    loaded = load_model(model, progress=False)
+    loaded = (request.getfixturevalue("gemma3_loaded") if model == "gemma3-270m"
+              else load_model(model, progress=False))
     llm = LLM(loaded, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=128,
               dtype="float32")
     return llm, *_real(fixture)
@@ -88,7 +96,7 @@ def test_real_model_logits_match_transformers(real_model):
     print(f"{meta['model']}: worst max-abs logits difference {worst:.2e} (float32)")
 
 
-def test_gemma3_long_prompt_past_the_sliding_window():
+def test_gemma3_long_prompt_past_the_sliding_window(gemma3_loaded):
     """552 prompt tokens > Gemma 3's 512-token window: local layers must mask by window.
 
     Greedy ids and the last prompt position's full logits meet the 1e-3 bound. Over all 552
@@ -99,7 +107,7 @@ def test_gemma3_long_prompt_past_the_sliding_window():
     """
     meta, ref = _real("gemma3-270m")
     assert any(p["key"] == "long0" for p in meta["long_prompts"])
-    llm = LLM(load_model("gemma3-270m", progress=False), max_model_len=640, max_num_seqs=1,
+    llm = LLM(gemma3_loaded, max_model_len=640, max_num_seqs=1,
               max_num_batched_tokens=256, dtype="float32")
     prompt = ref["long0_prompt_ids"].tolist()
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=32,

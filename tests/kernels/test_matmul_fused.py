@@ -24,19 +24,7 @@ from pallas_kernels.matmul import (
 )
 from pallas_kernels.matmul.triton_gemm import TritonConfig, triton_linear
 from tests.kernels.cuda_lowering import lower_for_cuda
-
-FP8 = jnp.float8_e4m3fn
-F32 = jnp.float32
-
-
-def rand(seed: int, shape, dtype=jnp.bfloat16, scale: float = 1.0) -> jax.Array:
-    return (jax.random.normal(jax.random.key(seed), shape, F32) * scale).astype(dtype)
-
-
-def rel_err(out, ref) -> float:
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    assert np.isfinite(out).all(), "kernel left non-finite outputs"
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+from tests.kernels.test_matmul import F32, FP8, rand, rel_err
 
 
 def fp8_weight(seed: int, rows: int, K: int):

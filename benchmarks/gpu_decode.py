@@ -101,30 +101,22 @@ def run_peer(path: str, batches: list[int], ctx: int, steps: int, out: Path) -> 
     return json.loads(j.read_text()) if j.exists() else []
 
 
-def decode_replay(eng, b: int, ctx: int, distinct: bool = False):
-    """A callable that replays eng's compiled decode program for batch b at context ctx.
-
-    Fixed inputs (every row at position ctx, pages 1.. in order; with ``distinct`` each row
-    reads its own pages, so the KV bytes are the batch's, not one sequence's out of L2), no
-    host work: the device time of one decode step, the model program then the greedy sampler
-    program (runner.py). The KV cache and the penalty counts are threaded through as the
-    engine does (donated).
-    """
+def decode_inputs(eng, b: int, ctx: int, distinct: bool = False):
+    """Fixed inputs of eng's decode program for batch b at context ctx: (bucket, token ids,
+    AttentionMetadata, greedy SamplingArrays). Every row at position ctx, pages 1.. in order;
+    with ``distinct`` each row reads its own pages, so the KV bytes are the batch's, not one
+    sequence's out of L2. The bucket is the widest page bucket of b rows."""
     import jax
 
-    from jaxinfer.batch import SamplingArrays
+    from jaxinfer.batch import Bucket, SamplingArrays
 
-    runner = eng.runner
-    bucket = [k for k in runner.compiled_buckets if k[1].kind == "decode"
-              and k[1].num_seqs == b][0][1]
-    exe = runner.executable(bucket)
-    args = runner._abstract_args(bucket)
-    md = args[3]
+    bucket = Bucket("decode", b, b, eng.config.page_buckets[-1])
     bt = np.zeros((b, bucket.max_pages), np.int32)
     n = (ctx + 1) // 16 + 1
     bt[:, :n] = np.arange(1, n + 1)
     if distinct:
         bt[:, :n] += n * np.arange(b)[:, None]
+    md = eng.runner._abstract_args(bucket)[3]
     md_arr = type(md)(positions=jax.numpy.full((b,), ctx, "int32"),
                       slot_mapping=jax.numpy.full((b,), 16 + ctx % 16, "int32"),
                       seq_ids=jax.numpy.arange(b, dtype="int32"),
@@ -133,9 +125,22 @@ def decode_replay(eng, b: int, ctx: int, distinct: bool = False):
                       logits_indices=jax.numpy.arange(b, dtype="int32"), is_prefill=False)
     toks = jax.numpy.zeros((b,), "int32")
     sp = SamplingArrays(*map(jax.numpy.asarray, SamplingArrays.neutral(b)))  # greedy rows
+    return bucket, toks, md_arr, sp
+
+
+def decode_replay(eng, b: int, ctx: int, distinct: bool = False, exe=None):
+    """A callable that replays eng's compiled decode program (or ``exe``, the same program
+    compiled otherwise) for batch b at context ctx with ``decode_inputs``' fixed inputs, no
+    host work: the device time of one decode step, the model program then the greedy sampler
+    program (runner.py). The KV cache and the penalty counts are threaded through as the
+    engine does (donated).
+    """
+    runner = eng.runner
+    bucket, toks, md_arr, sp = decode_inputs(eng, b, ctx, distinct)
+    exe = exe or runner.executable(bucket)
 
     def replay():  # runner.cache and runner.counts are donated: the runner threads them
-        logits, runner.cache = exe(runner.state, runner.cache, toks, md_arr)
+        logits, runner.cache = exe(runner.weights, runner.cache, toks, md_arr)
         return runner.sample(logits, sp, "greedy")
 
     return replay

@@ -134,7 +134,7 @@ def decode_step_time(eng, batch: int, ctx: int) -> dict:
     sp = SamplingArrays(*map(jnp.asarray, SamplingArrays.neutral(batch)))  # greedy rows
 
     def replay():  # runner.cache and runner.counts are donated: the runner threads them
-        logits, runner.cache = exe(runner.state, runner.cache, toks, md)
+        logits, runner.cache = exe(runner.weights, runner.cache, toks, md)
         return runner.sample(logits, sp, "greedy")  # the model program, then the sampler's
 
     t = median_time(replay, n=20)

@@ -1,0 +1,166 @@
+"""Host and launch cost of one decode step, per XLA command-buffer setting (GPU).
+
+The engine's decode step is one XLA program (the model) then one small sampler program. At
+batch 1 on an H200 the 8B FP8 model program takes 3.25 ms back to back but 4.67 ms when each
+call is waited for (session 10, NOTES_matmul "Session 10"): launch and host time the async
+engine does not hide. This script compiles the same decode program of one engine several
+times, each with its own ``compiler_options`` (XLA's command buffers — CUDA graphs — on,
+off, with ``WHILE`` / ``CONDITIONAL`` added, with the minimum graph size at 1), and for each
+replays it with fixed inputs (``gpu_decode.decode_inputs``) and reports:
+
+  dispatch_ms   host time until the model call returns (enqueue only, median),
+  sample_ms     host time until the sampler call returns,
+  sync_ms       one step, dispatched and waited for (median),
+  b2b_ms        steps issued back to back, one wait at the end (per step, best of 3),
+  hlo           kernels of the optimized program: fusions, custom calls, while / conditional.
+
+Also the host cost of the weights' argument form: ``jax.tree.flatten`` of the nnx.State and a
+compiled no-op called with it and with the flat list the runner passes (a compiled call
+flattens its arguments every step).
+
+  PYTHONPATH=. python3 benchmarks/decode_launch.py --backend pallas:fp8 --batch 1 \\
+      --out $OUT/launch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# XLA's command types (xla.proto DebugOptions.CommandBufferCmdType); compiler_options take a
+# full list (the "+WHILE" form is XLA_FLAGS syntax only).
+_ALL = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+VARIANTS = {  # name -> compiler_options added to the runner's COMPILER_OPTIONS
+    "default": {},
+    "cb_off": {"xla_gpu_enable_command_buffer": ""},
+    "min1": {"xla_gpu_graph_min_graph_size": 1},
+    "while_cond": {"xla_gpu_enable_command_buffer": _ALL},
+    "while_cond_min1": {"xla_gpu_enable_command_buffer": _ALL, "xla_gpu_graph_min_graph_size": 1},
+}
+
+
+def hlo_counts(text: str) -> dict:
+    """Kernel-launching instructions of an optimized HLO module's text (entry and callees)."""
+    ops = re.findall(r"=\s*[^=]*?\s(fusion|custom-call|while|conditional|copy-start|"
+                     r"dynamic-update-slice|call)\(", text)
+    out = {k: ops.count(k) for k in sorted(set(ops))}
+    out["custom_call_targets"] = sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))
+    return out
+
+
+def host_times(fn, n: int) -> list[float]:
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return ts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="dummy:llama-3.1-8b")
+    ap.add_argument("--backend", default="pallas:fp8", help="attention[:quantization]")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--num-layers", type=int, default=0,
+                    help="override the dummy model's depth (a host-cost study on the CPU)")
+    ap.add_argument("--out", default="benchmarks/results/launch")
+    ns = ap.parse_args()
+
+    import jax
+
+    from gpu_decode import decode_inputs, decode_replay, make_engine, median_time, pipelined_time
+    from jaxinfer.runner import COMPILER_OPTIONS
+
+    if ns.num_layers:
+        import dataclasses
+
+        from jaxinfer.loading.dummy import DUMMY_CONFIGS
+
+        shape = ns.model.removeprefix("dummy:")
+        DUMMY_CONFIGS[shape] = dataclasses.replace(DUMMY_CONFIGS[shape], num_layers=ns.num_layers,
+                                                   layer_types=None)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    eng = make_engine(ns.model, ns.backend, [ns.batch], ns.ctx, 32)
+    runner = eng.runner
+    bucket, toks, md_arr, sp = decode_inputs(eng, ns.batch, ns.ctx)
+    exe0 = runner.executable(bucket)  # also builds the sampler programs
+    load_s = time.perf_counter() - t0
+    leaves = runner.weights
+    flat_us = 1e6 * float(np.median(host_times(lambda: jax.tree.flatten(runner.state), 50)))
+    # The host cost of the argument form alone: a compiled no-op called with the weights as
+    # the nnx.State the runner used to pass and as the flat list it passes now.
+    call_us = {}
+    for form, arg in (("nnx_state", runner.state), ("flat_list", runner.weights)):
+        noop = jax.jit(lambda w: 0).lower(arg).compile()
+        noop(arg)
+        call_us[form] = 1e6 * float(np.median(host_times(lambda: noop(arg), 50)))
+    print(f"engine + first compile {load_s:.1f} s; {len(leaves)} weight arrays, "
+          f"tree.flatten {flat_us:.0f} us, no-op call {call_us}", flush=True)
+    rec = {"model": ns.model, "backend": ns.backend, "batch": ns.batch, "ctx": ns.ctx,
+           "bucket": str(bucket), "weight_leaves": len(leaves), "flatten_us": flat_us,
+           "noop_call_us": call_us,
+           "load_s": load_s, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+           "variants": {}}
+    for name in ns.variants.split(","):
+        opts = {**COMPILER_OPTIONS, **VARIANTS[name]}
+        t1 = time.perf_counter()
+        try:
+            exe = exe0 if name == "default" else runner.lower(bucket).compile(
+                compiler_options=opts)
+        except Exception as e:  # noqa: BLE001 - record and go on
+            rec["variants"][name] = {"error": repr(e)[:400]}
+            print(name, "compile failed:", repr(e)[:300], flush=True)
+            continue
+        compile_s = time.perf_counter() - t1
+
+        step = decode_replay(eng, ns.batch, ns.ctx, exe=exe)
+        jax.block_until_ready(step())
+        disp, samp = [], []
+        for _ in range(ns.steps):
+            jax.block_until_ready(runner.cache)
+            ta = time.perf_counter()
+            logits, runner.cache = exe(runner.weights, runner.cache, toks, md_arr)
+            tb = time.perf_counter()
+            r = runner.sample(logits, sp, "greedy")
+            tc = time.perf_counter()
+            jax.block_until_ready(r)
+            disp.append(tb - ta)
+            samp.append(tc - tb)
+        v = {"options": VARIANTS[name], "compile_s": compile_s,
+             "dispatch_ms": 1e3 * float(np.median(disp)),
+             "sample_ms": 1e3 * float(np.median(samp)),
+             "sync_ms": 1e3 * median_time(step, n=ns.steps),
+             "b2b_ms": 1e3 * pipelined_time(step, n=ns.steps),
+             "hlo": hlo_counts(exe.as_text() or "")}
+        rec["variants"][name] = v
+        print(name, json.dumps({k: (round(x, 3) if isinstance(x, float) else x)
+                                for k, x in v.items() if k != "hlo"}), flush=True)
+        (out / "decode_launch.json").write_text(json.dumps(rec, indent=1))
+    print(f"\n{ns.backend} B{ns.batch} ctx{ns.ctx}: {'variant':>16} {'dispatch':>9} "
+          f"{'sample':>7} {'sync':>7} {'b2b':>7} ms")
+    for name, v in rec["variants"].items():
+        if "error" in v:
+            print(f"{name:>16} error")
+            continue
+        print(f"{name:>16} {v['dispatch_ms']:9.3f} {v['sample_ms']:7.3f} {v['sync_ms']:7.3f} "
+              f"{v['b2b_ms']:7.3f}")
+    print("hlo (default):", json.dumps(rec["variants"].get("default", {}).get("hlo")))
+
+
+if __name__ == "__main__":
+    main()

@@ -66,6 +66,32 @@ def host_times(fn, n: int) -> list[float]:
     return ts
 
 
+def host_trace(step, n: int) -> list[tuple[str, float, float]]:
+    """(event name, us per step, calls per step) of the host (non-device) threads' trace
+    events over n waited steps, by total time; events nest, so the totals overlap."""
+    import collections
+    import tempfile
+
+    import jax
+
+    from profile_decode import load_trace
+
+    d = tempfile.mkdtemp(prefix="launch_trace_")
+    jax.block_until_ready(step())
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+        for _ in range(n):
+            jax.block_until_ready(step())
+    events = load_trace(d)
+    dev = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+           and str(e.get("args", {}).get("name", "")).startswith("/device:")}
+    per, cnt = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") not in dev and e.get("dur"):
+            per[e["name"]] += e["dur"]
+            cnt[e["name"]] += 1
+    return sorted(((k, v / n, cnt[k] / n) for k, v in per.items()), key=lambda r: -r[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="dummy:llama-3.1-8b")
@@ -77,6 +103,10 @@ def main() -> None:
     ap.add_argument("--num-layers", type=int, default=0,
                     help="override the dummy model's depth (a host-cost study on the CPU)")
     ap.add_argument("--out", default="benchmarks/results/launch")
+    ap.add_argument("--host-trace", type=int, default=0, metavar="N",
+                    help="trace N waited steps of the default program and sum the host-side "
+                         "events by name (set XLA_FLAGS=--xla_enable_command_buffers_during_"
+                         "profiling=true to keep the command buffers under the profiler)")
     ns = ap.parse_args()
 
     import jax
@@ -151,6 +181,9 @@ def main() -> None:
         print(name, json.dumps({k: (round(x, 3) if isinstance(x, float) else x)
                                 for k, x in v.items() if k != "hlo"}), flush=True)
         (out / "decode_launch.json").write_text(json.dumps(rec, indent=1))
+    if ns.host_trace:
+        rec["host_trace"] = host_trace(decode_replay(eng, ns.batch, ns.ctx), ns.host_trace)
+        (out / "decode_launch.json").write_text(json.dumps(rec, indent=1))
     print(f"\n{ns.backend} B{ns.batch} ctx{ns.ctx}: {'variant':>16} {'dispatch':>9} "
           f"{'sample':>7} {'sync':>7} {'b2b':>7} ms")
     for name, v in rec["variants"].items():
@@ -160,6 +193,10 @@ def main() -> None:
         print(f"{name:>16} {v['dispatch_ms']:9.3f} {v['sample_ms']:7.3f} {v['sync_ms']:7.3f} "
               f"{v['b2b_ms']:7.3f}")
     print("hlo (default):", json.dumps(rec["variants"].get("default", {}).get("hlo")))
+    if ns.host_trace:
+        print(f"host events, us per step (top 30 of {len(rec['host_trace'])}):")
+        for name, us, calls in rec["host_trace"][:30]:
+            print(f"  {us:9.1f} {calls:7.1f}  {name[:110]}")
 
 
 if __name__ == "__main__":

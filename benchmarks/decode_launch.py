@@ -45,6 +45,10 @@ VARIANTS = {  # name -> compiler_options added to the runner's COMPILER_OPTIONS
     "min1": {"xla_gpu_graph_min_graph_size": 1},
     "while_cond": {"xla_gpu_enable_command_buffer": _ALL},
     "while_cond_min1": {"xla_gpu_enable_command_buffer": _ALL, "xla_gpu_graph_min_graph_size": 1},
+    # how the graph's nodes are ordered: XLA's default LHS (edges from the latency-hiding
+    # schedule), SERIALIZE (one after another: a straight-line graph), CONCURRENT (data edges)
+    "serialize": {"xla_gpu_command_buffer_scheduling_mode": "SERIALIZE"},
+    "concurrent": {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"},
 }
 
 
@@ -104,7 +108,7 @@ def main() -> None:
                     help="override the dummy model's depth (a host-cost study on the CPU)")
     ap.add_argument("--out", default="benchmarks/results/launch")
     ap.add_argument("--host-trace", type=int, default=0, metavar="N",
-                    help="trace N waited steps of the default program and sum the host-side "
+                    help="trace N waited steps of the last variant's program and sum the host-side "
                          "events by name (set XLA_FLAGS=--xla_enable_command_buffers_during_"
                          "profiling=true to keep the command buffers under the profiler)")
     ns = ap.parse_args()
@@ -182,7 +186,7 @@ def main() -> None:
                                 for k, x in v.items() if k != "hlo"}), flush=True)
         (out / "decode_launch.json").write_text(json.dumps(rec, indent=1))
     if ns.host_trace:
-        rec["host_trace"] = host_trace(decode_replay(eng, ns.batch, ns.ctx), ns.host_trace)
+        rec["host_trace"] = host_trace(step, ns.host_trace)
         (out / "decode_launch.json").write_text(json.dumps(rec, indent=1))
     print(f"\n{ns.backend} B{ns.batch} ctx{ns.ctx}: {'variant':>16} {'dispatch':>9} "
           f"{'sample':>7} {'sync':>7} {'b2b':>7} ms")

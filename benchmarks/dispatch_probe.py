@@ -3,7 +3,8 @@
 (1) arguments: a compiled program that ignores N small arguments (``keep_unused=True``, so
     all N reach the executable) — the per-buffer cost of a call; with D of them donated;
 (2) kernels: a chain of K dependent elementwise kernels (``optimization_barrier`` keeps them
-    apart) — the per-kernel launch cost with XLA's command buffers on (default) and off;
+    apart) — the per-kernel launch cost with XLA's command buffers on (default), off, and
+    with the graph's nodes serialized (a straight-line graph) or concurrent;
 (3) Triton custom calls: K Pallas kernels in a chain, the same way.
 Each row: host ms until the call returns (median of 30), ms waited, ms back to back.
 
@@ -81,7 +82,10 @@ def main() -> None:
         return x
 
     x = jnp.ones((1024,), jnp.float32)
-    for opts_name, opts in (("cb_default", {}), ("cb_off", {"xla_gpu_enable_command_buffer": ""})):
+    for opts_name, opts in (("cb_default", {}), ("cb_off", {"xla_gpu_enable_command_buffer": ""}),
+                            ("serialize", {"xla_gpu_command_buffer_scheduling_mode": "SERIALIZE"}),
+                            ("concurrent",
+                             {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"})):
         for k in ((20,) if jax.default_backend() == "cpu" else (100, 500)):
             for kind, fn in (("fusions", chain), ("triton", tri_chain)):
                 c = jax.jit(fn, static_argnums=1).lower(x, k).compile(compiler_options=opts)

@@ -104,6 +104,10 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--scan-layers", action="store_true",
+                    help="the layers under lax.scan (one loop body instead of L unrolled layers)")
+    ap.add_argument("--dump-hlo", action="store_true",
+                    help="write each variant's optimized HLO text (gzip) next to the record")
     ap.add_argument("--num-layers", type=int, default=0,
                     help="override the dummy model's depth (a host-cost study on the CPU)")
     ap.add_argument("--out", default="benchmarks/results/launch")
@@ -129,7 +133,8 @@ def main() -> None:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    eng = make_engine(ns.model, ns.backend, [ns.batch], ns.ctx, 32)
+    eng = make_engine(ns.model, ns.backend, [ns.batch], ns.ctx, 32,
+                      scan_layers=True if ns.scan_layers else None)
     runner = eng.runner
     bucket, toks, md_arr, sp = decode_inputs(eng, ns.batch, ns.ctx)
     exe0 = runner.executable(bucket)  # also builds the sampler programs
@@ -146,6 +151,7 @@ def main() -> None:
     print(f"engine + first compile {load_s:.1f} s; {len(leaves)} weight arrays, "
           f"tree.flatten {flat_us:.0f} us, no-op call {call_us}", flush=True)
     rec = {"model": ns.model, "backend": ns.backend, "batch": ns.batch, "ctx": ns.ctx,
+           "scan_layers": ns.scan_layers,
            "bucket": str(bucket), "weight_leaves": len(leaves), "flatten_us": flat_us,
            "noop_call_us": call_us,
            "load_s": load_s, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
@@ -181,6 +187,11 @@ def main() -> None:
              "sync_ms": 1e3 * median_time(step, n=ns.steps),
              "b2b_ms": 1e3 * pipelined_time(step, n=ns.steps),
              "hlo": hlo_counts(exe.as_text() or "")}
+        if ns.dump_hlo:
+            import gzip
+
+            with gzip.open(out / f"hlo_{name}.txt.gz", "wt") as f:
+                f.write(exe.as_text() or "")
         rec["variants"][name] = v
         print(name, json.dumps({k: (round(x, 3) if isinstance(x, float) else x)
                                 for k, x in v.items() if k != "hlo"}), flush=True)

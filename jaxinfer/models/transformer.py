@@ -105,11 +105,14 @@ def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up:
 
 def _to_kernel_layout(weights: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """FP8 projections with per-channel scales ``[K, N]`` -> ``[N, K]`` (the layout the
-    Pallas GEMMs stream: rows of K contiguous bytes; pallas_kernels.matmul.api)."""
+    Pallas GEMMs stream: rows of K contiguous bytes; pallas_kernels.matmul.api); stacked
+    ``[L, K, N]`` (scales ``[L, N]``, the scanned layers) -> ``[L, N, K]``. Block-scaled
+    weights (scales with as many axes as the weight) stay as they are (XLA W8A16)."""
     out = dict(weights)
     for name, value in weights.items():
         scale = weights.get(name + "_scale")
-        if value.dtype == jnp.float8_e4m3fn and scale is not None and scale.ndim == 1:
+        if (value.dtype == jnp.float8_e4m3fn and scale is not None
+                and scale.ndim == value.ndim - 1):
             out[name] = jnp.swapaxes(value, -1, -2)
     return out
 

@@ -96,10 +96,34 @@ def test_matmul_backend_is_validated():
         EngineConfig(matmul_backend="cutlass")
 
 
-def _llm(mm: str) -> LLM:
+def _llm(mm: str, **extra) -> LLM:
     kw = dict(max_model_len=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=128,
               decode_buckets=(4,), prefill_buckets=(128,), page_buckets=(4,))
-    return LLM(tiny_loaded("llama", head_dim=16), quantization="fp8", matmul_backend=mm, **kw)
+    return LLM(tiny_loaded("llama", head_dim=16), quantization="fp8", matmul_backend=mm,
+               **kw, **extra)
+
+
+def test_scanned_layers_run_the_fp8_kernels_in_their_layout():
+    """scan_layers=True with the FP8 kernels: the stacked [L, K, N] weights go to the
+    kernels' [L, N, K] layout (a layer's slice inside the scan is the kernels' [N, K]; before
+    the fix the scan body handed the GEMM a [K, N] weight and lowering failed), and the
+    scanned engine's tokens and logprobs are the unrolled engine's."""
+    prompts = [[5, 6, 7], list(range(10, 27))]
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
+    scan = _llm("pallas", scan_layers=True)
+    cfg = scan.engine.model_config
+    flat = {"/".join(map(str, k)): v for k, v in
+            jax.tree_util.tree_leaves_with_path(scan.engine.runner.state)}
+    qkv = [v for k, v in flat.items() if "layers__wqkv" in k and "scale" not in k]
+    assert qkv and qkv[0].shape == (cfg.num_layers, cfg.q_size + 2 * cfg.kv_size,
+                                    cfg.hidden_size)
+    got = scan.generate(prompts, sp)
+    ref = _llm("pallas").generate(prompts, sp)
+    for g, r in zip(got, ref):
+        assert g.outputs[0].token_ids == r.outputs[0].token_ids
+        lp_g = [d[t] for d, t in zip(g.outputs[0].logprobs, g.outputs[0].token_ids)]
+        lp_r = [d[t] for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
+        np.testing.assert_allclose(lp_g, lp_r, atol=1e-4)
 
 
 def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch, request):

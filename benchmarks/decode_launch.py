@@ -108,6 +108,9 @@ def main() -> None:
                     help="the layers under lax.scan (one loop body instead of L unrolled layers)")
     ap.add_argument("--dump-hlo", action="store_true",
                     help="write each variant's optimized HLO text (gzip) next to the record")
+    ap.add_argument("--num-kv-pages", type=int, default=0,
+                    help="KV pool pages (default: sized to the free memory; the scanned "
+                         "model's one stacked pool can fail to allocate there)")
     ap.add_argument("--num-layers", type=int, default=0,
                     help="override the dummy model's depth (a host-cost study on the CPU)")
     ap.add_argument("--out", default="benchmarks/results/launch")
@@ -134,7 +137,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     eng = make_engine(ns.model, ns.backend, [ns.batch], ns.ctx, 32,
-                      scan_layers=True if ns.scan_layers else None)
+                      scan_layers=True if ns.scan_layers else None,
+                      **({"num_kv_pages": ns.num_kv_pages} if ns.num_kv_pages else {}))
     runner = eng.runner
     bucket, toks, md_arr, sp = decode_inputs(eng, ns.batch, ns.ctx)
     exe0 = runner.executable(bucket)  # also builds the sampler programs

@@ -11,6 +11,6 @@ set -u
 source scripts/gpu_call_lib.sh
 L="python3 -u benchmarks/decode_launch.py --batch 1 --ctx 512 --steps 30 --backend pallas:fp8"
 XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true TAIL=26 run scan-fp8 250 \
-  $L --scan-layers --variants default,while_cond,while_cond_min1 --host-trace 5 --dump-hlo \
+  $L --scan-layers --num-kv-pages 4096 --variants default,while_cond,while_cond_min1 --host-trace 5 --dump-hlo \
   --out "$OUT/records/scan_fp8"
 TAIL=5 run unrolled-fp8 150 $L --variants default --dump-hlo --out "$OUT/records/unrolled_fp8"

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # XLA's command types (xla.proto DebugOptions.CommandBufferCmdType); compiler_options take a
 # full list (the "+WHILE" form is XLA_FLAGS syntax only).
 _ALL = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+_X = "xla_gpu_experimental_"
 VARIANTS = {  # name -> compiler_options added to the runner's COMPILER_OPTIONS
     "default": {},
     "cb_off": {"xla_gpu_enable_command_buffer": ""},
@@ -49,6 +50,16 @@ VARIANTS = {  # name -> compiler_options added to the runner's COMPILER_OPTIONS
     # schedule), SERIALIZE (one after another: a straight-line graph), CONCURRENT (data edges)
     "serialize": {"xla_gpu_command_buffer_scheduling_mode": "SERIALIZE"},
     "concurrent": {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"},
+    # fewer kernels (graph nodes): XLA's experimental Triton fusions, which can fuse a
+    # reduction with its consumers (RMSNorm, the FP8 per-token absmax -> quantize); the names
+    # are the options this jaxlib accepts (others fail with "No such compile option")
+    "heroless": {_X + "enable_triton_heroless_priority_fusion": True},
+    "block_level": {_X + "enable_fusion_block_level_rewriter": True},
+    "block_heroless": {_X + "enable_fusion_block_level_rewriter": True,
+                       _X + "enable_triton_heroless_priority_fusion": True},
+    "all_triton": {_X + "all_fusions_with_triton": True},
+    "multi_output": {"xla_gpu_unsupported_enable_triton_multi_output_fusion": True,
+                     _X + "enable_same_shape_multi_output_fusion": True},
 }
 
 
@@ -160,7 +171,11 @@ def main() -> None:
            "noop_call_us": call_us,
            "load_s": load_s, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
            "variants": {}}
-    for name in ns.variants.split(","):
+    names = ns.variants.split(",")
+    if names[0] != "default":
+        raise SystemExit("--variants must start with default (the logits reference)")
+    ref = None
+    for name in names:
         opts = {**COMPILER_OPTIONS, **VARIANTS[name]}
         t1 = time.perf_counter()
         try:
@@ -173,6 +188,9 @@ def main() -> None:
         compile_s = time.perf_counter() - t1
 
         step = decode_replay(eng, ns.batch, ns.ctx, exe=exe)
+        logits, runner.cache = exe(runner.weights, runner.cache, toks, md_arr)
+        logits = np.asarray(logits, np.float64)
+        ref = logits if ref is None else ref
         jax.block_until_ready(step())
         disp, samp = [], []
         for _ in range(ns.steps):
@@ -190,7 +208,10 @@ def main() -> None:
              "sample_ms": 1e3 * float(np.median(samp)),
              "sync_ms": 1e3 * median_time(step, n=ns.steps),
              "b2b_ms": 1e3 * pipelined_time(step, n=ns.steps),
-             "hlo": hlo_counts(exe.as_text() or "")}
+             "hlo": hlo_counts(exe.as_text() or ""),
+             # the same inputs through the default program: are the logits the same math?
+             "logits_rel_err": float(np.linalg.norm(logits - ref) / np.linalg.norm(ref)),
+             "argmax_equal": bool((logits.argmax(-1) == ref.argmax(-1)).all())}
         if ns.dump_hlo:
             import gzip
 
@@ -204,13 +225,16 @@ def main() -> None:
         rec["host_trace"] = host_trace(step, ns.host_trace)
         (out / "decode_launch.json").write_text(json.dumps(rec, indent=1))
     print(f"\n{ns.backend} B{ns.batch} ctx{ns.ctx}: {'variant':>16} {'dispatch':>9} "
-          f"{'sample':>7} {'sync':>7} {'b2b':>7} ms")
+          f"{'sample':>7} {'sync':>7} {'b2b':>7} ms {'kernels':>8} {'rel.err':>8}")
     for name, v in rec["variants"].items():
         if "error" in v:
             print(f"{name:>16} error")
             continue
+        nk = sum(n for k, n in v["hlo"].items() if k in ("fusion", "custom-call",
+                                                             "dynamic-update-slice"))
         print(f"{name:>16} {v['dispatch_ms']:9.3f} {v['sample_ms']:7.3f} {v['sync_ms']:7.3f} "
-              f"{v['b2b_ms']:7.3f}")
+              f"{v['b2b_ms']:7.3f}    {nk:8d} {v['logits_rel_err']:8.1e}"
+              f"{'' if v['argmax_equal'] else ' ARGMAX DIFFERS'}")
     print("hlo (default):", json.dumps(rec["variants"].get("default", {}).get("hlo")))
     if ns.host_trace:
         print(f"host events, us per step (top 30 of {len(rec['host_trace'])}):")

@@ -76,31 +76,50 @@ def _as(name: str, value, dtype) -> jax.Array:
 
 
 def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = False,
-          interpret: bool = False) -> jax.Array:
-    """``h @ w[name]``. FP8 weights: with ``kernels`` and a per-channel scale the weight is
-    held as ``[N, K]`` and runs on the Pallas GEMMs the measured policy picks for the row
-    count (pallas_kernels.matmul.fp8_plan.fp8_engine_linear: W8A8 on the Triton or Mosaic GPU
-    kernels, W8A16 on XLA where none takes the shape); otherwise it is widened to h's dtype in an XLA
-    GEMM (W8A16) and scaled per channel after it, or per group of input rows (block-FP8
-    checkpoints; jaxinfer.quantization.fp8_weight_linear)."""
+          interpret: bool = False, norm: jax.Array | None = None, eps: float = 0.0,
+          gate_up: bool = False) -> jax.Array:
+    """``h @ w[name]``, after ``rms_norm(h, norm, eps)`` when ``norm`` is given. FP8 weights:
+    with ``kernels`` and a per-channel scale the weight is held as ``[N, K]`` and runs on the
+    Pallas GEMMs the measured policy picks for the row count
+    (pallas_kernels.matmul.fp8_plan.fp8_engine_linear: W8A8 on the Triton or Mosaic GPU
+    kernels, W8A16 on XLA where none takes the shape); where that is the Triton decode GEMM
+    the norm and the per-token quantization run as one kernel first
+    (pallas_kernels.matmul.row_quant.norm_quant_fp8: one CUDA-graph node instead of XLA's
+    two or three). Otherwise an FP8 weight is widened to h's dtype in an XLA GEMM (W8A16)
+    and scaled per channel after it, or per group of input rows (block-FP8 checkpoints;
+    jaxinfer.quantization.fp8_weight_linear). ``gate_up``: the FP8 kernels' ``[2F, K]``
+    gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``)."""
     scale = w.get(name + "_scale")
+    if kernels and scale is not None and scale.ndim == 1:
+        from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
+        from pallas_kernels.matmul.row_quant import norm_quant_fp8
+
+        if fp8_takes_quantized_x(h.shape[0], h.shape[1], w[name].shape[0], gate_up):
+            xq, xs = norm_quant_fp8(h, norm, eps, interpret=interpret)
+            return _fp8_kernel_linear(xq, w[name], scale, gate_up=gate_up, interpret=interpret,
+                                      x_scale=xs, out_dtype=h.dtype)
+        h = h if norm is None else rms_norm(h, norm, eps)
+        return _fp8_kernel_linear(h, w[name], scale, gate_up=gate_up, interpret=interpret)
+    if gate_up:
+        raise ValueError(f"_proj: gate_up needs the FP8 kernels and a per-channel scale ({name})")
+    h = h if norm is None else rms_norm(h, norm, eps)
     if scale is None:
         return h @ w[name]
-    if kernels and scale.ndim == 1:
-        return _fp8_kernel_linear(h, w[name], scale, interpret=interpret)
     return fp8_weight_linear(h, w[name], scale)
 
 
-@functools.partial(jax.jit, static_argnames=("gate_up", "interpret"))
+@functools.partial(jax.jit, static_argnames=("gate_up", "interpret", "out_dtype"))
 def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up: bool = False,
-                       interpret: bool = False) -> jax.Array:
+                       interpret: bool = False, x_scale: jax.Array | None = None,
+                       out_dtype: jnp.dtype | None = None) -> jax.Array:
     """pallas_kernels.matmul.fp8_plan.fp8_engine_linear under its own ``jit``: the unrolled layers'
     calls of one shape share one traced and lowered function (XLA inlines it), so a kernel's
     Python lowering runs once per shape, not once per layer. Lowering a Mosaic GPU GEMM took
     0.4-1 s a call: an 8B prefill program with 128 of them compiled in ~130 s, not ~20 s."""
     from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
 
-    return fp8_engine_linear(h, w_nk, scale, gate_up=gate_up, interpret=interpret)
+    return fp8_engine_linear(h, w_nk, scale, gate_up=gate_up, interpret=interpret,
+                             x_scale=x_scale, out_dtype=out_dtype or h.dtype)
 
 
 def _to_kernel_layout(weights: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -247,8 +266,7 @@ class CausalLM(nnx.Module):
         T = x.shape[0]
         eps = cfg.rms_norm_eps
         kern = (self.fp8_kernels, self.interpret)
-        h = rms_norm(x, w["attn_norm"], eps)
-        q, k, v = jnp.split(_proj(h, w, "wqkv", *kern),
+        q, k, v = jnp.split(_proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps),
                             [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
         if cfg.attention_bias:
             q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
@@ -265,15 +283,14 @@ class CausalLM(nnx.Module):
             o = rms_norm(o, w["post_attn_norm"], eps)
         x = x + o
 
-        h = rms_norm(x, w["ffn_norm"], eps)
         scale = w.get("w_gate_up_scale")
         if kern[0] and cfg.hidden_act == "silu" and scale is not None and scale.ndim == 1:
             # the FP8 kernels' gate_up form: silu(gate) * up from the GEMM (in its epilogue
             # on the Triton decode GEMM), not a [T, 2F] round trip through memory
-            act_up = _fp8_kernel_linear(h, w["w_gate_up"], scale, gate_up=True,
-                                        interpret=kern[1])
+            act_up = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps, gate_up=True)
         else:
-            gate, up = jnp.split(_proj(h, w, "w_gate_up", *kern), 2, axis=-1)
+            gate, up = jnp.split(_proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps),
+                                 2, axis=-1)
             if cfg.hidden_act == "silu":
                 act = jax.nn.silu(gate)
             else:

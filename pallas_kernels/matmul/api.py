@@ -172,7 +172,8 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
            layer: jax.Array | int | None = None, act_quant: bool = False,
            act_group: int = 0, backend: str = "auto", interpret: bool = False,
            triton_config: triton_gemm.TritonConfig | None = None,
-           mgpu_config: mgpu_gemm.MgpuConfig | None = None) -> jax.Array:
+           mgpu_config: mgpu_gemm.MgpuConfig | None = None,
+           x_scale: jax.Array | None = None, out_dtype: jnp.dtype | None = None) -> jax.Array:
     """A linear layer ``x @ W`` (with FP8 scaling / fused SwiGLU), dispatched to a kernel.
 
     Args:
@@ -188,8 +189,11 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
         (``triton_config.act_group`` must equal it), before an XLA dot on ``"xla"``.
       backend: one of ``BACKENDS``.
       interpret: run Pallas kernels in interpret mode (CPU tests).
+      x_scale: [M] f32 per-token scales of an ``x`` already quantized to float8_e4m3fn
+        (``row_quant.norm_quant_fp8``); needs act_quant=True, no act_group and out_dtype.
+      out_dtype: the result dtype (default x.dtype).
     Returns:
-      [M, N] in ``x.dtype`` ([M, F] for a gate_up weight: ``silu(gate) * up``).
+      [M, N] in ``out_dtype`` ([M, F] for a gate_up weight: ``silu(gate) * up``).
     Raises:
       LinearError: unknown backend, mismatched K, act_quant with a bf16 weight, a stacked
         weight without ``layer``, per-group scales with act_quant or a kernel backend, a
@@ -218,7 +222,12 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
     if w.grouped and (act_quant or backend not in ("auto", "xla")):
         raise LinearError("linear: per-group weight scales run W8A16 on the XLA path only "
                           f"(act_quant={act_quant}, backend={backend!r})")
-    out_dtype = x.dtype
+    if x_scale is not None and (x.dtype != FP8 or not act_quant or act_group
+                                or out_dtype is None or x_scale.shape != (M,)):
+        raise LinearError("linear: a pre-quantized x (x_scale given) must be float8_e4m3fn "
+                          f"[M, K] with x_scale [M] (got {x.dtype}, {x_scale.shape}), "
+                          "act_quant=True, no act_group and an out_dtype")
+    out_dtype = out_dtype or x.dtype
     cfg_group = triton_config.act_group if backend == "triton" and triton_config else 0
     if act_group and not act_quant:
         raise LinearError("linear: act_group needs act_quant=True (W8A8)")
@@ -227,7 +236,9 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
     if cfg_group != (act_group if backend == "triton" else 0):
         raise LinearError(f"linear: act_group={act_group} but the triton config quantizes "
                           f"with act_group={cfg_group}")
-    if act_group and backend == "xla":
+    if x_scale is not None:  # quantized by the caller
+        x_in = x
+    elif act_group and backend == "xla":
         x_in, x_scale = quantize_row_groups_fp8(x, act_group)
     elif act_quant and not act_group:
         x_in, x_scale = quantize_rows_fp8(x)

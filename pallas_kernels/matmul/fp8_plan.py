@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels.matmul import mgpu_gemm, triton_gemm
 from pallas_kernels.matmul.api import LinearError, PreparedWeight, linear
 from pallas_kernels.matmul.reference import FP8, silu_mul_ref
+from pallas_kernels.matmul.row_quant import row_quant_supported
 
 # ----------------------------------------------------------------------------- engine policy
 # The engine's FP8 projections on GPU, chosen by the program's static row count M from the
@@ -151,8 +152,22 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     return "xla", False
 
 
+def fp8_takes_quantized_x(M: int, K: int, N: int, gate_up: bool = False) -> bool:
+    """Whether :func:`fp8_engine_linear` takes ``x`` already quantized per token (``x_scale``):
+    where the plan puts the ``[M, K] x [N, K]ᵀ`` projection on the Triton decode GEMM with
+    per-token activation scales (no in-kernel groups) and ``row_quant.norm_quant_fp8`` takes
+    K — the engine then quantizes (and RMS-normalizes) in that one kernel instead of XLA's
+    two or three."""
+    backend, act_quant = fp8_engine_plan(M, K, N)
+    if backend != "triton" or not act_quant or not row_quant_supported(K):
+        return False
+    return fp8_decode_config(M, K, N // 2 if gate_up else N, gate_up).act_group == 0
+
+
 def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
-                      gate_up: bool = False, interpret: bool = False) -> jax.Array:
+                      gate_up: bool = False, interpret: bool = False,
+                      x_scale: jax.Array | None = None,
+                      out_dtype: jnp.dtype = jnp.bfloat16) -> jax.Array:
     """The engine's FP8 projection: ``x [M, K]`` bf16 times an FP8 weight ``w_nk [N, K]``
     with per-output-channel ``w_scale [N]`` f32 -> ``[M, N]`` in ``x.dtype``, on the kernel
     :func:`fp8_engine_plan` picks for M (W8A8 on the kernels: activation scales per token,
@@ -162,17 +177,26 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     epilogue fusion) up to FP8_GATE_UP_EPILOGUE_MAX_M rows, else from the ``[M, 2F]`` GEMM
     output in one XLA fusion.
 
+    ``x_scale``: ``x`` is float8_e4m3fn, quantized per token by the caller with these [M]
+    scales (where :func:`fp8_takes_quantized_x`); the result is then ``out_dtype`` (the
+    activations' dtype before quantization).
+
     Raises:
-      LinearError: mismatched shapes (see :func:`linear`), an odd gate_up row count.
+      LinearError: mismatched shapes (see :func:`linear`), an odd gate_up row count, an
+        x_scale where the plan does not take a quantized x.
     """
     M, K = x.shape
     N = w_nk.shape[0]
+    if x_scale is not None and not fp8_takes_quantized_x(M, K, N, gate_up):
+        raise LinearError(f"fp8_engine_linear: the plan for M={M} K={K} N={N} does not take "
+                          "a pre-quantized x (fp8_takes_quantized_x)")
     if gate_up and N % 2:
         raise LinearError(f"fp8_engine_linear: a gate_up weight needs an even row count, got {N}")
     backend, act_quant = fp8_engine_plan(M, K, N)
     if gate_up and not (backend == "triton" and M <= FP8_GATE_UP_EPILOGUE_MAX_M):
         # [M, 2F] in x.dtype from the plain GEMM, then SwiGLU (one XLA fusion)
-        return silu_mul_ref(fp8_engine_linear(x, w_nk, w_scale, interpret=interpret))
+        return silu_mul_ref(fp8_engine_linear(x, w_nk, w_scale, interpret=interpret,
+                                              x_scale=x_scale, out_dtype=out_dtype))
     tc, group = None, 0
     if act_quant and M <= FP8_DECODE_MAX_M and backend in ("triton", "xla"):
         # the Triton decode GEMM's activation groups (the same math where a caller's plan
@@ -187,4 +211,5 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
         mc = mgpu_gemm.mid_config(M, K, N, FP8)
     return linear(x, PreparedWeight(w_nk, w_scale, gate_up), act_quant=act_quant,
                   act_group=group, backend=backend, interpret=interpret, triton_config=tc,
-                  mgpu_config=mc)
+                  mgpu_config=mc, x_scale=x_scale,
+                  out_dtype=out_dtype if x_scale is not None else None)

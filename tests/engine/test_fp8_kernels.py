@@ -188,3 +188,30 @@ def test_prefill_program_lowers_each_kernel_shape_once(monkeypatch):
         counts[layers] = text.count("mosaic_gpu")
     assert counts[2] > 0
     assert counts[4] == counts[2]
+
+
+def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatch):
+    """At decode rows on the Triton GEMM every FP8 projection's input is RMS-normalized (QKV,
+    gate/up) and quantized per token by row_quant.norm_quant_fp8, one kernel per site, four
+    per layer (XLA's reduction + convert pairs were 6 more CUDA-graph nodes a layer)."""
+    import re
+
+    from jaxinfer.batch import Bucket
+    from jaxinfer.compile import abstract_runner
+    import jaxinfer.models.transformer as T
+    from tests.conftest import tiny_config
+
+    options = T.model_options
+    monkeypatch.setattr(T, "model_options", lambda ec: {**options(ec), "interpret": False})
+    ec = EngineConfig(max_model_len=64, block_size=16, max_num_seqs=4, num_kv_pages=8,
+                      max_num_batched_tokens=128, prefill_buckets=(128,), decode_buckets=(4,),
+                      max_prefill_seqs=1, quantization="fp8", matmul_backend="pallas",
+                      attention_backend="reference", dtype="bfloat16")
+    cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
+                      num_kv_heads=2, head_dim=64, num_layers=3)
+    runner = abstract_runner(cfg, ec)
+    args = runner._abstract_args(Bucket("decode", 4, 4, 4))
+    text = lower_for_cuda(lambda *a: runner._jitted["sample"](*a), *args)
+    calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+)(, %\w+)?\)", text)
+    assert len(calls) == 4 * cfg.num_layers
+    assert sum(1 for _, w in calls if w) == 2 * cfg.num_layers  # the normed ones

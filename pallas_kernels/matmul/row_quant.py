@@ -1,0 +1,115 @@
+"""RMSNorm and per-token FP8 quantization of a decode GEMM's input rows in one Pallas kernel.
+
+Before each FP8 W8A8 projection the engine quantizes its activations per token
+(``reference.quantize_rows_fp8``: absmax -> scale -> e4m3). XLA emits that as two kernels (the
+absmax reduction, then the scaling convert) and the RMSNorm in front of the QKV and gate/up
+projections as one more reduction: three kernels per site, each a node of the decode step's
+CUDA graph. On an H200 the batch-1 8B FP8 step is one graph of ~810 nodes whose launch costs
+the host ~2 us a node (benchmarks/decode_launch.py, session 11), more than the device time of
+these tiny kernels; this kernel does norm + absmax + quantize (or absmax + quantize) for a row
+in one program: one node per site (six fewer per layer). Same math as
+``quantize_rows_fp8(rms_norm(x, weight, eps))`` (jaxinfer/layers/norm.py): statistics in
+float32, the normed row rounded to x's dtype before its absmax, as the unfused path does.
+vLLM fuses the same pair (``rms_norm_dynamic_per_token_quant``, its fused RMSNorm + FP8 quant
+kernel); TensorRT-LLM's RMSNorm plugin has a quantized-output mode.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
+
+# Widest row one program takes, and the most chunks it walks a row in (the row is read in
+# power-of-two chunks of at most 4096 columns, each pass unrolled).
+ROW_QUANT_MAX_K = 16384
+ROW_QUANT_MAX_CHUNKS = 16
+
+
+def _chunk(K: int) -> int:
+    """The largest power of two <= 4096 dividing K (0 if K is not a multiple of 64)."""
+    c = 4096
+    while c >= 64 and K % c:
+        c //= 2
+    return c if c >= 64 else 0
+
+
+def row_quant_supported(K: int) -> bool:
+    """Whether :func:`norm_quant_fp8` takes rows of K columns: K <= 16384, a multiple of
+    64 that at most 16 power-of-two chunks cover (4096, 8192, 14336 = 7 x 2048, 576 = 9 x 64)."""
+    c = _chunk(K)
+    return 0 < K <= ROW_QUANT_MAX_K and c > 0 and K // c <= ROW_QUANT_MAX_CHUNKS
+
+
+def _kernel(*refs, eps: float, norm: bool, row_dtype: jnp.dtype, K: int, C: int):
+    if norm:
+        x_ref, w_ref, q_ref, s_ref = refs
+    else:
+        x_ref, q_ref, s_ref = refs
+    r = pl.program_id(0)
+    chunks = range(K // C)
+
+    def load(c):  # [1, C] float32
+        return x_ref[pl.ds(r, 1), pl.ds(c * C, C)].astype(jnp.float32)
+
+    if norm:
+        ss = sum(jnp.sum(load(c) * load(c), axis=-1, keepdims=True) for c in chunks)
+        inv = jax.lax.rsqrt(ss / K + eps)
+
+        def row(c):  # the normed chunk, rounded to x's dtype as rms_norm returns it
+            w = w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
+            return (load(c) * inv * w).astype(row_dtype).astype(jnp.float32)
+    else:
+        row = load
+    amax = functools.reduce(jnp.maximum, (jnp.max(jnp.abs(row(c)), axis=-1, keepdims=True)
+                                          for c in chunks))
+    scale = jnp.maximum(amax, MIN_ABSMAX) / FP8_MAX
+    for c in chunks:
+        q_ref[pl.ds(r, 1), pl.ds(c * C, C)] = jnp.clip(row(c) / scale, -FP8_MAX,
+                                                       FP8_MAX).astype(FP8)
+    s_ref[pl.ds(r, 1), pl.ds(0, 1)] = scale
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "interpret"))
+def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *,
+                   interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+    """Per-token FP8 quantization of ``x`` rows, after an RMSNorm when ``weight`` is given.
+
+    Args:
+      x: [M, K] activations (bf16 or f32); K with :func:`row_quant_supported`. One program
+        per row walks it in power-of-two chunks (three passes with the norm: mean square,
+        absmax, quantize; the re-reads hit the L1 / L2).
+      weight: [K] RMSNorm weight (Gemma's ``1 + w`` folded in), or None for no norm.
+      eps: added to the mean square.
+      interpret: run in Pallas interpret mode (CPU tests).
+    Returns:
+      ``(q [M, K] float8_e4m3fn, scale [M] float32)`` with ``h ≈ q * scale[:, None]``, h the
+      normed row in x's dtype (or x): ``quantize_rows_fp8(rms_norm(x, weight, eps))``.
+    Raises:
+      ValueError: x not 2-D, K unsupported, or weight not [K].
+    """
+    if x.ndim != 2:
+        raise ValueError(f"norm_quant_fp8: x must be [M, K], got shape {x.shape}")
+    M, K = x.shape
+    if not row_quant_supported(K):
+        raise ValueError(f"norm_quant_fp8: K={K} must be a multiple of 64 up to "
+                         f"{ROW_QUANT_MAX_K} in at most {ROW_QUANT_MAX_CHUNKS} power-of-two "
+                         "chunks (row_quant_supported)")
+    norm = weight is not None
+    if norm and weight.shape != (K,):
+        raise ValueError(f"norm_quant_fp8: weight must be [{K}], got {weight.shape}")
+    args = (x, weight.reshape(1, K)) if norm else (x,)
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    q, s = pl.pallas_call(
+        functools.partial(_kernel, eps=eps, norm=norm, row_dtype=x.dtype, K=K, C=_chunk(K)),
+        out_shape=(jax.ShapeDtypeStruct((M, K), FP8),
+                   jax.ShapeDtypeStruct((M, 1), jnp.float32)),
+        grid=(M,), in_specs=[any_spec] * len(args), out_specs=(any_spec, any_spec),
+        compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret, name="norm_quant_fp8")(*args)
+    return q, s[:, 0]

@@ -1,0 +1,81 @@
+"""row_quant.norm_quant_fp8 (RMSNorm + per-token FP8 quantization in one Pallas kernel) in
+interpret mode against the unfused math on fresh random inputs, its errors, its lowering for
+an H200, and the engine's decode program using it at every FP8 projection."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxinfer.layers.norm import rms_norm
+from pallas_kernels.matmul import quantize_rows_fp8
+from pallas_kernels.matmul.row_quant import norm_quant_fp8, row_quant_supported
+from tests.kernels.cuda_lowering import lower_for_cuda
+
+F32 = jnp.float32
+
+
+def _inputs(seed: int, M: int, K: int, dtype):
+    kx, kw = jax.random.split(jax.random.PRNGKey(seed))
+    # rows of different magnitudes, one all-zero row (the MIN_ABSMAX floor)
+    mag = jnp.exp(jax.random.uniform(kx, (M, 1), F32, -3.0, 3.0))
+    x = (jax.random.normal(kx, (M, K), F32) * mag).astype(dtype)
+    x = x.at[M // 2].set(0)
+    w = jax.random.normal(kw, (K,), F32) + 1.0
+    return x, w
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, F32])
+@pytest.mark.parametrize("M,K", [(1, 64), (5, 256), (2, 576), (64, 4096), (3, 8192),
+                                 (2, 14336)])
+@pytest.mark.parametrize("norm", [True, False])
+def test_equals_the_unfused_math(dtype, M, K, norm):
+    x, w = _inputs(M * K, M, K, dtype)
+    q, s = norm_quant_fp8(x, w if norm else None, 1e-5, interpret=True)
+    want_q, want_s = quantize_rows_fp8(rms_norm(x, w, 1e-5) if norm else x)
+    assert q.dtype == jnp.float8_e4m3fn and q.shape == (M, K) and s.shape == (M,)
+    got_q, want_q = np.asarray(q.astype(F32)), np.asarray(want_q.astype(F32))
+    if dtype == jnp.bfloat16 or not norm:
+        # the normed row is rounded to bf16 before its absmax (or there is no norm): bit-exact
+        np.testing.assert_array_equal(np.asarray(s), np.asarray(want_s))
+        np.testing.assert_array_equal(got_q, want_q)
+    else:
+        # a float32 row keeps the mean-square's summation order (the kernel's vs XLA's) in
+        # its last bits: scales within a few ulp, an element at an e4m3 rounding boundary may
+        # land one step away
+        np.testing.assert_allclose(np.asarray(s), np.asarray(want_s), rtol=1e-6, atol=0)
+        diff = got_q != want_q
+        assert diff.mean() < 1e-3
+        np.testing.assert_allclose(got_q[diff], want_q[diff], rtol=2 ** -3)
+    # and it is a quantization of the row: q * scale reproduces it to e4m3's resolution
+    h = np.asarray((rms_norm(x, w, 1e-5) if norm else x).astype(F32))
+    back = np.asarray(q.astype(F32)) * np.asarray(s)[:, None]
+    np.testing.assert_allclose(back, h, rtol=2 ** -3, atol=float(np.asarray(s).max()) * 2 ** -6)
+
+
+@pytest.mark.parametrize("K,ok", [(32, False), (64, True), (576, True), (640, True),
+                                  (4096, True), (14336, True), (16384, True), (1088, False),
+                                  (100, False), (32768, False)])
+def test_supported_widths(K, ok):
+    assert row_quant_supported(K) is ok
+
+
+def test_bad_input_is_refused():
+    x = jnp.ones((2, 100), jnp.bfloat16)
+    with pytest.raises(ValueError, match="K=100"):
+        norm_quant_fp8(x, interpret=True)
+    with pytest.raises(ValueError, match="weight must be"):
+        norm_quant_fp8(jnp.ones((2, 64)), jnp.ones((32,)), interpret=True)
+    with pytest.raises(ValueError, match=r"\[M, K\]"):
+        norm_quant_fp8(jnp.ones((64,)), interpret=True)
+
+
+@pytest.mark.parametrize("M,K", [(1, 4096), (64, 4096), (16, 8192), (1, 14336), (4, 576)])
+@pytest.mark.parametrize("norm", [True, False])
+def test_lowers_for_an_h200(M, K, norm):
+    sds = jax.ShapeDtypeStruct
+    args = (sds((M, K), jnp.bfloat16),) + ((sds((K,), F32),) if norm else ())
+    text = lower_for_cuda(lambda *a: norm_quant_fp8(*a, eps=1e-5), *args)
+    assert "norm_quant_fp8" in text and "__gpu$xla.gpu.triton" in text

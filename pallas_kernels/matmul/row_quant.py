@@ -8,8 +8,10 @@ CUDA graph. On an H200 the batch-1 8B FP8 step is one graph of ~810 nodes whose 
 the host ~2 us a node (benchmarks/decode_launch.py, session 11), more than the device time of
 these tiny kernels; this kernel does norm + absmax + quantize (or absmax + quantize) for a row
 in one program: one node per site (six fewer per layer). Same math as
-``quantize_rows_fp8(rms_norm(x, weight, eps))`` (jaxinfer/layers/norm.py): statistics in
-float32, the normed row rounded to x's dtype before its absmax, as the unfused path does.
+``quantize_rows_fp8(rms_norm(x.astype(float32), weight, eps))`` (jaxinfer/layers/norm.py): the
+normed row stays in float32 up to its quantization (one rounding, to e4m3), as the unfused path
+compiles (XLA keeps the bf16 ``rms_norm`` output in float32 inside the fusion:
+``xla_allow_excess_precision``, on by default).
 vLLM fuses the same pair (``rms_norm_dynamic_per_token_quant``, its fused RMSNorm + FP8 quant
 kernel); TensorRT-LLM's RMSNorm plugin has a quantized-output mode.
 """
@@ -46,7 +48,7 @@ def row_quant_supported(K: int) -> bool:
     return 0 < K <= ROW_QUANT_MAX_K and c > 0 and K // c <= ROW_QUANT_MAX_CHUNKS
 
 
-def _kernel(*refs, eps: float, norm: bool, row_dtype: jnp.dtype, K: int, C: int):
+def _kernel(*refs, eps: float, norm: bool, K: int, C: int):
     if norm:
         x_ref, w_ref, q_ref, s_ref = refs
     else:
@@ -61,9 +63,8 @@ def _kernel(*refs, eps: float, norm: bool, row_dtype: jnp.dtype, K: int, C: int)
         ss = sum(jnp.sum(load(c) * load(c), axis=-1, keepdims=True) for c in chunks)
         inv = jax.lax.rsqrt(ss / K + eps)
 
-        def row(c):  # the normed chunk, rounded to x's dtype as rms_norm returns it
-            w = w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
-            return (load(c) * inv * w).astype(row_dtype).astype(jnp.float32)
+        def row(c):  # the normed chunk, float32
+            return load(c) * inv * w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
     else:
         row = load
     amax = functools.reduce(jnp.maximum, (jnp.max(jnp.abs(row(c)), axis=-1, keepdims=True)
@@ -89,7 +90,8 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
       interpret: run in Pallas interpret mode (CPU tests).
     Returns:
       ``(q [M, K] float8_e4m3fn, scale [M] float32)`` with ``h ≈ q * scale[:, None]``, h the
-      normed row in x's dtype (or x): ``quantize_rows_fp8(rms_norm(x, weight, eps))``.
+      normed row in float32 (or x): ``quantize_rows_fp8(rms_norm(x.astype(float32), weight,
+      eps))``.
     Raises:
       ValueError: x not 2-D, K unsupported, or weight not [K].
     """
@@ -106,7 +108,7 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
     args = (x, weight.reshape(1, K)) if norm else (x,)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     q, s = pl.pallas_call(
-        functools.partial(_kernel, eps=eps, norm=norm, row_dtype=x.dtype, K=K, C=_chunk(K)),
+        functools.partial(_kernel, eps=eps, norm=norm, K=K, C=_chunk(K)),
         out_shape=(jax.ShapeDtypeStruct((M, K), FP8),
                    jax.ShapeDtypeStruct((M, 1), jnp.float32)),
         grid=(M,), in_specs=[any_spec] * len(args), out_specs=(any_spec, any_spec),

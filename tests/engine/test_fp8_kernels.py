@@ -103,6 +103,32 @@ def _llm(mm: str, **extra) -> LLM:
                **kw, **extra)
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_fused_norm_quant_engine_equals_the_unfused_one(scan, monkeypatch, request):
+    """hidden 64 (row_quant takes it): the QKV / gate-up inputs are RMS-normalized and
+    quantized by norm_quant_fp8, the o / down inputs quantized by it; a float32 engine gives
+    the same tokens and logprobs as the same engine with XLA's norm, absmax and convert
+    (fp8_takes_quantized_x forced False), unrolled and scanned."""
+    kw = dict(max_model_len=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=128,
+              decode_buckets=(4,), prefill_buckets=(128,), page_buckets=(4,),
+              scan_layers=scan, dtype="float32")
+    model = tiny_loaded("llama", hidden_size=64, head_dim=16)
+    prompts = [[5, 6, 7], list(range(10, 27))]
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
+    assert fp8_plan.fp8_takes_quantized_x(4, 64, 64) and fp8_plan.fp8_takes_quantized_x(
+        4, 64, 2 * model.config.intermediate_size, True)
+    got = LLM(model, quantization="fp8", matmul_backend="pallas", **kw).generate(prompts, sp)
+    monkeypatch.setattr(fp8_plan, "fp8_takes_quantized_x", lambda *a, **k: False)
+    jax.clear_caches()  # the kernel GEMM's module-level jit keeps traces across the patch
+    request.addfinalizer(jax.clear_caches)
+    ref = LLM(model, quantization="fp8", matmul_backend="pallas", **kw).generate(prompts, sp)
+    for g, r in zip(got, ref):
+        assert g.outputs[0].token_ids == r.outputs[0].token_ids
+        lp_g = [d[t] for d, t in zip(g.outputs[0].logprobs, g.outputs[0].token_ids)]
+        lp_r = [d[t] for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
+        np.testing.assert_allclose(lp_g, lp_r, atol=1e-5)
+
+
 def test_scanned_layers_run_the_fp8_kernels_in_their_layout():
     """scan_layers=True with the FP8 kernels: the stacked [L, K, N] weights go to the
     kernels' [L, N, K] layout (a layer's slice inside the scan is the kernels' [N, K]; before

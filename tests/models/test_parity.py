@@ -100,10 +100,11 @@ def test_gemma3_long_prompt_past_the_sliding_window(gemma3_loaded):
     """552 prompt tokens > Gemma 3's 512-token window: local layers must mask by window.
 
     Greedy ids and the last prompt position's full logits meet the 1e-3 bound. Over all 552
-    teacher-forced positions two rows (386, 403) reach 4.5e-3: they are ill-conditioned in
-    float32 for both implementations — against a float64 run of our model (x64 mode), our
-    float32 is off by 3.4e-3 there and transformers' float32 by 1.0-1.7e-3 — so the
-    all-positions check uses 5e-3 (a missed window or RoPE base moves logits by > 0.5).
+    teacher-forced positions two rows (386, 403) reach 4.5e-3 (5.2e-3 with the XLA:CPU code
+    of session 11's machine, for the older commits too): they are ill-conditioned in float32
+    for both implementations — against a float64 run of our model (x64 mode), our float32 is
+    off by 3.4e-3 there and transformers' float32 by 1.0-1.7e-3, up to 5.1e-3 together — so
+    the all-positions check uses 6e-3 (a missed window or RoPE base moves logits by > 0.5).
     """
     meta, ref = _real("gemma3-270m")
     assert any(p["key"] == "long0" for p in meta["long_prompts"])
@@ -116,7 +117,7 @@ def test_gemma3_long_prompt_past_the_sliding_window(gemma3_loaded):
     logits = llm.engine.prompt_logits(prompt)  # three 256-token chunks
     np.testing.assert_allclose(logits[-1], ref["long0_last_logits"], atol=ATOL, rtol=0)
     tf = ref["long0_tf_logits"][: len(prompt)]
-    np.testing.assert_allclose(logits[:, ref["vocab_subset"]], tf, atol=5e-3, rtol=0)
+    np.testing.assert_allclose(logits[:, ref["vocab_subset"]], tf, atol=6e-3, rtol=0)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])

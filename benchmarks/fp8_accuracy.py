@@ -21,6 +21,11 @@ in float32, or the bf16 engine for ``*-vs-bf16``):
                        (gcd with K: SmolLM2's K = 576 gets 64 for 128);
 * ``fp8-channel-bf16-vs-bf16``  ``quantization="fp8"`` in the bf16 engine against the bf16
                        engine: the issue's "FP8 against bf16" as deployed on a GPU;
+* ``fp8err-<f>``       the checkpoint's weights moved a fraction ``f`` of the way to their
+                       per-channel e4m3 values (``w + f * (dequant(q) - w)``; ``fp8err-1`` is
+                       ``fp8-channel``'s weights): how top-1 agreement and KL scale with the
+                       size of the weight error, i.e. what error a format must stay under
+                       for a given agreement;
 * ``<fp8 variant>~<seed>``  the same layout, each scale chosen so that its absmax lands on
                        a random one of the e4m3 values 256, 288, ..., 448 instead of 448
                        (still exact; the grid sits elsewhere for the other weights): an
@@ -148,6 +153,17 @@ def variant_model(loaded, variant: str):
     if name == "bf16":
         return loaded, "bfloat16", "float32", None
     params = dict(loaded.params)
+    if name.startswith("fp8err-"):
+        frac = float(name.partition("-")[2])
+        for k in FP8_PROJECTIONS:
+            layers = []
+            for w in params[k]:
+                q, sc = _quantize(w, None, None)
+                deq = np.asarray(q, np.float32) * np.asarray(sc)[None, :]
+                layers.append(w + np.float32(frac) * (deq - w))
+            params[k] = np.stack(layers).astype(np.float32)
+        return (LoadedModel(loaded.config, params, loaded.tokenizer, loaded.source), "float32",
+                "float32", None)
     if name == "bf16-weights":
         for k in FP8_PROJECTIONS + ("embed",):
             params[k] = params[k].astype(ml_dtypes.bfloat16).astype(np.float32)
@@ -211,7 +227,7 @@ def _activations(variant: str) -> str:
         return "fp8 e4m3 per token (W8A8)"
     if act == "plan":
         return "fp8_engine_plan per GEMM (W8A8 at <= 64 and >= 512 rows where the kernel fits)"
-    return "float (W8A16)" if variant.startswith("fp8") else "float"
+    return "float (W8A16)" if variant.startswith("fp8-") else "float"
 
 
 def main() -> None:

@@ -44,3 +44,25 @@ def test_plan_mode_follows_the_engine_policy() -> None:
 def test_w8a8_needs_per_channel_scales() -> None:
     with pytest.raises(ValueError, match="per-channel"):
         variant_model(tiny_loaded("llama"), "w8a8-g128")
+
+
+def test_weight_error_fraction_variant() -> None:
+    """fp8err-<f> moves each projection weight the fraction f of the way to its per-channel
+    e4m3 value: f = 0 keeps the checkpoint, f = 1 is fp8-channel's dequantized weights, f = 1/2
+    sits half way, in float32 (W8A16-free: the weights stay float)."""
+    from jaxinfer.models.params import FP8_PROJECTIONS
+
+    loaded = tiny_loaded("llama")
+    k = FP8_PROJECTIONS[0]
+    w = loaded.params[k]
+    m0, dtype, base, act = variant_model(loaded, "fp8err-0")
+    assert (dtype, base, act) == ("float32", "float32", None)
+    np.testing.assert_array_equal(m0.params[k], w)
+    fp8, *_ = variant_model(loaded, "fp8-channel")
+    deq = fp8.params[k].astype(np.float32) * fp8.params[k + "_scale"][:, None, :]
+    m1, *_ = variant_model(loaded, "fp8err-1")
+    np.testing.assert_allclose(m1.params[k], deq, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(deq, w)  # the fraction moves something
+    half, *_ = variant_model(loaded, "fp8err-0.5")
+    np.testing.assert_allclose(half.params[k], (w + deq) / 2, rtol=1e-6, atol=1e-7)
+    assert k + "_scale" not in half.params

@@ -126,7 +126,8 @@ def main() -> None:
                     help="override the dummy model's depth (a host-cost study on the CPU)")
     ap.add_argument("--out", default="benchmarks/results/launch")
     ap.add_argument("--host-trace", type=int, default=0, metavar="N",
-                    help="trace N waited steps of the last variant's program and sum the host-side "
+                    help="trace N waited steps of the last variant that compiled and sum the "
+                         "host-side "
                          "events by name (set XLA_FLAGS=--xla_enable_command_buffers_during_"
                          "profiling=true to keep the command buffers under the profiler)")
     ns = ap.parse_args()
@@ -174,7 +175,7 @@ def main() -> None:
     names = ns.variants.split(",")
     if names[0] != "default":
         raise SystemExit("--variants must start with default (the logits reference)")
-    ref = None
+    ref = traced = None
     for name in names:
         opts = {**COMPILER_OPTIONS, **VARIANTS[name]}
         t1 = time.perf_counter()
@@ -188,6 +189,7 @@ def main() -> None:
         compile_s = time.perf_counter() - t1
 
         step = decode_replay(eng, ns.batch, ns.ctx, exe=exe)
+        traced = (name, step)  # --host-trace follows the last variant that compiled
         logits, runner.cache = exe(runner.weights, runner.cache, toks, md_arr)
         logits = np.asarray(logits, np.float64)
         ref = logits if ref is None else ref
@@ -221,8 +223,9 @@ def main() -> None:
         print(name, json.dumps({k: (round(x, 3) if isinstance(x, float) else x)
                                 for k, x in v.items() if k != "hlo"}), flush=True)
         (out / "decode_launch.json").write_text(json.dumps(rec, indent=1))
-    if ns.host_trace:
-        rec["host_trace"] = host_trace(step, ns.host_trace)
+    if ns.host_trace and traced:
+        rec["host_trace_variant"] = traced[0]
+        rec["host_trace"] = host_trace(traced[1], ns.host_trace)
         (out / "decode_launch.json").write_text(json.dumps(rec, indent=1))
     print(f"\n{ns.backend} B{ns.batch} ctx{ns.ctx}: {'variant':>16} {'dispatch':>9} "
           f"{'sample':>7} {'sync':>7} {'b2b':>7} ms {'kernels':>8} {'rel.err':>8}")
@@ -236,8 +239,9 @@ def main() -> None:
               f"{v['b2b_ms']:7.3f}    {nk:8d} {v['logits_rel_err']:8.1e}"
               f"{'' if v['argmax_equal'] else ' ARGMAX DIFFERS'}")
     print("hlo (default):", json.dumps(rec["variants"].get("default", {}).get("hlo")))
-    if ns.host_trace:
-        print(f"host events, us per step (top 30 of {len(rec['host_trace'])}):")
+    if "host_trace" in rec:
+        print(f"host events of {rec['host_trace_variant']}, us per step "
+              f"(top 30 of {len(rec['host_trace'])}):")
         for name, us, calls in rec["host_trace"][:30]:
             print(f"  {us:9.1f} {calls:7.1f}  {name[:110]}")
 

@@ -60,7 +60,7 @@ def _kernel(*refs, eps: float, norm: bool, K: int, C: int):
         return x_ref[pl.ds(r, 1), pl.ds(c * C, C)].astype(jnp.float32)
 
     if norm:
-        ss = sum(jnp.sum(load(c) * load(c), axis=-1, keepdims=True) for c in chunks)
+        ss = sum(jnp.sum(jnp.square(load(c)), axis=-1, keepdims=True) for c in chunks)
         inv = jax.lax.rsqrt(ss / K + eps)
 
         def row(c):  # the normed chunk, float32

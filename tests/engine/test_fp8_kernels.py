@@ -96,11 +96,47 @@ def test_matmul_backend_is_validated():
         EngineConfig(matmul_backend="cutlass")
 
 
-def _llm(mm: str, **extra) -> LLM:
+def _llm(mm: str, model=None, **extra) -> LLM:
     kw = dict(max_model_len=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=128,
               decode_buckets=(4,), prefill_buckets=(128,), page_buckets=(4,))
-    return LLM(tiny_loaded("llama", head_dim=16), quantization="fp8", matmul_backend=mm,
-               **kw, **extra)
+    return LLM(model or tiny_loaded("llama", head_dim=16), quantization="fp8",
+               matmul_backend=mm, **kw, **extra)
+
+
+def _weight(llm: LLM, name: str) -> jax.Array:
+    """The runner's weight array whose path contains ``name`` (not its scale)."""
+    flat = {"/".join(map(str, k)): v for k, v in
+            jax.tree_util.tree_leaves_with_path(llm.engine.runner.state)}
+    found = [v for k, v in flat.items() if name in k and "scale" not in k]
+    assert found, name
+    return found[0]
+
+
+def _assert_same_outputs(got, ref, atol: float) -> None:
+    """Same greedy tokens per request, and their logprobs within ``atol``."""
+    for g, r in zip(got, ref):
+        assert g.outputs[0].token_ids == r.outputs[0].token_ids
+        lp_g = [d[t] for d, t in zip(g.outputs[0].logprobs, g.outputs[0].token_ids)]
+        lp_r = [d[t] for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
+        np.testing.assert_allclose(lp_g, lp_r, atol=atol)
+
+
+def _cuda_program_text(monkeypatch, cfg, bucket, **engine_args) -> str:
+    """StableHLO of the FP8 kernel engine's sample program for ``bucket``, lowered for an
+    H200 from abstract weights (kernels not in interpret mode)."""
+    from jaxinfer.compile import abstract_runner
+    import jaxinfer.models.transformer as T
+
+    options = T.model_options
+    monkeypatch.setattr(T, "model_options", lambda ec: {**options(ec), "interpret": False})
+    ec = EngineConfig(**{**dict(max_model_len=64, block_size=16, max_num_seqs=4,
+                                num_kv_pages=8, decode_buckets=(4,), max_prefill_seqs=1,
+                                quantization="fp8", matmul_backend="pallas",
+                                attention_backend="reference", dtype="bfloat16"),
+                         **engine_args})
+    runner = abstract_runner(cfg, ec)
+    args = runner._abstract_args(bucket)
+    return lower_for_cuda(lambda *a: runner._jitted["sample"](*a), *args)
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -109,24 +145,17 @@ def test_fused_norm_quant_engine_equals_the_unfused_one(scan, monkeypatch, reque
     quantized by norm_quant_fp8, the o / down inputs quantized by it; a float32 engine gives
     the same tokens and logprobs as the same engine with XLA's norm, absmax and convert
     (fp8_takes_quantized_x forced False), unrolled and scanned."""
-    kw = dict(max_model_len=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=128,
-              decode_buckets=(4,), prefill_buckets=(128,), page_buckets=(4,),
-              scan_layers=scan, dtype="float32")
     model = tiny_loaded("llama", hidden_size=64, head_dim=16)
     prompts = [[5, 6, 7], list(range(10, 27))]
     sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
     assert fp8_plan.fp8_takes_quantized_x(4, 64, 64) and fp8_plan.fp8_takes_quantized_x(
         4, 64, 2 * model.config.intermediate_size, True)
-    got = LLM(model, quantization="fp8", matmul_backend="pallas", **kw).generate(prompts, sp)
+    got = _llm("pallas", model, scan_layers=scan, dtype="float32").generate(prompts, sp)
     monkeypatch.setattr(fp8_plan, "fp8_takes_quantized_x", lambda *a, **k: False)
     jax.clear_caches()  # the kernel GEMM's module-level jit keeps traces across the patch
     request.addfinalizer(jax.clear_caches)
-    ref = LLM(model, quantization="fp8", matmul_backend="pallas", **kw).generate(prompts, sp)
-    for g, r in zip(got, ref):
-        assert g.outputs[0].token_ids == r.outputs[0].token_ids
-        lp_g = [d[t] for d, t in zip(g.outputs[0].logprobs, g.outputs[0].token_ids)]
-        lp_r = [d[t] for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
-        np.testing.assert_allclose(lp_g, lp_r, atol=1e-5)
+    ref = _llm("pallas", model, scan_layers=scan, dtype="float32").generate(prompts, sp)
+    _assert_same_outputs(got, ref, atol=1e-5)
 
 
 def test_scanned_layers_run_the_fp8_kernels_in_their_layout():
@@ -138,18 +167,12 @@ def test_scanned_layers_run_the_fp8_kernels_in_their_layout():
     sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
     scan = _llm("pallas", scan_layers=True)
     cfg = scan.engine.model_config
-    flat = {"/".join(map(str, k)): v for k, v in
-            jax.tree_util.tree_leaves_with_path(scan.engine.runner.state)}
-    qkv = [v for k, v in flat.items() if "layers__wqkv" in k and "scale" not in k]
-    assert qkv and qkv[0].shape == (cfg.num_layers, cfg.q_size + 2 * cfg.kv_size,
-                                    cfg.hidden_size)
+    assert _weight(scan, "layers__wqkv").shape == (cfg.num_layers,
+                                                   cfg.q_size + 2 * cfg.kv_size,
+                                                   cfg.hidden_size)
     got = scan.generate(prompts, sp)
     ref = _llm("pallas").generate(prompts, sp)
-    for g, r in zip(got, ref):
-        assert g.outputs[0].token_ids == r.outputs[0].token_ids
-        lp_g = [d[t] for d, t in zip(g.outputs[0].logprobs, g.outputs[0].token_ids)]
-        lp_r = [d[t] for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
-        np.testing.assert_allclose(lp_g, lp_r, atol=1e-4)
+    _assert_same_outputs(got, ref, atol=1e-4)
 
 
 def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch, request):
@@ -159,12 +182,10 @@ def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch, request)
     sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
     pal = _llm("pallas")
     assert pal.engine.runner.graphdef is not None
-    w = pal.engine.runner.state
-    flat = {"/".join(map(str, k)): v for k, v in jax.tree_util.tree_leaves_with_path(w)}
-    qkv = [v for k, v in flat.items() if "layer0__wqkv" in k and "scale" not in k]
-    assert qkv and qkv[0].dtype == jnp.float8_e4m3fn
+    qkv = _weight(pal, "layer0__wqkv")
+    assert qkv.dtype == jnp.float8_e4m3fn
     cfg = pal.engine.model_config
-    assert qkv[0].shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)  # [N, K]
+    assert qkv.shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)  # [N, K]
     got = pal.generate(prompts, sp)
 
     real_plan = fp8_plan.fp8_engine_plan
@@ -175,11 +196,7 @@ def test_engine_fp8_on_kernels_equals_the_same_math_on_xla(monkeypatch, request)
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
     ref = _llm("pallas").generate(prompts, sp)
-    for g, r in zip(got, ref):
-        assert g.outputs[0].token_ids == r.outputs[0].token_ids
-        lp_g = [d[t] for d, t in zip(g.outputs[0].logprobs, g.outputs[0].token_ids)]
-        lp_r = [d[t] for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
-        np.testing.assert_allclose(lp_g, lp_r, atol=1e-4)
+    _assert_same_outputs(got, ref, atol=1e-4)
     # and the kernels' W8A8 is not the XLA W8A16 path (the test can tell them apart)
     xla = _llm("xla").generate(prompts, sp)
     lp_x = [d[t] for o in xla for d, t in zip(o.outputs[0].logprobs,
@@ -194,23 +211,14 @@ def test_prefill_program_lowers_each_kernel_shape_once(monkeypatch):
     GPU kernel bodies in an H200 prefill program do not grow with depth (lowering them per
     layer took ~130 s per 8B prefill program)."""
     from jaxinfer.batch import Bucket
-    from jaxinfer.compile import abstract_runner
-    import jaxinfer.models.transformer as T
     from tests.conftest import tiny_config
 
-    options = T.model_options
-    monkeypatch.setattr(T, "model_options", lambda ec: {**options(ec), "interpret": False})
-    ec = EngineConfig(max_model_len=64, block_size=16, max_num_seqs=4, num_kv_pages=8,
-                      max_num_batched_tokens=512, prefill_buckets=(512,), decode_buckets=(4,),
-                      max_prefill_seqs=1, quantization="fp8", matmul_backend="pallas",
-                      attention_backend="reference", dtype="bfloat16")
     counts = {}
     for layers in (2, 4):  # every projection here meets mgpu's tile rules (N % 256, K % 128)
         cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
                           num_kv_heads=2, head_dim=64, num_layers=layers)
-        runner = abstract_runner(cfg, ec)
-        args = runner._abstract_args(Bucket("prefill", 512, 1, 4))
-        text = lower_for_cuda(lambda *a: runner._jitted["sample"](*a), *args)
+        text = _cuda_program_text(monkeypatch, cfg, Bucket("prefill", 512, 1, 4),
+                                  max_num_batched_tokens=512, prefill_buckets=(512,))
         counts[layers] = text.count("mosaic_gpu")
     assert counts[2] > 0
     assert counts[4] == counts[2]
@@ -223,21 +231,12 @@ def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatc
     import re
 
     from jaxinfer.batch import Bucket
-    from jaxinfer.compile import abstract_runner
-    import jaxinfer.models.transformer as T
     from tests.conftest import tiny_config
 
-    options = T.model_options
-    monkeypatch.setattr(T, "model_options", lambda ec: {**options(ec), "interpret": False})
-    ec = EngineConfig(max_model_len=64, block_size=16, max_num_seqs=4, num_kv_pages=8,
-                      max_num_batched_tokens=128, prefill_buckets=(128,), decode_buckets=(4,),
-                      max_prefill_seqs=1, quantization="fp8", matmul_backend="pallas",
-                      attention_backend="reference", dtype="bfloat16")
     cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
                       num_kv_heads=2, head_dim=64, num_layers=3)
-    runner = abstract_runner(cfg, ec)
-    args = runner._abstract_args(Bucket("decode", 4, 4, 4))
-    text = lower_for_cuda(lambda *a: runner._jitted["sample"](*a), *args)
+    text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 4, 4, 4),
+                              max_num_batched_tokens=128, prefill_buckets=(128,))
     calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+)(, %\w+)?\)", text)
     assert len(calls) == 4 * cfg.num_layers
     assert sum(1 for _, w in calls if w) == 2 * cfg.num_layers  # the normed ones

@@ -155,8 +155,9 @@ class ModelRunner:
         self.graphdef, self.state = nnx.split(model)
         # The programs take the weights as a flat list: a compiled call flattens its
         # arguments every step, and an nnx.State goes through Python flatten callbacks
-        # node by node (8B FP8, 323 arrays: 0.64 ms a call on a 2-core Xeon against 0.12 ms
-        # for the same arrays as a list; benchmarks/decode_launch.py reports it per machine).
+        # node by node (8B FP8, 323 arrays, an H200 host: a compiled no-op call 422 us with
+        # the State, 156 us with the list; benchmarks/decode_launch.py, record
+        # benchmarks/results/decode_launch_h200_s11-20261202.json).
         self.weights, self._weights_tree = jax.tree.flatten(self.state)
         self.attention = attention
         self.page_size = page_size

@@ -54,6 +54,7 @@ from matmul_plans import (
     mdec_jobs,
     plan,
     plan_decode,
+    plan_engine,
     plan_fused,
     plan_mdec,
     plan_mid,
@@ -234,7 +235,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
-    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid", "fused"),
+    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid", "fused", "engine"),
                     default="full",
                     help="decode: the session-4 W8A16 candidates first (plan_decode); "
                          "mdec: the Mosaic GPU swap-AB decode kernel vs the engine's paths; "
@@ -258,7 +259,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     shapes = args.shapes.split(",")
     jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec, "mid": plan_mid,
-            "fused": plan_fused}.get(
+            "fused": plan_fused, "engine": plan_engine}.get(
         args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
     guard = None
     if any(j[4] == "mgpu_decode" and j[1] <= 256 for j in jobs) and not args.smoke:

@@ -5,7 +5,8 @@ tile config) jobs a run measures, in priority order (a run's deadline cuts the t
 (swap-AB, Marlin-style dequantization) plus the Mosaic GPU prefill jobs, ``plan_w8a8`` the
 session-4 W8A8 swap-AB decode candidates, ``plan_mdec`` the session-7 Mosaic GPU swap-AB
 decode kernel (after its alignment fix) against the engine's decode paths, ``plan_mid`` the
-session-9 candidates for 128 / 256 rows, ``plan_fused`` the session-10 fusions of the Triton
+session-9 candidates for 128 / 256 rows, ``plan_engine`` the session-11 engine path (GEMM
+kernel alone), ``plan_fused`` the session-10 fusions of the Triton
 decode GEMM. Results:
 NOTES_matmul.md.
 """
@@ -189,12 +190,25 @@ def plan_fused(ms, shapes):
     quantized inside it per token and 128 columns (``"all"``, the new default), beside XLA
     bf16 and the Mosaic swap-AB kernel (``mdec_w8a8``, 128-row tiles where N allows) — M by
     M, so a deadline cuts the largest M last."""
+    return _plan_triton_decode(ms, shapes, ("all", "merge", "none"))
+
+
+def plan_engine(ms, shapes):
+    """Session 12: the engine's decode path since session 11 — x normed and quantized per
+    token by ``row_quant.norm_quant_fp8`` before the Triton W8A8 GEMM, so the GEMM kernel
+    alone (``tri_w8a8_kernel``, its split-K epilogue fusion counted) is what a projection
+    costs besides that one kernel; ``tri_w8a8_none`` with XLA's quantization in the call as
+    before, XLA bf16 and the Mosaic swap-AB kernel beside them."""
+    return _plan_triton_decode(ms, shapes, ("none",))
+
+
+def _plan_triton_decode(ms, shapes, fuses):
     jobs = []
     for M in ms:
         for sname in shapes:
             K, N, gu = SHAPES[sname]
             n_out = N // 2 if gu else N
-            for fuse in ("all", "merge", "none"):
+            for fuse in fuses:
                 tc = fp8_decode_config(M, K, n_out, gu, fuse)
                 jobs.append((sname, M, f"tri_w8a8_{fuse}", "w8a8", "triton", tc))
             # the engine's kernel without the XLA quantization before it (its epilogue

@@ -1,7 +1,7 @@
 """FP8 weight quantization accuracy on the real models: top-1 agreement and mean KL.
 
     .venv/bin/python benchmarks/fp8_accuracy.py [--models smollm2-135m gemma3-270m]
-        [--variants fp8-channel fp8-g128 ...] [--w8a8]
+        [--variants fp8-channel fp8-g128 fp8-gptq ...] [--w8a8] [--calib-windows 8]
 
 Text: the first --positions tokens of Python's own reference documentation
 (``pydoc_data.topics``: real English prose, present in every CPython), in independent
@@ -26,6 +26,15 @@ in float32, or the bf16 engine for ``*-vs-bf16``):
                        ``fp8-channel``'s weights): how top-1 agreement and KL scale with the
                        size of the weight error, i.e. what error a format must stay under
                        for a given agreement;
+* ``fp8-gptq``         ``fp8-channel``'s layout and scales, each e4m3 value chosen by GPTQ
+                       (jaxinfer/quantization_gptq.py: error compensation through the
+                       inverse Hessian of each projection's calibration inputs, sequential,
+                       act order, 1 % damping, 128-row blocks) instead of round-to-nearest.
+                       Calibration text: ``--calib-windows`` (8) windows of ``--window``
+                       tokens of the same text, disjoint from the evaluated tokens: their
+                       starts evenly spaced from token ``--positions`` to the last full
+                       window (:func:`calibration_windows`; the records list the starts);
+                       ``fp8-gptq-noact`` quantizes rows in their stored order;
 * ``<fp8 variant>~<seed>``  the same layout, each scale chosen so that its absmax lands on
                        a random one of the e4m3 values 256, 288, ..., 448 instead of 448
                        (still exact; the grid sits elsewhere for the other weights): an
@@ -70,12 +79,25 @@ W8A8_VARIANTS = ["bf16"] + [f"{a}-channel{s}" for s in ("", "~0", "~1")
     ["gpuplan-channel"] + [f"{a}-channel-bf16-vs-bf16" for a in ("fp8", "w8a8", "gpuplan")]
 GROUPS = {"fp8-tensor": "tensor", "fp8-channel": None, "fp8-g128": 128, "fp8-g32": 32}
 ACTS = {"w8a8": "all", "gpuplan": "plan"}  # variant prefix -> activation mode (else W8A16)
+GPTQ = {"fp8-gptq": True, "fp8-gptq-noact": False}  # variant -> act_order
+CALIB_WINDOWS = 8
 
 
 def _text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def calibration_windows(ids: list[int], start: int, window: int, n: int) -> list[int]:
+    """Starts of ``n`` windows of ``window`` tokens of ``ids`` evenly spaced from token
+    ``start`` to the last full window: all in ``[start, len(ids))``, so disjoint from the
+    evaluated ``ids[:start]``. Raises ValueError when the text is too short for them."""
+    last = len(ids) - window
+    if n < 1 or last < start + (n - 1) * window:
+        raise ValueError(f"{n} calibration windows of {window} tokens do not fit in tokens "
+                         f"{start}..{len(ids)}")
+    return [start + j * (last - start) // max(n - 1, 1) for j in range(n)]
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -136,15 +158,28 @@ def act_quant(mode: str | None, plan_log: dict[str, str]):
         jax.clear_caches()
 
 
-def variant_model(loaded, variant: str):
+def variant_model(loaded, variant: str, calibration: list[list[int]] | None = None,
+                  info: dict | None = None):
     """(LoadedModel, engine dtype, baseline, activation mode) for a variant name (see the
-    module docstring; mode ``None``: W8A16)."""
+    module docstring; mode ``None``: W8A16). ``fp8-gptq*`` needs ``calibration`` (token-id
+    windows) and puts its per-layer output errors into ``info["gptq_errors"]``."""
     import ml_dtypes
 
     from jaxinfer.loading import LoadedModel
     from jaxinfer.models.params import FP8_PROJECTIONS
 
     name, _, seed = variant.partition("~")
+    if name in GPTQ:
+        from jaxinfer.quantization_gptq import quantize_model_gptq
+
+        if seed or not calibration:
+            raise ValueError(f"{variant}: GPTQ needs calibration windows and takes no ~seed")
+        res = quantize_model_gptq(loaded, calibration, act_order=GPTQ[name],
+                                  log=lambda line: print(line, file=sys.stderr, flush=True))
+        if info is not None:
+            info["gptq_errors"] = res.errors
+        return (LoadedModel(loaded.config, res.params, loaded.tokenizer, loaded.source),
+                "float32", "float32", None)
     act = ACTS.get(name.partition("-")[0])
     if act is not None:
         name = "fp8-" + name.partition("-")[2]
@@ -179,17 +214,25 @@ def variant_model(loaded, variant: str):
     return LoadedModel(loaded.config, params, loaded.tokenizer, loaded.source), dtype, base, act
 
 
-def evaluate(model: str, variants: list[str], positions: int, window: int):
-    """Yield (variant, baseline, metrics) for each variant."""
+def evaluate(model: str, variants: list[str], positions: int, window: int,
+             calib_windows: int = CALIB_WINDOWS):
+    """Yield (variant, baseline, metrics) for each variant; GPTQ variants' metrics carry
+    ``calibration_starts`` (token offsets of their calibration windows)."""
     from jaxinfer.loading import load_model
 
     loaded = load_model(model, progress=False)
-    ids = loaded.tokenizer.encode(_text())[:positions]
-    yield from compare(loaded, ids, variants, window)
+    text = loaded.tokenizer.encode(_text())
+    starts = calibration_windows(text, positions, window, calib_windows) \
+        if any(v.partition("~")[0] in GPTQ for v in variants) else []
+    calib = [text[s:s + window] for s in starts]
+    for v, base, r in compare(loaded, text[:positions], variants, window, calib):
+        yield v, base, {**r, **({"calibration_starts": starts} if "gptq_errors" in r else {})}
 
 
-def compare(loaded, ids: list[int], variants: list[str], window: int):
-    """Yield (variant, baseline, metrics) for each variant on the token ids ``ids``."""
+def compare(loaded, ids: list[int], variants: list[str], window: int,
+            calibration: list[list[int]] | None = None):
+    """Yield (variant, baseline, metrics) for each variant on the token ids ``ids``
+    (``calibration``: token-id windows for the GPTQ variants)."""
     from jaxinfer import LLM
     from jaxinfer.config import EngineConfig
 
@@ -207,7 +250,8 @@ def compare(loaded, ids: list[int], variants: list[str], window: int):
 
     bases: dict[str, np.ndarray] = {}
     for v in variants:
-        m, dtype, base, act = variant_model(loaded, v)
+        info: dict = {}
+        m, dtype, base, act = variant_model(loaded, v, calibration, info)
         if base not in bases:
             bases[base] = logprobs(loaded, base)
         plan_log: dict[str, str] = {}
@@ -218,7 +262,7 @@ def compare(loaded, ids: list[int], variants: list[str], window: int):
         yield v, base, {"positions": len(a),
                         "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()),
                         "mean_kl": float(kl.mean()), "p99_kl": float(np.quantile(kl, 0.99)),
-                        **({"gemm_plan": plan_log} if act == "plan" else {})}
+                        **({"gemm_plan": plan_log} if act == "plan" else {}), **info}
 
 
 def _activations(variant: str) -> str:
@@ -230,12 +274,36 @@ def _activations(variant: str) -> str:
     return "float (W8A16)" if variant.startswith("fp8-") else "float"
 
 
+def _report_gptq(m: str, v: str, r: dict, cfg: dict) -> None:
+    """Print and record GPTQ's per-layer relative output errors against round-to-nearest's
+    (``jaxinfer.quantization_gptq.output_error`` on the calibration inputs)."""
+    errs = r["gptq_errors"]
+    names = list(errs[0])
+    g = {k: [e[k][0] for e in errs] for k in names}
+    n = {k: [e[k][1] for e in errs] for k in names}
+    ratio = float(np.mean([a / b for k in names for a, b in zip(g[k], n[k])]))
+    print(f"{m:>14} {v:>26}  relative output error ||XW-XQ||/||XW|| on the calibration "
+          f"inputs, GPTQ / round-to-nearest (mean over layers; layers 0, L/2, L-1):")
+    for k in names:
+        L = len(g[k])
+        picks = ", ".join(f"{g[k][i]:.4f}/{n[k][i]:.4f}" for i in (0, L // 2, L - 1))
+        print(f"{'':>42} {k:>9}: {np.mean(g[k]):.4f}/{np.mean(n[k]):.4f}   ({picks})")
+    print(f"{'':>42} mean ratio GPTQ/RTN over layers and projections: {ratio:.3f}", flush=True)
+    record("fp8_gptq_output_error_ratio", ratio, "fraction",
+           {**cfg, "gptq_rel_error": g, "rtn_rel_error": n,
+            "meaning": "relative output error ||XW-XQ||_F/||XW||_F per layer on the calibration "
+                       "inputs (sequential: layers < l quantized), GPTQ vs round-to-nearest; "
+                       "value: mean of GPTQ/RTN over layers and projections"})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
     ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
     ap.add_argument("--positions", type=int, default=1024)
     ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--calib-windows", type=int, default=CALIB_WINDOWS,
+                    help="calibration windows of --window tokens for the fp8-gptq variants")
     ap.add_argument("--w8a8", action="store_true",
                     help="run W8A8_VARIANTS (W8A16 and W8A8 side by side) instead")
     ns = ap.parse_args()
@@ -244,15 +312,25 @@ def main() -> None:
     print(f"{'model':>14} {'variant':>26} {'baseline':>8} {'positions':>9} {'top-1':>7} "
           f"{'mean KL':>9} {'p99 KL':>8}", flush=True)
     for m in ns.models:
-        for v, base, r in evaluate(m, ns.variants, ns.positions, ns.window):
+        for v, base, r in evaluate(m, ns.variants, ns.positions, ns.window, ns.calib_windows):
             cfg = {"model": m, "variant": v, "positions": r["positions"], "window": ns.window,
                    "baseline": f"checkpoint weights, {base} engine", "text": "pydoc_data.topics",
                    "activations": _activations(v), **({"gemm_plan": r["gemm_plan"]}
                                                       if "gemm_plan" in r else {})}
+            if "calibration_starts" in r:
+                cfg["calibration"] = {
+                    "text": "pydoc_data.topics", "window": ns.window,
+                    "token_starts": r["calibration_starts"],
+                    "tokens": len(r["calibration_starts"]) * ns.window,
+                    "disjoint_from": f"evaluated tokens 0..{ns.positions}"}
+                cfg["gptq"] = {"act_order": GPTQ[v.partition("~")[0]], "damp": 0.01,
+                               "block_size": 128, "sequential": "layers and projections"}
             record("fp8_top1_agreement", r["top1_agreement"], "fraction", cfg)
             record("fp8_mean_kl", r["mean_kl"], "nats", {**cfg, "p99_kl": r["p99_kl"]})
             print(f"{m:>14} {v:>26} {base:>8} {r['positions']:>9} {r['top1_agreement']:>7.4f}"
                   f" {r['mean_kl']:>9.5f} {r['p99_kl']:>8.4f}", flush=True)
+            if "gptq_errors" in r:
+                _report_gptq(m, v, r, cfg)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,8 @@ def cmd_chat(ns: argparse.Namespace) -> int:
 def cmd_convert(ns: argparse.Namespace) -> int:
     from jaxinfer.loading import convert
 
-    path = convert(ns.model, ns.output, quantization=ns.quantization)
+    path = convert(ns.model, ns.output, quantization=ns.quantization,
+                   calibration=ns.calibration, calibration_tokens=ns.calibration_tokens)
     print(path)
     return 0
 
@@ -253,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--quantization", choices=["fp8"], default=None,
                    help="store the projections quantized to FP8 (e4m3 + float32 scales, as "
                         "--quantization fp8 quantizes them on load)")
+    v.add_argument("--calibration", default=None, metavar="TEXT_FILE",
+                   help="with --quantization fp8 and --output: choose each e4m3 value by "
+                        "GPTQ on this text (same format and scales; load with LLM(output))")
+    v.add_argument("--calibration-tokens", type=int, default=4096,
+                   help="tokens of the calibration text used (default: %(default)s)")
     v.set_defaults(func=cmd_convert)
 
     add_compile_command(sub)

@@ -202,15 +202,25 @@ def _load_dummy_like(name: str, dtype: str, fp8: Iterable[str] = ()) -> LoadedMo
 
 
 def convert(model: str, output: str | None = None, progress: bool = True,
-            quantization: str | None = None) -> Path:
+            quantization: str | None = None, calibration: str | Path | None = None,
+            calibration_tokens: int = 4096) -> Path:
     """Convert a GGUF file, named model or HF directory into an orbax checkpoint directory.
 
     ``output`` defaults to the checkpoint cache entry for a GGUF source (where ``load_model``
     looks); it is required for HF directories. ``quantization="fp8"`` stores the projections
     quantized as ``load_model(..., quantization="fp8")`` quantizes them (same bits), with
     the scheme in the manifest and, for the cache entry, in its key. HF checkpoints that carry
-    FP8 weights are stored in FP8 either way. Returns the directory. Raises CheckpointError if
-    ``output`` exists and is not a converted checkpoint, or for any loading error.
+    FP8 weights are stored in FP8 either way.
+
+    ``calibration`` (a UTF-8 text file; needs ``quantization="fp8"`` and ``output``): the
+    same format and scales, each e4m3 value chosen by GPTQ on the first
+    ``calibration_tokens`` tokens of the file in windows of 512
+    (jaxinfer.quantization_gptq.quantize_model_gptq); the manifest's scheme names GPTQ and
+    the file's SHA-256. Load the result with ``LLM(output)``.
+
+    Returns the directory. Raises CheckpointError if ``output`` exists and is not a converted
+    checkpoint, for a calibration file that is unreadable or shorter than 2 tokens, for a
+    model without a tokenizer or already in FP8, or for any loading error.
     """
     from jaxinfer.models.params import FP8_PROJECTIONS
     from jaxinfer.quantization import fp8_scheme, quantize_params_fp8
@@ -223,6 +233,9 @@ def convert(model: str, output: str | None = None, progress: bool = True,
     if quantization not in (None, "fp8"):
         raise CheckpointError(f"quantization must be None or 'fp8', got {quantization!r}")
     scheme = fp8_scheme() if quantization else None
+    if calibration is not None and (quantization != "fp8" or output is None):
+        raise CheckpointError("calibration (GPTQ) needs quantization='fp8' and an output "
+                              "directory")
     if output is None:
         if kind == "hf":
             raise CheckpointError(f"give an output directory to convert HF directory {path}")
@@ -234,9 +247,38 @@ def convert(model: str, output: str | None = None, progress: bool = True,
         if output_path.exists():
             raise CheckpointError(f"output {output_path} already exists")
     loaded = _load_gguf(path, progress) if kind == "gguf" else load_hf(path, "float32", progress)
-    if quantization and loaded.quantization is None:  # as load_model(quantization="fp8")
+    if calibration is not None:
+        scheme = _quantize_gptq(loaded, Path(calibration), calibration_tokens)
+    elif quantization and loaded.quantization is None:  # as load_model(quantization="fp8")
         loaded.params = quantize_params_fp8(loaded.params, FP8_PROJECTIONS)
     else:
         scheme = None  # not quantized here: float, or FP8 as the checkpoint carries it
     return save_converted(output_path, loaded, source=path if kind == "gguf" else None,
                           scheme=scheme)
+
+
+def _quantize_gptq(loaded: LoadedModel, path: Path, max_tokens: int, window: int = 512) -> dict:
+    """Quantize ``loaded``'s projections in place with GPTQ on the text file ``path``;
+    returns the scheme for the manifest. Raises CheckpointError (see :func:`convert`)."""
+    import hashlib
+
+    from jaxinfer.quantization import QuantizationError, fp8_scheme
+    from jaxinfer.quantization_gptq import quantize_model_gptq
+
+    if loaded.quantization is not None or loaded.tokenizer is None:
+        raise CheckpointError("GPTQ needs float weights and a tokenizer")
+    try:
+        data = path.read_bytes()
+        ids = loaded.tokenizer.encode(data.decode("utf-8"))[:max_tokens]
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"calibration file {path}: {e}") from None
+    windows = [ids[s:s + window] for s in range(0, len(ids), window)]
+    windows = [w for w in windows if len(w) >= 2]
+    try:
+        loaded.params = quantize_model_gptq(loaded, windows).params
+    except QuantizationError as e:
+        raise CheckpointError(f"calibration file {path}: {e}") from None
+    return {**fp8_scheme(), "rounding": "GPTQ (arXiv 2210.17323; act order, damp 0.01, "
+            "block 128), nearest-even, saturating",
+            "calibration": {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(),
+                            "tokens": len(ids), "window": window}}

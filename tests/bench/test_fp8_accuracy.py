@@ -66,3 +66,15 @@ def test_weight_error_fraction_variant() -> None:
     half, *_ = variant_model(loaded, "fp8err-0.5")
     np.testing.assert_allclose(half.params[k], (w + deq) / 2, rtol=1e-6, atol=1e-7)
     assert k + "_scale" not in half.params
+
+
+def test_gptq_calibration_windows_are_disjoint_from_the_evaluated_tokens() -> None:
+    from benchmarks.fp8_accuracy import calibration_windows
+
+    starts = calibration_windows(list(range(10_000)), 1024, 512, 8)
+    assert len(starts) == 8 and starts[0] == 1024 and starts[-1] == 10_000 - 512
+    assert all(b - a >= 512 for a, b in zip(starts, starts[1:]))  # no overlap either
+    with pytest.raises(ValueError, match="do not fit"):
+        calibration_windows(list(range(3000)), 1024, 512, 8)
+    with pytest.raises(ValueError, match="calibration"):  # fp8-gptq needs calibration text
+        variant_model(tiny_loaded("llama"), "fp8-gptq")

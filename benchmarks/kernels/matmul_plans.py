@@ -199,7 +199,15 @@ def plan_engine(ms, shapes):
     alone (``tri_w8a8_kernel``, its split-K epilogue fusion counted) is what a projection
     costs besides that one kernel; ``tri_w8a8_none`` with XLA's quantization in the call as
     before, XLA bf16 and the Mosaic swap-AB kernel beside them."""
-    return _plan_triton_decode(ms, shapes, ("none",))
+    jobs = []
+    for job in _plan_triton_decode(ms, shapes, ("none",)):
+        jobs.append(job)
+        sname, M, family = job[:3]
+        K, N, gu = SHAPES[sname]
+        old = fp8_decode_config(M, K, N // 2 if gu else N, gu, "none", deep_k=False)
+        if family == "tri_w8a8_kernel" and old != job[5]:  # session 12's deep K steps: A/B
+            jobs.append((sname, M, "tri_w8a8_kernel_k256", "w8a8", "triton_k", old))
+    return jobs
 
 
 def _plan_triton_decode(ms, shapes, fuses):

@@ -71,6 +71,15 @@ FP8_DECODE_ACT_GROUP = 128
 # split-K float32 partials ([2, 64, 28672]) made the step slower (TPOT 6.16-6.19 vs 5.74 ms),
 # so above it the plain [M, 2F] GEMM and a SwiGLU fusion, as before.
 FP8_GATE_UP_EPILOGUE_MAX_M = 16
+# Deep K steps for the large weights at <= 16 tokens: 512 K columns a step in 3 stages instead
+# of 256 in 4, where each program then still walks >= FP8_DECODE_DEEP_K_MIN_STEPS steps
+# (70B up / down / o / qkv, 8B down; not the 4096-wide 8B shapes, 2 steps, nor gate_up, whose
+# two weight tiles a step were not measured so). Session 4's grid (H200, bench_matmul --plan
+# w8a8, record matmul_h200_s4call3_w8a8-20261201.json, x quantization included): 70b_up M=1
+# 62.6 vs 76.4 us (3.75 vs 3.07 TB/s), M=16 64.3 vs 77.1; 8b_down M=1 21.8 vs 24.6, M=16
+# 23.2 vs 25.8; 70b_o M=1 25.6 vs 26.4; 8b_qkv M=1 16.4 vs 12.9 (hence the step floor).
+FP8_DECODE_DEEP_K = True
+FP8_DECODE_DEEP_K_MIN_STEPS = 4
 
 
 def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
@@ -103,10 +112,13 @@ def _fp8_decode_fuse() -> str:
 
 
 def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
-                      fuse: str | None = None) -> triton_gemm.TritonConfig:
+                      fuse: str | None = None,
+                      deep_k: bool | None = None) -> triton_gemm.TritonConfig:
     """Swap-AB FP8-dot tiles for ``M <= FP8_DECODE_MAX_M`` tokens: 64 weight rows x 256 K
     per step, tokens padded to a power of two >= 16, split-K until ~2 waves of 132 SMs;
-    ``N`` output columns (F for a gate_up weight). ``fuse`` (default
+    512 K a step in 3 stages for large weights at <= 16 tokens (``deep_k``, default
+    :data:`FP8_DECODE_DEEP_K`; see there); ``N`` output columns (F for a gate_up weight).
+    ``fuse`` (default
     ``$JAXINFER_FP8_DECODE_FUSE`` or :data:`FP8_DECODE_FUSE`): "all" quantizes x in the
     kernel per token and group of FP8_DECODE_ACT_GROUP columns (where the group divides K)
     and merges split-K in the kernel, "merge" only the latter, "none" neither.
@@ -119,10 +131,16 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
     while bk > 16 and K % bk:
         bk //= 2
     group = FP8_DECODE_ACT_GROUP if fuse == "all" and K % FP8_DECODE_ACT_GROUP == 0 else 0
-    split = triton_gemm.split_to_fill(pl.cdiv(N, bn) * pl.cdiv(M, bm), K, bk)
+    tiles = pl.cdiv(N, bn) * pl.cdiv(M, bm)
+    split, stages = triton_gemm.split_to_fill(tiles, K, bk), 4
+    deep_k = FP8_DECODE_DEEP_K if deep_k is None else deep_k
+    if deep_k and bm == 16 and not gate_up and not group and K % 512 == 0:
+        split_deep = triton_gemm.split_to_fill(tiles, K, 512)
+        if K // (split_deep * 512) >= FP8_DECODE_DEEP_K_MIN_STEPS:
+            bk, split, stages = 512, split_deep, 3
     cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
-                                   num_stages=4, fp8_dot=True, swap_ab=True, act_group=group,
-                                   merge=fuse != "none")
+                                   num_stages=stages, fp8_dot=True, swap_ab=True,
+                                   act_group=group, merge=fuse != "none")
     cfg = triton_gemm.fit_smem(cfg, K, jnp.bfloat16 if group else FP8, FP8, gate_up)
     if group and cfg.bk % group:  # fit_smem went below the group: quantize outside
         return fp8_decode_config(M, K, N, gate_up, "merge")

@@ -196,3 +196,49 @@ def test_fused_configs_lower_for_cuda_at_llama_shapes(M):
             assert "skinny_gemm" in text
             # the in-kernel merge's arrival counter (an op name in the serialized Triton IR)
             assert ("atomic_rmw" in text) == (cfg.split_k > 1)
+
+
+def test_decode_config_takes_deep_k_steps_only_for_large_weights_at_few_tokens():
+    """FP8_DECODE_DEEP_K: 512 K a step in 3 stages where M <= 16, not gate_up, and each
+    program still walks >= FP8_DECODE_DEEP_K_MIN_STEPS steps; the 256 / 4-stage tiles
+    otherwise and with deep_k=False."""
+    cfg = fp8_plan.fp8_decode_config
+    for M, K, N in [(1, 8192, 28672), (16, 14336, 4096), (1, 8192, 8192), (1, 28672, 8192)]:
+        c = cfg(M, K, N, fuse="none")
+        assert (c.bk, c.num_stages) == (512, 3) and K // (c.split_k * 512) >= 4, (M, K, N, c)
+        old = cfg(M, K, N, fuse="none", deep_k=False)
+        assert (old.bk, old.num_stages) == (256, 4) and old.split_k >= c.split_k
+    for M, K, N, gu in [(1, 4096, 6144, False), (1, 4096, 4096, False), (64, 8192, 28672, False),
+                        (1, 4096, 14336, True), (1, 8192, 28672, True)]:
+        c = cfg(M, K, N, gu, fuse="none")
+        assert (c.bk, c.num_stages) == (256, 4), (M, K, N, gu, c)
+    assert cfg(1, 8192, 28672, fuse="all").bk == 256  # in-kernel groups keep their tiles
+
+
+@pytest.mark.parametrize("M,N", [(1, 96), (13, 200)])
+def test_deep_k_config_matches_the_reference(M, N):
+    """The deep-K tiles the plan picks for the 70B up projection (512 K a step, 3 stages),
+    run at a small shape (K = 2048: 4 steps; split 1 and 2; ragged N) with W8A8 per-token x
+    scales as the engine calls it: equal to the float32 reference (interpret mode)."""
+    K = 2048
+    big = fp8_plan.fp8_decode_config(M, 8192, 28672, fuse="none")
+    assert (big.bk, big.num_stages) == (512, 3)
+    x = rand(M + N, (M, K))
+    wq, ws = fp8_weight(2 * M + N, N, K)
+    xq, xs = quantize_rows_fp8(x)
+    ref = linear_ref(xq, wq, ws, xs, out_dtype=F32)
+    for split in (1, 2):
+        c = dataclasses.replace(big, split_k=split)
+        out = triton_linear(xq, wq, ws, x_scale=xs, config=c, out_dtype=F32, interpret=True)
+        assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (split, rel_err(out, ref))
+
+
+def test_deep_k_configs_lower_for_cuda_at_the_70b_shapes():
+    sds = jax.ShapeDtypeStruct
+    for K, N in [(8192, 28672), (28672, 8192), (8192, 10240)]:
+        c = fp8_plan.fp8_decode_config(1, K, N, fuse="none")
+        assert c.bk == 512
+        text = lower_for_cuda(functools.partial(triton_linear, config=c),
+                              sds((1, K), FP8), sds((N, K), FP8), sds((N,), F32),
+                              sds((1,), F32))
+        assert "skinny_gemm" in text

@@ -78,6 +78,9 @@ FP8_GATE_UP_EPILOGUE_MAX_M = 16
 # w8a8, record matmul_h200_s4call3_w8a8-20261201.json, x quantization included): 70b_up M=1
 # 62.6 vs 76.4 us (3.75 vs 3.07 TB/s), M=16 64.3 vs 77.1; 8b_down M=1 21.8 vs 24.6, M=16
 # 23.2 vs 25.8; 70b_o M=1 25.6 vs 26.4; 8b_qkv M=1 16.4 vs 12.9 (hence the step floor).
+# Session 12 (call 4, the kernel alone as the engine calls it; record
+# matmul_h200_s12call4_deepk-20261202.json): 70b_up M=1 59.2 vs 73.6 us (3.97 vs 3.19 TB/s),
+# M=16 60.5 vs 73.8; 8b_down 19.1 / 19.5 vs 21.4 / 22.0; 70b_o 22.3 / 24.1 vs 23.5 / 24.5.
 FP8_DECODE_DEEP_K = True
 FP8_DECODE_DEEP_K_MIN_STEPS = 4
 

@@ -91,6 +91,29 @@ def single_chain(eng, bucket, toks, md, sa, n: int) -> np.ndarray:
     return np.stack(out)
 
 
+def step_inputs(eng, b: int, ctx: int, max_steps: int):
+    """``gpu_decode.decode_inputs`` for b rows at position ctx, with each row its own pages up
+    to the last position ``max_steps`` steps write (decode_inputs covers ctx only; a later
+    position in the null page would be shared by the rows) and the first step's KV slot in
+    the row's page of ctx. Returns (bucket, token ids, AttentionMetadata, SamplingArrays).
+    Raises SystemExit when the pages do not fit the pool or the bucket's block table."""
+    import jax
+
+    from gpu_decode import decode_inputs
+
+    runner = eng.runner
+    bucket, toks, md, sa = decode_inputs(eng, b, ctx, distinct=True)
+    ps = runner.page_size
+    per_row = (ctx + max_steps) // ps + 1
+    if b * per_row >= runner.num_pages or per_row > bucket.max_pages:
+        raise SystemExit(f"{b} x {per_row} pages do not fit the pool / bucket {bucket}")
+    bt = np.zeros((b, bucket.max_pages), np.int32)
+    bt[:, :per_row] = 1 + np.arange(b * per_row).reshape(b, per_row)
+    md = dataclasses.replace(md, block_tables=jax.numpy.asarray(bt), slot_mapping=jax.numpy.asarray(
+        bt[:, ctx // ps] * ps + ctx % ps))
+    return bucket, toks, md, sa
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="dummy:llama-3.1-8b")
@@ -105,7 +128,7 @@ def main() -> None:
 
     import jax
 
-    from gpu_decode import decode_inputs, make_engine, median_time, pipelined_time
+    from gpu_decode import make_engine, median_time, pipelined_time
 
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,18 +136,7 @@ def main() -> None:
     t0 = time.perf_counter()
     eng = make_engine(ns.model, ns.backend, [ns.batch], ns.ctx, 2 * max(steps), dtype=ns.dtype)
     runner = eng.runner
-    bucket, toks, md, sa = decode_inputs(eng, ns.batch, ns.ctx, distinct=True)
-    # Each row its own pages up to the last position any program below writes (decode_inputs
-    # covers ctx only; a later position in the null page would be shared by the rows), and
-    # the first step's KV slot in the row's page of ctx.
-    ps, b = runner.page_size, ns.batch
-    per_row = (ns.ctx + max(steps)) // ps + 1
-    if b * per_row >= runner.num_pages or per_row > bucket.max_pages:
-        raise SystemExit(f"{b} x {per_row} pages do not fit the pool / bucket {bucket}")
-    bt = np.zeros((b, bucket.max_pages), np.int32)
-    bt[:, :per_row] = 1 + np.arange(b * per_row).reshape(b, per_row)
-    md = dataclasses.replace(md, block_tables=jax.numpy.asarray(bt), slot_mapping=jax.numpy.asarray(
-        bt[:, ns.ctx // ps] * ps + ns.ctx % ps))
+    bucket, toks, md, sa = step_inputs(eng, ns.batch, ns.ctx, max(steps))
     runner.executable(bucket)
     print(f"engine + first compile {time.perf_counter() - t0:.1f} s", flush=True)
     rec = {"model": ns.model, "backend": ns.backend, "batch": ns.batch, "ctx": ns.ctx,

@@ -59,15 +59,17 @@ def capture(args) -> None:
         kw = dict(kw)
         kv = jnp.float8_e4m3fn if kw.pop("kv") == "fp8" else jnp.bfloat16
         sds = jax.ShapeDtypeStruct
+        v_shape = ((L, Hkv, B * maxp + 1, D, ps) if kw.get("v_layout") == "dt"
+                   else (L, Hkv, B * maxp + 1, ps, D))
         avals = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, B * maxp + 1, ps, D), kv),
-                 sds((L, Hkv, B * maxp + 1, ps, D), kv), sds((), jnp.int32),
+                 sds(v_shape, kv), sds((), jnp.int32),
                  sds((B, maxp), jnp.int32), sds((B,), jnp.int32)]
         seen.clear()
         lower_paged_kernel(paged_decode_attention, avals, kv, 0, **kw)
         with open(os.path.join(args.dir, f"{name}.ttir"), "w") as f:
             f.write(seen[0])
-        from pallas_kernels.paged_attention.decode import _resolve_options
-        o = _resolve_options(kv, None, **{k: kw.get(k) for k in (
+        from pallas_kernels.paged_attention.decode_options import _resolve_options
+        o = _resolve_options(kv, kw.get("fp8_variant"), B, **{k: kw.get(k) for k in (
             "block_tokens", "num_splits", "target_programs", "num_warps", "num_stages",
             "fp8_widen", "fp8_dots", "layout", "group_rows", "fp8_v_stage")})
         index.append({"name": name, "num_warps": o["num_warps"], "num_stages": o["num_stages"]})

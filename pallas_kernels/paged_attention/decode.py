@@ -15,13 +15,13 @@ FP8 (e4m3fn) caches are widened to f16 in registers (``cvt``, or by bit placemen
 to fp8 MMAs directly (see fp8.py for the variants); ``k_scale`` folds into the softmax scale
 and ``v_scale`` into the output.
 
-Design notes and measurements: benchmarks/kernels/NOTES_paged_attention.md.
+Shape checks, options and launch heuristics: decode_options.py. Design notes and
+measurements: benchmarks/kernels/NOTES_paged_attention.md.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -29,34 +29,34 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.paged_attention import decode_merge
+from pallas_kernels.paged_attention.decode_options import (  # noqa: F401 (re-exported)
+    KV_DTYPES,
+    LAYOUTS,
+    LOG2E,
+    NUM_SMS_H200,
+    _check,
+    _kernel_accepts,
+    _merge_splits,
+    _next_pow2,
+    _pow2,
+    _resolve_options,
+    choose_num_splits,
+    default_block_tokens,
+    paged_decode_attention_supported,
+)
 from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,
-    check_q_and_cache,
     scalar_operands,
 )
 from pallas_kernels.paged_attention.fp8 import (
     F16_FROM_BITS,
     P_SCALE,
-    check_variant,
     e4m3_bits_to_f16,
     fp8_decode_config,
     quantize_rows_e4m3,
     stage_v,
 )
-
-LOG2E = math.log2(math.e)
-KV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float8_e4m3fn)
-NUM_SMS_H200 = 132
-LAYOUTS = ("qk", "kq")
-
-
-def _pow2(n: int) -> bool:
-    return n > 0 and (n & (n - 1)) == 0
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
@@ -188,105 +188,6 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
     else:
         plgpu.store(o_ref.at[b, qrow[:, None], col[None, :]], o.astype(o_ref.dtype),
                     mask=rmask[:, None])
-
-
-def _merge_splits(o_part: jax.Array, lse: jax.Array, dtype) -> jax.Array:
-    """Exact log-sum-exp merge: o_part [B, Hkv, S, G, D] f32, lse [B, Hkv, S, G] (log2)."""
-    B, Hkv, _, G, D = o_part.shape
-    mx = lse.max(axis=2, keepdims=True)
-    mx = jnp.where(jnp.isneginf(mx), 0.0, mx)
-    w = jnp.exp2(lse - mx)  # 0 for empty splits
-    den = w.sum(axis=2)
-    num = (w[..., None] * o_part).sum(axis=2)
-    o = jnp.where((den > 0)[..., None], num / jnp.where(den > 0, den, 1.0)[..., None], 0.0)
-    return o.reshape(B, Hkv * G, D).astype(dtype)
-
-
-def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
-                      target_programs: int | None = None) -> int:
-    """Split-K count so that ``batch * Hkv * splits`` reaches ``target_programs``.
-
-    Default (measured on an H200, see the notes): no split once ``batch * Hkv`` programs
-    fill about one wave of the 132 SMs (the merge costs more than it gains); one wave's
-    worth for mid-size batches (B * Hkv >= 32), two waves' worth below that (B = 1).
-    """
-    programs = batch * num_kv_heads
-    if target_programs is None:
-        if programs >= 0.9 * NUM_SMS_H200:
-            return 1
-        target_programs = NUM_SMS_H200 if programs >= 32 else 2 * NUM_SMS_H200
-    want = -(-target_programs // programs)
-    return max(1, min(want, num_blocks))
-
-
-def default_block_tokens(head_dim: int, kv_dtype) -> int:
-    """Tokens per loop step: K and V tiles of about 16 KB each (64 tokens of bf16 at
-    D = 128 measured best on an H200), at least 64 tokens for 2-byte caches, at most 128."""
-    isz = jnp.dtype(kv_dtype).itemsize
-    bt = 16384 // (head_dim * isz)
-    return min(128, max(bt, 64 if isz <= 2 else 32))
-
-
-def _check(q, k_cache, v_cache, block_tables, seq_lens) -> None:
-    check_q_and_cache("paged_decode_attention", q, k_cache, v_cache)
-    B = q.shape[0]
-    if block_tables.ndim != 2 or block_tables.shape[0] != B or seq_lens.shape != (B,):
-        raise PagedAttentionShapeError(
-            f"paged_decode_attention: block_tables{block_tables.shape} / "
-            f"seq_lens{seq_lens.shape} do not match batch {B}")
-    if block_tables.dtype != jnp.int32 or seq_lens.dtype != jnp.int32:
-        raise PagedAttentionShapeError(
-            "paged_decode_attention: block_tables and seq_lens must be int32")
-
-
-def _kernel_accepts(q_shape: tuple[int, ...], k_cache_shape: tuple[int, ...], kv_dtype) -> bool:
-    if len(q_shape) != 3 or len(k_cache_shape) != 5:
-        return False
-    _, Hq, D = q_shape
-    _, Hkv, _, ps, Dk = k_cache_shape
-    if D != Dk or Hkv <= 0 or Hq % Hkv or Hq // Hkv > 64:
-        return False
-    if not (_pow2(D) and 16 <= D <= 256 and _pow2(ps)):
-        return False
-    return jnp.dtype(kv_dtype) in [jnp.dtype(d) for d in KV_DTYPES]
-
-
-def paged_decode_attention_supported(q_shape: tuple[int, ...], k_cache_shape: tuple[int, ...],
-                                     kv_dtype) -> bool:
-    """Whether the engine should dispatch these shapes/dtypes to the kernel (else the ref).
-
-    Needs a power-of-two head dim (16..256) and page size, Hq a multiple of Hkv with at most
-    64 q heads per KV head, and a bf16 / f16 / float8_e4m3fn cache. (f32 caches also run,
-    for tests, but spill registers on the GPU at D = 256 and are not tuned.)
-    """
-    return (_kernel_accepts(q_shape, k_cache_shape, kv_dtype)
-            and jnp.dtype(kv_dtype) != jnp.dtype(jnp.float32))
-
-
-def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, **opts) -> dict:
-    """The caller's options, FP8 caches' unset ones filled from the named variant
-    (:func:`fp8.fp8_decode_config`, by ``batch`` rows for the default), then the defaults;
-    checked."""
-    fp8 = jnp.dtype(kv_dtype) == jnp.dtype(jnp.float8_e4m3fn)
-    if fp8:
-        for k, v in fp8_decode_config(variant, batch).items():
-            if k not in opts:
-                raise ValueError(f"paged_decode_attention: variant option {k!r} unknown")
-            if opts[k] is None:
-                opts[k] = v
-    defaults = {"num_warps": 4, "num_stages": 5, "fp8_widen": "cvt", "fp8_dots": "none",
-                "layout": "qk", "fp8_v_stage": False}
-    opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}
-    check_variant(opts["fp8_widen"], opts["fp8_dots"], opts["layout"])
-    if opts["layout"] not in LAYOUTS:
-        raise ValueError(f"paged_decode_attention: layout={opts['layout']!r}, one of {LAYOUTS}")
-    min_rows = 16 if opts["layout"] == "qk" else 8
-    if opts["group_rows"] is None:
-        opts["group_rows"] = min_rows
-    if not (_pow2(opts["group_rows"]) and opts["group_rows"] >= min_rows):
-        raise ValueError(f"paged_decode_attention: group_rows={opts['group_rows']} must be a "
-                         f"power of two >= {min_rows} with layout {opts['layout']!r}")
-    return opts
 
 
 def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,

@@ -119,6 +119,8 @@ def test_every_sweep_config(name, kw):
     kw = dict(kw)
     kv = F8 if kw.pop("kv") == "fp8" else jnp.bfloat16
     c = case(400 + len(name), 4, 128, kv=kv)
+    if kw.get("v_layout") == "dt":  # the sweep's transposed-V configs read [D, ps] pages
+        c = _v_dt(c)
     out, ref = run_both(c, scale=128 ** -0.5, **(SCALES if kv == F8 else {}), **kw)
     assert_close(out, ref, tight=False)
 
@@ -130,6 +132,9 @@ def test_sweep_configs_lower_for_cuda(name, kw):
     kw = dict(kw)
     kv = F8 if kw.pop("kv") == "fp8" else jnp.bfloat16
     args = decode_avals(32, 128, kv)
+    if kw.get("v_layout") == "dt":
+        L, H, P, ps, D = args[2].shape
+        args[2] = jax.ShapeDtypeStruct((L, H, P, D, ps), kv)
     text = lower_paged_kernel(paged_decode_attention, args, kv, "traced", **kw)
     assert text.count("xla.gpu.triton") == 1
 

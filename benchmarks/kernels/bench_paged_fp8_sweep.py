@@ -108,12 +108,6 @@ CONFIGS: list[tuple[str, dict, list | None]] = [
     ("vstage_bt64", cfg(vs=True, bt=64), None),  # 142 regs, 54 KB, 3/SM, 636
     ("kq16_bt64", cfg("kq", 16, True, bt=64), None),  # 139 regs, 54 KB, 3/SM, 670
     ("bf16_kq8_bt64", cfg("kq", 8, bt=64, kv="bf16"), None),  # bf16 for comparison
-    # session 12: V pages stored transposed ([D, ps], v_layout="dt"), so P V's B operand is
-    # K-contiguous like K's (no one-byte LDS.U8 gathers); the cache layout is the caller's
-    ("cvt_vt", dict(named("cvt"), v_layout="dt"), None),
-    ("kq8_vt", dict(cfg("kq", 8), v_layout="dt"), None),
-    ("kq8_bt64_w2_vt", dict(cfg("kq", 8, bt=64, w=2), v_layout="dt"), None),
-    ("cvt_bt256_w8_vt", dict(cfg(bt=256, w=8, st=3), v_layout="dt"), None),
 ]
 
 
@@ -141,17 +135,7 @@ def check_case(c) -> tuple[tuple, jax.Array]:
     return a, ref
 
 
-def v_pages(c: dict, tune: dict) -> dict:
-    """Case ``c`` with its V pages transposed ([L, Hkv, P, D, ps]) for a v_layout="dt"
-    config (the kernel reads the layout it is given; the reference reads ``c``)."""
-    if tune.get("v_layout") != "dt":
-        return c
-    return dict(c, vc=jnp.swapaxes(c["vc"], -1, -2))
-
-
 def check(c, a, ref, **tune) -> float:
-    if tune.get("v_layout") == "dt":
-        a = (a[0], a[1], jnp.swapaxes(a[2], -1, -2), *a[3:])
     scale = 1.0 / math.sqrt(c["D"])
     o = jax.jit(lambda *x: paged_decode_attention(*x, scale=scale, **c["scales"], **tune))(*a)
     return rel_err(o, ref)
@@ -159,19 +143,18 @@ def check(c, a, ref, **tune) -> float:
 
 def kernel_class(kw: dict) -> tuple:
     """What decides the kernel's code shape beyond sizes: cache dtype, layout, rows, V path."""
-    return (kw["kv"], kw.get("layout", "qk"), kw.get("group_rows"), kw.get("fp8_v_stage", False),
-            kw.get("v_layout", "td"))
+    return (kw["kv"], kw.get("layout", "qk"), kw.get("group_rows"), kw.get("fp8_v_stage", False))
 
 
 PREFLIGHT = """
 import sys, jax, jax.numpy as jnp
 from benchmarks.kernels.bench_paged_attention import make_case
-from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS, kernel_class, split_kv, v_pages
+from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS, kernel_class, split_kv
 from pallas_kernels.paged_attention import paged_decode_attention
 for want in sys.argv[1:]:
     name, kw, _ = next(c for c in CONFIGS if str(kernel_class(c[1])) == want)
     dt, tune = split_kv(kw)
-    c = v_pages(make_case(8, 256, kv_dtype=dt, L=2, tiny=True), tune)
+    c = make_case(8, 256, kv_dtype=dt, L=2, tiny=True)
     try:
         jax.block_until_ready(paged_decode_attention(c["q"], c["kc"], c["vc"], 1, c["bt"],
                               c["lens"], scale=0.1, **c["scales"], **tune))
@@ -288,9 +271,9 @@ def main(argv: list[str] | None = None) -> None:
             if time.time() - T0 > args.deadline_s:
                 log("deadline: skipping", name, B, ctx)
                 continue
-            key = (B, ctx, str(jnp.dtype(dt)), tune.get("v_layout", "td"))
+            key = (B, ctx, str(jnp.dtype(dt)))
             if key not in cases:
-                cases[key] = v_pages(make_case(B, ctx, kv_dtype=dt, tiny=args.smoke), tune)
+                cases[key] = make_case(B, ctx, kv_dtype=dt, tiny=args.smoke)
             c = cases[key]
             try:
                 run, a = ours_runner(c, **interp, **tune)

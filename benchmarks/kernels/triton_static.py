@@ -48,7 +48,7 @@ def capture(args) -> None:
         return r
     lowering.lower_jaxpr_to_triton_module = hook
     B, ctx = (int(x) for x in args.shape.split(","))
-    Hq, Hkv, D, ps, L = 32, 8, 128, 16, 2
+    Hq, Hkv, D, ps, L = 32, 8, 128, args.page, 2
     maxp = ctx // ps
     configs = CONFIGS + [("bf16_default", {"kv": "bf16"}, None)]
     if args.configs:
@@ -59,10 +59,8 @@ def capture(args) -> None:
         kw = dict(kw)
         kv = jnp.float8_e4m3fn if kw.pop("kv") == "fp8" else jnp.bfloat16
         sds = jax.ShapeDtypeStruct
-        v_shape = ((L, Hkv, B * maxp + 1, D, ps) if kw.get("v_layout") == "dt"
-                   else (L, Hkv, B * maxp + 1, ps, D))
         avals = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, B * maxp + 1, ps, D), kv),
-                 sds(v_shape, kv), sds((), jnp.int32),
+                 sds((L, Hkv, B * maxp + 1, ps, D), kv), sds((), jnp.int32),
                  sds((B, maxp), jnp.int32), sds((B,), jnp.int32)]
         seen.clear()
         lower_paged_kernel(paged_decode_attention, avals, kv, 0, **kw)
@@ -140,6 +138,7 @@ def main() -> None:
     p.add_argument("--dir", default="/tmp/paged_decode_ttir")
     p.add_argument("--shape", default="32,2048", help="B,ctx (capture)")
     p.add_argument("--configs", default="", help="comma list of sweep names (capture)")
+    p.add_argument("--page", type=int, default=16, help="page size in tokens (capture)")
     args = p.parse_args()
     capture(args) if args.step == "capture" else compile_all(args)
 

@@ -63,7 +63,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
                    scale_log2: float, static_window: int | None, has_kscale: bool,
                    has_vscale: bool, split_out: bool, compute_dtype, fp8_widen: str = "cvt",
                    fp8_dots: str = "none", layout: str = "qk", v_stage: bool = False,
-                   v_dt: bool = False, split_of=None) -> None:
+                   split_of=None) -> None:
     it = iter(refs)
     layer_ref = next(it)
     window_ref = next(it) if static_window is None else None
@@ -118,11 +118,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         idx = (layer, h, page[:, None], t_off[:, None], col[None, :])
         zero = jnp.zeros((), k_ref.dtype)
         k = plgpu.load(k_ref.at[idx], mask=valid[:, None], other=zero)
-        if v_dt:  # V^T [D, N]: each page's V stored [D, ps], tokens contiguous
-            v = plgpu.load(v_ref.at[layer, h, page[None, :], col[:, None], t_off[None, :]],
-                           mask=valid[None, :], other=zero)
-        else:
-            v = plgpu.load(v_ref.at[idx], mask=valid[:, None], other=zero)
+        v = plgpu.load(v_ref.at[idx], mask=valid[:, None], other=zero)
         return k, v, valid
 
     def v_operand(v, valid):
@@ -143,10 +139,9 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         p = jnp.exp2(sc - m_new[:, None])
         l = l * alpha + p.sum(axis=1)
         if pv8:  # P * 2^8 in e4m3 against fp8 V
-            pv = plgpu.dot((p * P_SCALE).astype(k_ref.dtype), v, trans_b=v_dt)
-        else:  # V^T (v_dt) is the K-contiguous B operand, as K is for the scores
-            pv = plgpu.dot(p.astype(compute_dtype), v_operand(v, valid), trans_b=v_dt,
-                           allow_tf32=False)
+            pv = plgpu.dot((p * P_SCALE).astype(k_ref.dtype), v)
+        else:
+            pv = plgpu.dot(p.astype(compute_dtype), v_operand(v, valid), allow_tf32=False)
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l
 
@@ -159,7 +154,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(st - m_new[None, :])
         l = l * alpha + p.sum(axis=0)
-        pv = plgpu.dot(v_operand(v, valid), p.astype(compute_dtype), trans_a=not v_dt,
+        pv = plgpu.dot(v_operand(v, valid), p.astype(compute_dtype), trans_a=True,
                        allow_tf32=False)  # V^T P [D, Gp]
         acc = acc * alpha[None, :] + pv
         return acc, m_new, l
@@ -201,8 +196,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            fp8_widen: str | None = None, fp8_dots: str | None = None,
                            layout: str | None = None, group_rows: int | None = None,
                            fp8_v_stage: bool | None = None, fp8_variant: str | None = None,
-                           merge: str = "auto", merge_counters: jax.Array | None = None,
-                           v_layout: str = "td") -> jax.Array | tuple[jax.Array, jax.Array]:
+                           merge: str = "auto", merge_counters: jax.Array | None = None
+                           ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
     Same contract as :func:`reference.paged_decode_attention_ref`. Every tuning option left
@@ -249,11 +244,6 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         "kernel" for B * Hkv <= decode_merge.MERGE_KERNEL_MAX_GROUPS when the merge runs
         straight-line, as measured on the H200; ``$JAXINFER_DECODE_MERGE`` overrides). The
         Mosaic GPU variant always merges in XLA.
-      v_layout: "td" (default: v_cache as k_cache) or "dt": every page of v_cache stored
-        transposed, [L, Hkv, P, D, ps] (tokens contiguous), so that V is the K-contiguous B
-        operand of P V as K is of q K^T (an FP8 tile then needs no one-byte gathers; a
-        candidate layout, measured in bench_paged_fp8_sweep.py, not the engine's). A
-        variant's ``fp8_v_stage`` is off with it; an explicit True raises.
       merge_counters: with merge="kernel" only: [B, Hkv] int32 zeros for the kernel's arrival
         counters (None: fresh zeros every call). Given, the call returns ``(out, counters)``,
         the counters zero again, for the caller to carry to the next call (e.g. a scan over
@@ -266,26 +256,15 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       PagedAttentionUnsupportedError: shapes the kernel does not handle (see
         :func:`paged_decode_attention_supported`).
       ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant`` /
-        ``merge`` / ``v_layout``, fp8 dots with "kq", a bad ``group_rows``, "bits" with a
-        bf16 compute dtype, ``merge_counters`` without merge="kernel", or "dt" with
-        ``fp8_v_stage``.
+        ``merge``, fp8 dots with "kq", a bad ``group_rows``, "bits" with a bf16 compute
+        dtype, or ``merge_counters`` without merge="kernel".
     """
-    if v_layout not in ("td", "dt"):
-        raise ValueError(f"paged_decode_attention: v_layout={v_layout!r}, one of td / dt")
-    if v_layout == "dt":
-        want = (*k_cache.shape[:3], k_cache.shape[4], k_cache.shape[3])
-        if v_cache.ndim != 5 or tuple(v_cache.shape) != want:
-            raise PagedAttentionShapeError(
-                f"paged_decode_attention: v_layout='dt' needs v_cache{want} "
-                f"([L, Hkv, P, D, ps]), got {v_cache.shape}")
-    v_like = (jax.ShapeDtypeStruct(k_cache.shape, v_cache.dtype) if v_layout == "dt"
-              else v_cache)
-    _check(q, k_cache, v_like, block_tables, seq_lens)
+    _check(q, k_cache, v_cache, block_tables, seq_lens)
     decode_merge.check_merge(merge, merge_counters, q.shape[0], k_cache.shape[1])
 
     def ret(out, ctr=merge_counters):  # the counters too, when the caller passed them
         return out if merge_counters is None else (out, ctr)
-    if (v_layout == "td" and jnp.dtype(k_cache.dtype) == jnp.dtype(jnp.float8_e4m3fn)
+    if (jnp.dtype(k_cache.dtype) == jnp.dtype(jnp.float8_e4m3fn)
             and fp8_decode_config(fp8_variant, q.shape[0]).get("backend") == "mgpu"):
         from pallas_kernels.paged_attention import decode_mgpu  # imports this module
         if decode_mgpu.mgpu_decode_supported(q.shape, k_cache.shape, k_cache.dtype):
@@ -296,11 +275,6 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                 window=window, k_scale=k_scale, v_scale=v_scale, config=cfg,
                 interpret=interpret))
         fp8_variant = "by_batch"  # shapes the Mosaic kernel does not take: Triton's default
-    if v_layout == "dt":  # a variant's staged V is for [tokens, D] tiles: off, unless asked
-        if fp8_v_stage:
-            raise ValueError("paged_decode_attention: fp8_v_stage stages a [tokens, D] V "
-                             "tile; not with v_layout='dt'")
-        fp8_v_stage = False
     o = _resolve_options(k_cache.dtype, fp8_variant, q.shape[0], block_tokens=block_tokens,
                          num_splits=num_splits, target_programs=target_programs,
                          num_warps=num_warps, num_stages=num_stages, fp8_widen=fp8_widen,
@@ -343,14 +317,13 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     fp8 = k_cache.dtype == jnp.float8_e4m3fn
     v_stage = fp8 and bool(o["fp8_v_stage"])
     name = (f"paged_decode_bt{bt}_s{S}" + (f"_{o['fp8_widen']}_{o['fp8_dots']}" if fp8 else "")
-            + (f"_kq{Gp}" if o["layout"] == "kq" else "") + ("_vs" if v_stage else "")
-            + ("_vt" if v_layout == "dt" else ""))
+            + (f"_kq{Gp}" if o["layout"] == "kq" else "") + ("_vs" if v_stage else ""))
     kernel = functools.partial(
         _decode_kernel, ps=ps, bp=bp, pps=pps, G=G, Gp=Gp, D=D, scale_log2=scale * LOG2E,
         static_window=static_window, has_kscale=k_scale is not None,
         has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype,
         fp8_widen=o["fp8_widen"], fp8_dots=o["fp8_dots"], layout=o["layout"],
-        v_stage=v_stage, v_dt=v_layout == "dt")
+        v_stage=v_stage)
     params = plgpu.CompilerParams(num_warps=o["num_warps"], num_stages=o["num_stages"])
     if split_out and merge == "kernel":
         return ret(*decode_merge.merged_call(

@@ -119,8 +119,6 @@ def test_every_sweep_config(name, kw):
     kw = dict(kw)
     kv = F8 if kw.pop("kv") == "fp8" else jnp.bfloat16
     c = case(400 + len(name), 4, 128, kv=kv)
-    if kw.get("v_layout") == "dt":  # the sweep's transposed-V configs read [D, ps] pages
-        c = _v_dt(c)
     out, ref = run_both(c, scale=128 ** -0.5, **(SCALES if kv == F8 else {}), **kw)
     assert_close(out, ref, tight=False)
 
@@ -132,9 +130,6 @@ def test_sweep_configs_lower_for_cuda(name, kw):
     kw = dict(kw)
     kv = F8 if kw.pop("kv") == "fp8" else jnp.bfloat16
     args = decode_avals(32, 128, kv)
-    if kw.get("v_layout") == "dt":
-        L, H, P, ps, D = args[2].shape
-        args[2] = jax.ShapeDtypeStruct((L, H, P, D, ps), kv)
     text = lower_paged_kernel(paged_decode_attention, args, kv, "traced", **kw)
     assert text.count("xla.gpu.triton") == 1
 
@@ -192,67 +187,3 @@ def test_default_fp8_variant_follows_the_batch(monkeypatch):
     assert fp8.fp8_decode_config("cvt", 128) == {}
     monkeypatch.setenv(fp8.ENV_VARIANT, "cvt")
     assert fp8.fp8_decode_config(None, 128) == {}
-
-
-def _v_dt(case):
-    """The case with its (NaN-poisoned) V pages stored transposed, [L, Hkv, P, D, ps]."""
-    q, kd, vd, kc, vc, bt, lens = case
-    return q, kd, jnp.swapaxes(vd, -1, -2), kc, vc, bt, lens
-
-
-@pytest.mark.parametrize("kv,layout,rows,bt,splits,merge,dots", [
-    (jnp.float32, "qk", 16, 32, None, "auto", None),
-    (jnp.float32, "kq", 8, 64, 3, "xla", None),
-    (F8, "qk", 16, 128, None, "auto", None),
-    (F8, "qk", 16, 32, 3, "kernel", None),
-    (F8, "kq", 8, 64, 2, "xla", None),
-    (F8, "qk", 16, 32, 2, "xla", "qk_pv"),
-    (jnp.bfloat16, "qk", 16, 64, 2, "kernel", None),
-])
-def test_transposed_v_pages_match_the_reference(kv, layout, rows, bt, splits, merge, dots):
-    """v_layout="dt" (every V page stored [D, ps]): the same result as the reference on the
-    untransposed cache (float32 to 1e-4, FP8 / bf16 within their tolerance, fp8 dots within
-    theirs) and as the kernel on the [ps, D] pages to 1e-3; NaN in every unread slot,
-    permuted pages, ragged lengths, splits merged in XLA and in the kernel, both score
-    layouts."""
-    c = case(5 + bt + rows, 4, 128 if kv != jnp.float32 else 64, kv=kv, Hkv=2)
-    kw = dict(layout=layout, group_rows=rows, block_tokens=bt, num_splits=splits, merge=merge)
-    if kv == F8:
-        kw.update(SCALES, fp8_variant="cvt")
-        if dots:
-            kw["fp8_dots"] = dots
-    out, ref = run_both(_v_dt(c), v_layout="dt", **kw)
-    plain, _ = run_both(c, **kw)
-    o, r, p = (np.asarray(x, np.float64) for x in (out, ref, plain))
-    if dots:  # q / p in e4m3: their own bound (test_every_named_variant)
-        assert np.all(np.isfinite(o)) and np.linalg.norm(o - r) / np.linalg.norm(r) < 4e-2
-    else:
-        assert_close(out, ref, tight=kv == jnp.float32)
-    # the kernel on [ps, D] pages: the same products (summed in the interpreter's order)
-    assert np.linalg.norm(o - p) / np.linalg.norm(p) < 1e-3 and np.abs(o - p).max() < 1e-2
-
-
-def test_transposed_v_shape_and_option_errors():
-    from pallas_kernels.paged_attention import PagedAttentionShapeError
-
-    q, kd, vd, _, _, bt, lens = case(3, 4, 64)
-    call = functools.partial(paged_decode_attention, q, kd, layer=jnp.int32(LAYER),
-                             block_tables=bt, seq_lens=lens, scale=0.3, interpret=True)
-    with pytest.raises(PagedAttentionShapeError, match=r"\[L, Hkv, P, D, ps\]"):
-        call(v_cache=vd, v_layout="dt")  # not transposed
-    with pytest.raises(ValueError, match="v_layout"):
-        call(v_cache=vd, v_layout="ps_d")
-    with pytest.raises(ValueError, match="fp8_v_stage"):
-        call(v_cache=jnp.swapaxes(vd, -1, -2), v_layout="dt", fp8_v_stage=True)
-
-
-def test_transposed_v_lowers_for_cuda_at_the_8b_shape():
-    """The FP8 kernel on [D, ps] V pages lowers for an H200 (Llama-3.1-8B heads, B 32, 128
-    pages a row), default and kq8 tiles."""
-    q, k, v, *rest = decode_avals(32, 128, F8)
-    L, H, P, ps, D = v.shape
-    avals = [q, k, jax.ShapeDtypeStruct((L, H, P, D, ps), v.dtype), *rest]
-    for variant in ("cvt", "kq8"):
-        text = lower_paged_kernel(paged_decode_attention, avals, F8, 0, v_layout="dt",
-                                  fp8_variant=variant)
-        assert "paged_decode" in text and "_vt" in text

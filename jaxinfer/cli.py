@@ -227,7 +227,7 @@ def cmd_convert(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxinfer.compile import add_compile_command
+    from jaxinfer.compile_cli import add_compile_command
 
     parser = argparse.ArgumentParser(prog="jaxinfer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -44,11 +44,7 @@ from pallas_kernels.paged_attention.decode_options import (  # noqa: F401 (re-ex
     default_block_tokens,
     paged_decode_attention_supported,
 )
-from pallas_kernels.paged_attention.errors import (
-    PagedAttentionShapeError,
-    PagedAttentionUnsupportedError,
-    scalar_operands,
-)
+from pallas_kernels.paged_attention.errors import PagedAttentionUnsupportedError, scalar_operands
 from pallas_kernels.paged_attention.fp8 import (
     F16_FROM_BITS,
     P_SCALE,

@@ -15,6 +15,7 @@ from benchmarks.kernels.bench_paged_prefill import make_case
 from benchmarks.kernels.kernel_bench import rel_err
 from pallas_kernels.paged_attention import paged_prefill_attention_ref
 import pallas_kernels.paged_attention.prefill_mgpu as M
+import pallas_kernels.paged_attention.prefill_mgpu_route as R
 from pallas_kernels.paged_attention.prefill_mgpu import (
     MgpuPrefillConfig,
     mgpu_route,
@@ -125,7 +126,7 @@ TRITON = "__gpu$xla.gpu.triton"
 
 
 def test_route():
-    assert M.MGPU_MIN_TOKENS == 2048
+    assert M.MGPU_MIN_TOKENS == R.MGPU_MIN_TOKENS == 2048
     # worst case: min(S, T) rows of maxp * page_size tokens
     assert worst_case_context(4096, 64, 272, 16) == 64 * 4352
     assert worst_case_context(8, 64, 4, 16) == 8 * 64
@@ -190,7 +191,7 @@ def test_program_routes_by_bucket_and_lowers_each_kernel_once(monkeypatch):
     """pallas_mgpu: a bucket below MGPU_MIN_TOKENS holds the Triton prefill kernel only, one
     at or above it the Mosaic kernel (and no cond where it cannot overflow); the kernel bodies
     in the H200 program do not grow with depth (one lowering per shape, not per layer)."""
-    monkeypatch.setattr(M, "MGPU_MIN_TOKENS", 256)  # small buckets keep the test quick
+    monkeypatch.setattr(R, "MGPU_MIN_TOKENS", 256)  # small buckets keep the test quick
     small = _program_text(monkeypatch, 2, 128, 2, 4)
     assert "mosaic_gpu" not in small and TRITON in small
     counts = {}
@@ -206,6 +207,6 @@ def test_program_routes_by_bucket_and_lowers_each_kernel_once(monkeypatch):
         assert "mosaic_gpu" in t and TRITON in t and "stablehlo.case" in t
     assert texts[4].count(TRITON) == texts[2].count(TRITON)
     assert texts[4].count("mosaic_gpu") == texts[2].count("mosaic_gpu")
-    monkeypatch.setattr(M, "MGPU_OVERFLOW", "triton")
+    monkeypatch.setattr(R, "MGPU_OVERFLOW", "triton")
     text = _program_text(monkeypatch, 2, 256, 2, 32)
     assert "mosaic_gpu" not in text and TRITON in text

@@ -4,7 +4,7 @@ call the model makes (jaxinfer/models/transformer.py).
 
 Kernel choices read environment variables at trace time (A/B runs; each is in the compile-
 cache fingerprint, jaxinfer/compile_cache.KERNEL_ENV_VARS): ``$JAXINFER_FP8_DECODE_GEMM``,
-``$JAXINFER_FP8_MID_GEMM``, ``$JAXINFER_FP8_DECODE_FUSE``.
+``$JAXINFER_FP8_MID_GEMM``, ``$JAXINFER_FP8_DECODE_FUSE``, ``$JAXINFER_FP8_DECODE_DEEP_K``.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ FP8_GATE_UP_EPILOGUE_MAX_M = 16
 # Session 12 (call 4, the kernel alone as the engine calls it; record
 # matmul_h200_s12call4_deepk-20261202.json): 70b_up M=1 59.2 vs 73.6 us (3.97 vs 3.19 TB/s),
 # M=16 60.5 vs 73.8; 8b_down 19.1 / 19.5 vs 21.4 / 22.0; 70b_o 22.3 / 24.1 vs 23.5 / 24.5.
+# $JAXINFER_FP8_DECODE_DEEP_K=off restores the 256 / 4-stage tiles (an A/B end to end).
 FP8_DECODE_DEEP_K = True
 FP8_DECODE_DEEP_K_MIN_STEPS = 4
 
@@ -114,13 +115,19 @@ def _fp8_decode_fuse() -> str:
     return _env_choice("JAXINFER_FP8_DECODE_FUSE", FP8_DECODE_FUSE, ("all", "merge", "none"))
 
 
+def _fp8_decode_deep_k() -> bool:
+    return _env_choice("JAXINFER_FP8_DECODE_DEEP_K", "on" if FP8_DECODE_DEEP_K else "off",
+                       ("on", "off")) == "on"
+
+
 def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
                       fuse: str | None = None,
                       deep_k: bool | None = None) -> triton_gemm.TritonConfig:
     """Swap-AB FP8-dot tiles for ``M <= FP8_DECODE_MAX_M`` tokens: 64 weight rows x 256 K
     per step, tokens padded to a power of two >= 16, split-K until ~2 waves of 132 SMs;
     512 K a step in 3 stages for large weights at <= 16 tokens (``deep_k``, default
-    :data:`FP8_DECODE_DEEP_K`; see there); ``N`` output columns (F for a gate_up weight).
+    ``$JAXINFER_FP8_DECODE_DEEP_K`` on / off or :data:`FP8_DECODE_DEEP_K`; see there); ``N``
+    output columns (F for a gate_up weight).
     ``fuse`` (default
     ``$JAXINFER_FP8_DECODE_FUSE`` or :data:`FP8_DECODE_FUSE`): "all" quantizes x in the
     kernel per token and group of FP8_DECODE_ACT_GROUP columns (where the group divides K)
@@ -136,7 +143,7 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
     group = FP8_DECODE_ACT_GROUP if fuse == "all" and K % FP8_DECODE_ACT_GROUP == 0 else 0
     tiles = pl.cdiv(N, bn) * pl.cdiv(M, bm)
     split, stages = triton_gemm.split_to_fill(tiles, K, bk), 4
-    deep_k = FP8_DECODE_DEEP_K if deep_k is None else deep_k
+    deep_k = _fp8_decode_deep_k() if deep_k is None else deep_k
     if deep_k and bm == 16 and not gate_up and not group and K % 512 == 0:
         split_deep = triton_gemm.split_to_fill(tiles, K, 512)
         if K // (split_deep * 512) >= FP8_DECODE_DEEP_K_MIN_STEPS:
@@ -157,6 +164,7 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM``."""
     decode_gemm, mid_gemm = _fp8_decode_gemm(), _fp8_mid_gemm()  # all checked at any M
     _fp8_decode_fuse()
+    _fp8_decode_deep_k()
     if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
         return "mgpu", True
     if FP8_DECODE_MAX_M < M < FP8_PREFILL_MIN_M and mid_gemm == "mgpu":

@@ -215,6 +215,19 @@ def test_decode_config_takes_deep_k_steps_only_for_large_weights_at_few_tokens()
     assert cfg(1, 8192, 28672, fuse="all").bk == 256  # in-kernel groups keep their tiles
 
 
+def test_deep_k_follows_the_environment(monkeypatch):
+    from jaxinfer.compile_cache import kernel_env
+
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_DEEP_K", "off")
+    assert fp8_plan.fp8_decode_config(1, 8192, 28672, fuse="none").bk == 256
+    assert kernel_env()["JAXINFER_FP8_DECODE_DEEP_K"] == "off"  # in the cache fingerprint
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_DEEP_K", "on")
+    assert fp8_plan.fp8_decode_config(1, 8192, 28672, fuse="none").bk == 512
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_DEEP_K", "yes")
+    with pytest.raises(api.LinearError, match="JAXINFER_FP8_DECODE_DEEP_K"):
+        fp8_plan.fp8_engine_plan(1, 8192, 28672)
+
+
 @pytest.mark.parametrize("M,N", [(1, 96), (13, 200)])
 def test_deep_k_config_matches_the_reference(M, N):
     """The deep-K tiles the plan picks for the 70B up projection (512 K a step, 3 stages),

@@ -21,8 +21,9 @@ driver (``llama.py`` ``llama_sequential`` with ``--true-sequential``): layer ``l
 are computed with layers ``< l`` already quantized, and inside a layer each fused projection
 (``wqkv``, ``wo``, ``w_gate_up``, ``w_down``; Q/K/V and gate/up share one input, so one
 Hessian) sees the layer's earlier projections quantized. Inputs are recorded from the
-engine's own ``CausalLM._block`` in float32 (a temporary wrapper around
-``transformer._proj``), one calibration window at a time.
+engine's own ``CausalLM._block`` in float32, jitted, one calibration window at a time: while
+the block is traced, a temporary wrapper around ``transformer._proj`` returns the wanted
+projection's (normed) input and ends the trace there.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def gptq_fp8(w: Any, h: np.ndarray, *, block_size: int = 128, damp: float = 0.01
             q = _round(W1[i], scale)
             Q[i1 + i] = q
             Err[i] = (W1[i] - q.astype(np.float64) * scale) / U[i1 + i, i1 + i]
-            W1[i:] -= np.outer(U[i1 + i, i1 + i:i2], Err[i])  # row i becomes ~0: unused
+            W1[i:] -= np.outer(U[i1 + i, i1 + i:i2], Err[i])  # row i: now its q (unused)
         W[i2:] -= U[i1:i2, i2:].T @ Err  # lazy update of the rows after the block
     out = np.empty_like(Q)
     out[perm] = Q

@@ -161,7 +161,8 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     """``(backend, act_quant)`` of the engine's FP8 projection ``[M, K] x [N, K]ᵀ`` on GPU
     (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (the middle band;
     at 17-64 rows opt-in, ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``.
-    Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM``."""
+    Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM`` /
+    ``_DECODE_FUSE`` / ``_DECODE_DEEP_K``."""
     decode_gemm, mid_gemm = _fp8_decode_gemm(), _fp8_mid_gemm()  # all checked at any M
     _fp8_decode_fuse()
     _fp8_decode_deep_k()

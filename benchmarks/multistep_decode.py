@@ -11,7 +11,8 @@ the device). This script measures that design before the engine takes it: one pr
 (the sampled token is the next step's input; positions, slot mapping and lengths advance on
 the device from the block table), against the engine's one-step programs on the same inputs.
 
-For each n: greedy tokens equal to n single steps (checked first), and per generated token
+For each n: greedy tokens compared with n single steps (the run fails at its end if any
+differ), and per generated token
   sync_ms   one call dispatched and waited for, / n,
   b2b_ms    calls issued back to back, one wait at the end, / n (best of 3),
   host_ms   host time until the call returns (enqueue only), / n.
@@ -130,11 +131,21 @@ def main() -> None:
 
     from gpu_decode import make_engine, median_time, pipelined_time
 
+    try:
+        steps = [int(s) for s in ns.steps.split(",")]
+    except ValueError:
+        ap.error(f"--steps: comma-separated integers, got {ns.steps!r}")
+    if min(steps) < 1 or ns.batch < 1 or ns.ctx < 1:
+        ap.error("--steps, --batch and --ctx must be at least 1")
+    from jaxinfer.config import ConfigError
+
+    t0 = time.perf_counter()
+    try:  # positions up to ctx + max(steps) - 1 are written
+        eng = make_engine(ns.model, ns.backend, [ns.batch], ns.ctx, max(steps), dtype=ns.dtype)
+    except ConfigError as e:
+        ap.error(f"the engine refuses this shape: {e}")
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = [int(s) for s in ns.steps.split(",")]
-    t0 = time.perf_counter()
-    eng = make_engine(ns.model, ns.backend, [ns.batch], ns.ctx, 2 * max(steps), dtype=ns.dtype)
     runner = eng.runner
     bucket, toks, md, sa = step_inputs(eng, ns.batch, ns.ctx, max(steps))
     runner.executable(bucket)

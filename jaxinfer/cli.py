@@ -226,6 +226,17 @@ def cmd_convert(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_2(text: str) -> int:
+    """argparse type: an int >= 2 (a clear message otherwise)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2, got {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jaxinfer.compile_cli import add_compile_command
 
@@ -257,8 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--calibration", default=None, metavar="TEXT_FILE",
                    help="with --quantization fp8 and --output: choose each e4m3 value by "
                         "GPTQ on this text (same format and scales; load with LLM(output))")
-    v.add_argument("--calibration-tokens", type=int, default=4096,
-                   help="tokens of the calibration text used (default: %(default)s)")
+    v.add_argument("--calibration-tokens", type=_at_least_2, default=4096,
+                   help="tokens of the calibration text used, >= 2 (default: %(default)s)")
     v.set_defaults(func=cmd_convert)
 
     add_compile_command(sub)

@@ -126,6 +126,12 @@ def cmd_compile(ns: Any) -> int:
     compile into ``--cache-dir`` and print per-program seconds. With ``--jobs`` > 1 the
     workers start first and import JAX while this process reads the configuration. Logs its
     phases at INFO (``-v``). Raises ConfigError, CheckpointError (one-line CLI errors)."""
+    from jaxinfer.config import ConfigError
+
+    if not ns.cache_dir and not ns.list:  # before the configuration is read and printed
+        raise ConfigError("jaxinfer compile needs --cache-dir DIR (or --list)")
+    if ns.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {ns.jobs}")
     phases = PhaseLog()
     phases.mark("command parsed")
     # This process only compiles (its workers too): keep it from reserving accelerator memory.
@@ -138,7 +144,6 @@ def cmd_compile(ns: Any) -> int:
     try:
         from jaxinfer import cli
         from jaxinfer.compile_cache import MANIFEST
-        from jaxinfer.config import ConfigError
         from jaxinfer.engine import engine_config_for
 
         args = cli._engine_args(ns)
@@ -162,8 +167,6 @@ def cmd_compile(ns: Any) -> int:
         if ns.list:
             print(bucket_table(programs))
             return 0
-        if not ns.cache_dir:
-            raise ConfigError("jaxinfer compile needs --cache-dir DIR (or --list)")
         r = compile_bucket_set(mc, ec, programs, ns.cache_dir, jobs=ns.jobs, force=ns.force,
                                pool=pool, phases=phases)
     finally:

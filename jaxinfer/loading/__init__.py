@@ -17,6 +17,7 @@ and returns a :class:`LoadedModel` whose params follow jaxinfer/models/params.py
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -233,9 +234,18 @@ def convert(model: str, output: str | None = None, progress: bool = True,
     if quantization not in (None, "fp8"):
         raise CheckpointError(f"quantization must be None or 'fp8', got {quantization!r}")
     scheme = fp8_scheme() if quantization else None
-    if calibration is not None and (quantization != "fp8" or output is None):
-        raise CheckpointError("calibration (GPTQ) needs quantization='fp8' and an output "
-                              "directory")
+    calib_text = None
+    if calibration is not None:
+        if quantization != "fp8":
+            raise CheckpointError("a calibration file (GPTQ) needs quantization 'fp8' "
+                                  "(--quantization fp8)")
+        if output is None:
+            raise CheckpointError("a calibration file (GPTQ) needs an output directory "
+                                  "(--output DIR)")
+        if calibration_tokens < 2:
+            raise CheckpointError(f"calibration_tokens (--calibration-tokens) must be at "
+                                  f"least 2, got {calibration_tokens}")
+        calib_text = _read_calibration(Path(calibration))  # before the model loads
     if output is None:
         if kind == "hf":
             raise CheckpointError(f"give an output directory to convert HF directory {path}")
@@ -246,9 +256,12 @@ def convert(model: str, output: str | None = None, progress: bool = True,
         output_path = Path(output).expanduser()
         if output_path.exists():
             raise CheckpointError(f"output {output_path} already exists")
+        parent = next((p for p in output_path.absolute().parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise CheckpointError(f"output {output_path}: {parent} is not a directory")
     loaded = _load_gguf(path, progress) if kind == "gguf" else load_hf(path, "float32", progress)
-    if calibration is not None:
-        scheme = _quantize_gptq(loaded, Path(calibration), calibration_tokens)
+    if calib_text is not None:
+        scheme = _quantize_gptq(loaded, calib_text, calibration_tokens, progress)
     elif quantization and loaded.quantization is None:  # as load_model(quantization="fp8")
         loaded.params = quantize_params_fp8(loaded.params, FP8_PROJECTIONS)
     else:
@@ -257,28 +270,49 @@ def convert(model: str, output: str | None = None, progress: bool = True,
                           scheme=scheme)
 
 
-def _quantize_gptq(loaded: LoadedModel, path: Path, max_tokens: int, window: int = 512) -> dict:
-    """Quantize ``loaded``'s projections in place with GPTQ on the text file ``path``;
-    returns the scheme for the manifest. Raises CheckpointError (see :func:`convert`)."""
+def _read_calibration(path: Path) -> tuple[Path, bytes, str]:
+    """(path, bytes, UTF-8 text) of a calibration file. Raises CheckpointError when it is
+    missing, not a file, unreadable, not UTF-8 or empty."""
+    try:
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"calibration file {path}: {e}") from None
+    if not text.strip():
+        raise CheckpointError(f"calibration file {path} is empty")
+    return path, data, text
+
+
+def _quantize_gptq(loaded: LoadedModel, calib: tuple[Path, bytes, str], max_tokens: int,
+                   progress: bool = True, window: int = 512) -> dict:
+    """Quantize ``loaded``'s projections in place with GPTQ on the calibration text ``calib``
+    (:func:`_read_calibration`): its first ``max_tokens`` tokens in windows of ``window``
+    (a last window under 2 tokens is dropped); a line per layer when ``progress``. Returns
+    the scheme for the manifest. Raises CheckpointError (see :func:`convert`)."""
     import hashlib
 
     from jaxinfer.quantization import QuantizationError, fp8_scheme
     from jaxinfer.quantization_gptq import quantize_model_gptq
 
+    path, data, text = calib
     if loaded.quantization is not None or loaded.tokenizer is None:
         raise CheckpointError("GPTQ needs float weights and a tokenizer")
-    try:
-        data = path.read_bytes()
-        ids = loaded.tokenizer.encode(data.decode("utf-8"))[:max_tokens]
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"calibration file {path}: {e}") from None
+    ids = loaded.tokenizer.encode(text)[:max_tokens]
     windows = [ids[s:s + window] for s in range(0, len(ids), window)]
     windows = [w for w in windows if len(w) >= 2]
+    if not windows:
+        raise CheckpointError(f"calibration file {path}: {len(ids)} token(s); GPTQ needs at "
+                              "least 2")
+    used = sum(map(len, windows))
+    log = None
+    if progress:
+        def log(line: str) -> None:
+            print(f"GPTQ {line}", file=sys.stderr, flush=True)
     try:
-        loaded.params = quantize_model_gptq(loaded, windows).params
+        loaded.params = quantize_model_gptq(loaded, windows, log=log).params
     except QuantizationError as e:
         raise CheckpointError(f"calibration file {path}: {e}") from None
     return {**fp8_scheme(), "rounding": "GPTQ (arXiv 2210.17323; act order, damp 0.01, "
             "block 128), nearest-even, saturating",
             "calibration": {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(),
-                            "tokens": len(ids), "window": window}}
+                            "tokens": used, "window": window}}

@@ -187,13 +187,28 @@ def test_convert_with_calibration(tmp_path, monkeypatch) -> None:
     _tiny_tokenizer("{{ messages[0]['content'] }}").save(d)
     text = tmp_path / "calib.txt"
     text.write_text("hello world world hello hello world " * 60)
-    with pytest.raises(CheckpointError, match="needs quantization='fp8' and an output"):
+    with pytest.raises(CheckpointError, match=r"needs an output directory \(--output"):
         convert(str(d), progress=False, quantization="fp8", calibration=text)
-    with pytest.raises(CheckpointError, match="needs quantization='fp8'"):
+    with pytest.raises(CheckpointError, match=r"needs quantization 'fp8' \(--quantization"):
         convert(str(d), str(tmp_path / "x"), progress=False, calibration=text)
     with pytest.raises(CheckpointError, match="calib.missing"):
         convert(str(d), str(tmp_path / "x"), progress=False, quantization="fp8",
                 calibration=tmp_path / "calib.missing")
+    with pytest.raises(CheckpointError, match="at least 2, got 1"):
+        convert(str(d), str(tmp_path / "x"), progress=False, quantization="fp8",
+                calibration=text, calibration_tokens=1)
+    (tmp_path / "empty.txt").write_text(" \n")
+    with pytest.raises(CheckpointError, match="empty.txt is empty"):
+        convert(str(d), str(tmp_path / "x"), progress=False, quantization="fp8",
+                calibration=tmp_path / "empty.txt")
+    (tmp_path / "one.txt").write_text("hello")
+    with pytest.raises(CheckpointError, match=r"1 token\(s\); GPTQ needs at least 2"):
+        convert(str(d), str(tmp_path / "x"), progress=False, quantization="fp8",
+                calibration=tmp_path / "one.txt")
+    with pytest.raises(CheckpointError, match="calib.txt is not a directory"):
+        convert(str(d), str(text / "sub"), progress=False, quantization="fp8",
+                calibration=text)
+    assert not (tmp_path / "x").exists()  # nothing half-written by the failed calls
 
     out = convert(str(d), str(tmp_path / "gptq"), progress=False, quantization="fp8",
                   calibration=text, calibration_tokens=300)

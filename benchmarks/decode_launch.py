@@ -108,11 +108,10 @@ def host_trace(step, n: int) -> list[tuple[str, float, float]]:
 
 
 def main() -> None:
+    from gpu_decode import add_step_shape_args
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="dummy:llama-3.1-8b")
-    ap.add_argument("--backend", default="pallas:fp8", help="attention[:quantization]")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--ctx", type=int, default=512)
+    add_step_shape_args(ap)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--scan-layers", action="store_true",

@@ -146,6 +146,15 @@ def decode_replay(eng, b: int, ctx: int, distinct: bool = False, exe=None):
     return replay
 
 
+def add_step_shape_args(ap) -> None:
+    """--model / --backend / --batch / --ctx of the scripts that time one engine's decode
+    program at one shape (decode_launch.py, multistep_decode.py)."""
+    ap.add_argument("--model", default="dummy:llama-3.1-8b")
+    ap.add_argument("--backend", default="pallas:fp8", help="attention[:quantization]")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=512)
+
+
 def make_engine(model, backend: str, batches: list[int], ctx: int, steps: int,
                 scan_layers: bool | None = None, **engine_args):
     """An LLMEngine for decode timing: backend "attention[:quantization]", e.g. "pallas:fp8"."""

@@ -13,14 +13,12 @@ import numpy as np
 
 from jaxinfer.compile import (
     MODES,
-    CompilePool,
-    PhaseLog,
     compile_bucket_set,
-    default_jobs,
     enumerate_programs,
     kv_pool_bytes,
     model_config_of,
 )
+from jaxinfer.compile_pool import CompilePool, PhaseLog, default_jobs
 from jaxinfer.config import EngineConfig, ModelConfig
 
 if TYPE_CHECKING:

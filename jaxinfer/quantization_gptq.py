@@ -37,7 +37,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jaxinfer.quantization import FP8_MAX, QuantizationError, quantize_fp8_per_channel
+from jaxinfer.quantization import (
+    FP8_MAX,
+    QuantizationError,
+    _check_2d,
+    quantize_fp8_per_channel,
+)
 
 __all__ = ["GPTQModel", "HessianAccumulator", "gptq_fp8", "output_error",
            "quantize_model_gptq"]
@@ -106,9 +111,7 @@ def gptq_fp8(w: Any, h: np.ndarray, *, block_size: int = 128, damp: float = 0.01
         after damping.
     """
     w32 = jnp.asarray(w)
-    if w32.ndim != 2 or not jnp.issubdtype(w32.dtype, jnp.floating) or w32.dtype == _E4M3:
-        raise QuantizationError(f"weight must be a 2-D float array, got {w32.dtype} "
-                                f"{tuple(w32.shape)}")
+    _check_2d(w32, "weight")
     K, N = w32.shape
     h = np.array(h, np.float64)
     if h.shape != (K, K):

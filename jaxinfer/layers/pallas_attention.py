@@ -6,7 +6,7 @@ dtype; unsupported shapes fall back to the jnp reference of the base class. With
 ``prefill_mgpu`` (backend ``"pallas_mgpu"``, Hopper only; what ``"auto"`` picks there) bf16/f16
 prefill goes to the Mosaic GPU varlen kernel of ``prefill_mgpu.py`` instead for buckets of at
 least ``MGPU_MIN_TOKENS`` (2048) tokens, and to the Triton kernel below: a static choice per bucket
-(``prefill_mgpu.mgpu_route``; the Mosaic path's plan and gather cost more than it saves on
+(``prefill_mgpu_route.mgpu_route``; the Mosaic path's plan and gather cost more than it saves on
 short prefills). The Mosaic path falls back to the Triton kernel (``lax.cond``) when the
 contexts exceed its gathered K/V buffer of 2 T tokens, compiled in only for buckets whose worst
 case can exceed it (module docstring of prefill_mgpu.py). FP8 (e4m3) caches go to the same
@@ -28,9 +28,9 @@ from pallas_kernels.paged_attention import (
     paged_prefill_attention,
     paged_prefill_attention_supported,
 )
-from pallas_kernels.paged_attention.prefill_mgpu import (
+from pallas_kernels.paged_attention.prefill_mgpu import paged_prefill_attention_mgpu
+from pallas_kernels.paged_attention.prefill_mgpu_route import (
     mgpu_route,
-    paged_prefill_attention_mgpu,
     paged_prefill_mgpu_supported,
 )
 
@@ -112,7 +112,7 @@ class PallasAttentionBackend(AttentionBackend):
     def mgpu_route(self, q_shape: tuple, k_cache_shape: tuple, kv_dtype,
                    block_tables_shape: tuple, unscaled: bool = True) -> str:
         """Which prefill kernel this backend lowers for a bucket (static): ``"triton"``,
-        ``"mgpu"`` or ``"mgpu_cond"`` (prefill_mgpu.mgpu_route), for shapes the Triton kernel
+        ``"mgpu"`` or ``"mgpu_cond"`` (prefill_mgpu_route.mgpu_route), for shapes the Triton kernel
         takes."""
         if not (self.prefill_mgpu and not self.interpret and unscaled
                 and paged_prefill_mgpu_supported(q_shape, k_cache_shape, kv_dtype)):

@@ -1,9 +1,7 @@
 """Paged attention: jnp reference (``reference``) and Pallas GPU kernels."""
 
-from pallas_kernels.paged_attention.decode import (
-    paged_decode_attention,
-    paged_decode_attention_supported,
-)
+from pallas_kernels.paged_attention.decode import paged_decode_attention
+from pallas_kernels.paged_attention.decode_options import paged_decode_attention_supported
 from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,

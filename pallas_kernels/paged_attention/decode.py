@@ -29,11 +29,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.paged_attention import decode_merge
-from pallas_kernels.paged_attention.decode_options import (  # noqa: F401 (re-exported)
-    KV_DTYPES,
-    LAYOUTS,
+from pallas_kernels.paged_attention.decode_options import (
     LOG2E,
-    NUM_SMS_H200,
     _check,
     _kernel_accepts,
     _merge_splits,
@@ -42,7 +39,6 @@ from pallas_kernels.paged_attention.decode_options import (  # noqa: F401 (re-ex
     _resolve_options,
     choose_num_splits,
     default_block_tokens,
-    paged_decode_attention_supported,
 )
 from pallas_kernels.paged_attention.errors import PagedAttentionUnsupportedError, scalar_operands
 from pallas_kernels.paged_attention.fp8 import (
@@ -262,7 +258,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         return out if merge_counters is None else (out, ctr)
     if (jnp.dtype(k_cache.dtype) == jnp.dtype(jnp.float8_e4m3fn)
             and fp8_decode_config(fp8_variant, q.shape[0]).get("backend") == "mgpu"):
-        from pallas_kernels.paged_attention import decode_mgpu  # imports this module
+        from pallas_kernels.paged_attention import decode_mgpu  # Mosaic GPU: only when asked
         if decode_mgpu.mgpu_decode_supported(q.shape, k_cache.shape, k_cache.dtype):
             cfg = decode_mgpu.MgpuDecodeConfig(num_splits=num_splits,
                                                target_programs=target_programs)

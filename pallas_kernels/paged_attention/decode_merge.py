@@ -2,7 +2,7 @@
 
 ``paged_decode_attention(..., merge="kernel")`` runs the same grid (B, Hkv, splits) and the
 same per-split work as the default (decode.py), but instead of a second launch (the XLA
-fusion ``decode._merge_splits``), the *last-arriving* split of each (sequence, KV head)
+fusion ``decode_options._merge_splits``), the *last-arriving* split of each (sequence, KV head)
 group merges the group's partials (the last-block reduction of NVIDIA's CUDA sample
 threadFenceReduction; TensorRT-LLM's multi-block masked MHA counts arrivals per head the
 same way):
@@ -146,7 +146,7 @@ def _merge_group(o_ref, part_ref, lse_ref, b, h, *, S: int, G: int, D: int) -> N
     """Merges the S partials of group (b, h) into o_ref[b, h*G : h*G + G] (q.dtype).
 
     part_ref [B, Hkv, S, G, D] f32 (each split's normalised output), lse_ref [B, Hkv, S, G]
-    f32 (its log2-sum-exp, -inf if empty); the math of decode._merge_splits.
+    f32 (its log2-sum-exp, -inf if empty); the math of decode_options._merge_splits.
     """
     Gm, Sp = _next_pow2(G), _next_pow2(S)
     C = _chunk_splits(S, G, D)

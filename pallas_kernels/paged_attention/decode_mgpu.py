@@ -20,7 +20,7 @@ One CTA per (sequence, KV head, split) and two warpgroups (the layout of JAX's
   to a 16-bit wgmma with P (f16/bf16, registers) as A;
 - online softmax in base 2, f32; each split writes its normalised partial output (f16 / bf16
   [8, D], rows past G unused) and its base-2 log-sum-exp, merged exactly in XLA
-  (:func:`decode._merge_splits`, Flash-Decoding); ``v_scale`` multiplies the merged output.
+  (:func:`decode_options._merge_splits`, Flash-Decoding); ``v_scale`` multiplies the merged output.
 
 Sliding windows (static or traced) are handled: pages before the window are not loaded.
 Shapes: D = 128 (one 128-byte swizzled row per FP8 token; 64 or 256 untested), page size a
@@ -46,7 +46,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.paged_attention.decode import _check, _merge_splits, choose_num_splits
+from pallas_kernels.paged_attention.decode_options import _check, _merge_splits, choose_num_splits
 from pallas_kernels.paged_attention.errors import PagedAttentionUnsupportedError
 from pallas_kernels.paged_attention.fp8 import quantize_rows_e4m3
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.paged_attention.decode import KV_DTYPES, LOG2E, _pow2
+from pallas_kernels.paged_attention.decode_options import KV_DTYPES, LOG2E, _pow2
 from pallas_kernels.paged_attention.errors import (
     PagedAttentionShapeError,
     PagedAttentionUnsupportedError,

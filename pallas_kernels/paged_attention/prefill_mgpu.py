@@ -27,10 +27,10 @@ engine's Pallas buckets, S = 64 rows of 272 pages: 278,528 tokens, a 1.1 GB gath
 for K and V at 8B, far more than the kernel saves), :func:`paged_prefill_attention_mgpu` falls
 back to the Triton kernel (``prefill.py``) through ``lax.cond`` when the contexts exceed the
 buffer, so it is exact in every case; on XLA:GPU that cond is a host sync per layer
-(jaxinfer/sampling.py docstring). :func:`mgpu_route` is the static per-bucket choice the
-``pallas_mgpu`` attention backend makes (Triton below :data:`MGPU_MIN_TOKENS` tokens, and for
-buckets that could overflow when :data:`MGPU_OVERFLOW` is ``"triton"``); the routing and
-shape checks live in prefill_mgpu_route.py.
+(jaxinfer/sampling.py docstring). ``prefill_mgpu_route.mgpu_route`` is the static per-bucket
+choice the ``pallas_mgpu`` attention backend makes (Triton below ``MGPU_MIN_TOKENS`` tokens,
+and for buckets that could overflow when ``MGPU_OVERFLOW`` is ``"triton"``), with the
+kernel's shape checks (``paged_prefill_mgpu_supported``).
 
 Compile time: :func:`paged_prefill_attention_mgpu` runs under a module-level ``jax.jit``
 (:func:`_mgpu_prefill_jit`, static config / scale / capacity), so the unrolled layers of one
@@ -55,12 +55,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.paged_attention.prefill import paged_prefill_attention
-from pallas_kernels.paged_attention.prefill_mgpu_route import (  # noqa: F401 (re-exported)
-    MGPU_MIN_TOKENS,
-    MGPU_OVERFLOW,
+from pallas_kernels.paged_attention.prefill_mgpu_route import (
     default_kv_capacity,
-    mgpu_route,
-    paged_prefill_mgpu_supported,
     worst_case_context,
 )
 
@@ -335,7 +331,8 @@ def paged_prefill_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.
                                  fallback: bool = True, jit: bool = True) -> jax.Array:
     """Same contract as ``paged_prefill_attention_ref`` (bf16 / f16 caches, no FP8 scales).
 
-    Raises ValueError for dtypes / head dims outside :func:`paged_prefill_mgpu_supported`.
+    Raises ValueError for dtypes / head dims outside
+    :func:`prefill_mgpu_route.paged_prefill_mgpu_supported`.
     Args (beyond the reference's): kv_capacity: static size of the gathered K/V buffer in
       tokens (default :func:`default_kv_capacity`: 2 T or the bucket's worst case where
       smaller); where the worst case (:func:`worst_case_context`) exceeds it, contexts summing

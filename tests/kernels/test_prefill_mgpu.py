@@ -14,15 +14,13 @@ import pytest
 from benchmarks.kernels.bench_paged_prefill import make_case
 from benchmarks.kernels.kernel_bench import rel_err
 from pallas_kernels.paged_attention import paged_prefill_attention_ref
-import pallas_kernels.paged_attention.prefill_mgpu as M
 import pallas_kernels.paged_attention.prefill_mgpu_route as R
 from pallas_kernels.paged_attention.prefill_mgpu import (
     MgpuPrefillConfig,
-    mgpu_route,
     paged_prefill_attention_mgpu,
     plan,
-    worst_case_context,
 )
+from pallas_kernels.paged_attention.prefill_mgpu_route import mgpu_route, worst_case_context
 from tests.kernels.cuda_lowering import lower_for_cuda
 
 CASES = {
@@ -126,7 +124,7 @@ TRITON = "__gpu$xla.gpu.triton"
 
 
 def test_route():
-    assert M.MGPU_MIN_TOKENS == R.MGPU_MIN_TOKENS == 2048
+    assert R.MGPU_MIN_TOKENS == 2048
     # worst case: min(S, T) rows of maxp * page_size tokens
     assert worst_case_context(4096, 64, 272, 16) == 64 * 4352
     assert worst_case_context(8, 64, 4, 16) == 8 * 64

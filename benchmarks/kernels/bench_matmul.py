@@ -50,11 +50,13 @@ from pallas_kernels.matmul.mgpu_gemm import mgpu_decode_supported
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from matmul_plans import (
+    EXTRA_SHAPES,
     SHAPES,
     mdec_jobs,
     plan,
     plan_decode,
     plan_engine,
+    plan_tiles,
     plan_fused,
     plan_mdec,
     plan_mid,
@@ -235,12 +237,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
-    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid", "fused", "engine"),
+    ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid", "fused", "engine",
+                                       "tiles"),
                     default="full",
                     help="decode: the session-4 W8A16 candidates first (plan_decode); "
                          "mdec: the Mosaic GPU swap-AB decode kernel vs the engine's paths; "
                          "mid: 128 / 256 rows, Mosaic GPU both orientations vs XLA; "
-                         "fused: the Triton decode GEMM's in-kernel quantization / merge")
+                         "fused: the Triton decode GEMM's in-kernel quantization / merge; "
+                         "tiles: a tile sweep around the engine's Triton decode GEMM")
     ap.add_argument("--ceilings", choices=("all", "bw"), default="all",
                     help="bw: copy / read bandwidth only (skip the 8192^3 matmul rates)")
     ap.add_argument("--guard-timeout", type=float, default=45.0)
@@ -259,8 +263,10 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     shapes = args.shapes.split(",")
     jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec, "mid": plan_mid,
-            "fused": plan_fused, "engine": plan_engine}.get(
+            "fused": plan_fused, "engine": plan_engine, "tiles": plan_tiles}.get(
         args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
+    SHAPES.update({k: v for k, v in EXTRA_SHAPES.items() if any(j[0] == k for j in jobs)})
+    shapes += [s for s in dict.fromkeys(j[0] for j in jobs) if s not in shapes]
     guard = None
     if any(j[4] == "mgpu_decode" and j[1] <= 256 for j in jobs) and not args.smoke:
         # First, before this process touches the GPU: the Mosaic decode kernel in a child

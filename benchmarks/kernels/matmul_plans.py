@@ -7,7 +7,7 @@ session-4 W8A8 swap-AB decode candidates, ``plan_mdec`` the session-7 Mosaic GPU
 decode kernel (after its alignment fix) against the engine's decode paths, ``plan_mid`` the
 session-9 candidates for 128 / 256 rows, ``plan_engine`` the session-11 engine path (GEMM
 kernel alone), ``plan_fused`` the session-10 fusions of the Triton
-decode GEMM. Results:
+decode GEMM, ``plan_tiles`` the session-13 tile sweep of the engine's decode GEMM. Results:
 NOTES_matmul.md.
 """
 
@@ -35,6 +35,9 @@ SHAPES = {  # name: (K, N rows of the weight, fused gate+up)
     "8b_gate_up": (4096, 28672, True), "8b_down": (14336, 4096, False),
     "70b_up": (8192, 28672, False), "70b_o": (8192, 8192, False),
 }
+# Not in the default --shapes: the 8B gate+up weight as one plain [2F, K] GEMM, which is how
+# the engine runs it above FP8_GATE_UP_EPILOGUE_MAX_M rows (SwiGLU in an XLA fusion after).
+EXTRA_SHAPES = {"8b_gate_up_2f": (4096, 28672, False)}
 
 
 def tri(bm, bn, bk, K, N_out, M, kind, gate_up, warps=4, stages=4, fp8_dot=False,
@@ -229,6 +232,53 @@ def _plan_triton_decode(ms, shapes, fuses):
                 jobs.append((sname, M, "mdec_w8a8", "w8a8", "mgpu_decode",
                              decode_config(M, K, N, FP8, tile_m=tm)))
     return jobs
+
+
+# Session 13's sweep around the engine's Triton W8A8 decode tiles, (bn, bk, stages, warps,
+# waves of 132 SMs that split-K aims for). At <= 16 tokens: deeper K steps with fewer stages
+# (gate_up's two weight tiles do not fit 3 x 512 in the shared-memory budget), 32-row tiles,
+# fewer / more splits (the 4096-wide shapes pay an XLA epilogue fusion per split-K call).
+# At 32 / 64 tokens: 128-row weight tiles (each x tile serves twice the weight rows; at 64
+# rows x re-read by every 64-row tile is as many bytes, from the L2, as the weight itself).
+TILES_SMALL_M = ((64, 512, 3, 4, 2), (64, 512, 2, 4, 2), (32, 512, 3, 4, 2),
+                 (32, 512, 3, 4, 1), (32, 256, 4, 4, 2), (32, 256, 4, 4, 1),
+                 (64, 256, 4, 4, 1), (64, 256, 4, 4, 4), (64, 1024, 2, 4, 2),
+                 (64, 128, 6, 4, 2), (128, 256, 3, 8, 2))
+TILES_WIDE_M = ((128, 256, 3, 8, 2), (128, 256, 4, 4, 2), (128, 128, 4, 4, 2),
+                (128, 256, 3, 4, 1), (64, 128, 5, 4, 2), (64, 256, 3, 4, 2),
+                (64, 256, 4, 4, 1), (64, 256, 4, 4, 4))
+
+
+def plan_tiles(ms, shapes):
+    """Session 13: the engine's Triton W8A8 decode GEMM, kernel alone (x quantized outside
+    the timed call, as the engine's norm_quant path gives it), with the engine's own tiles
+    (``tri_w8a8_kernel``, ``fp8_plan.fp8_decode_config``) and the best of a sweep around them
+    (``tri_w8a8_sweep``: :data:`TILES_SMALL_M` at <= 16 tokens, :data:`TILES_WIDE_M` above),
+    XLA bf16 beside them. Gate+up runs as the engine does: with SwiGLU in the epilogue at
+    <= 16 tokens, as the plain ``8b_gate_up_2f`` GEMM above. M by M, so a deadline cuts the
+    largest M last."""
+    from pallas_kernels.matmul.fp8_plan import FP8_GATE_UP_EPILOGUE_MAX_M
+    jobs = []
+    for M in ms:
+        bm = min(64, max(16, 1 << max(M - 1, 0).bit_length()))
+        for sname in shapes:
+            if sname == "8b_gate_up" and M > FP8_GATE_UP_EPILOGUE_MAX_M:
+                sname = "8b_gate_up_2f"
+            K, N, gu = {**SHAPES, **EXTRA_SHAPES}[sname]
+            n_out = N // 2 if gu else N
+            eng = fp8_decode_config(M, K, n_out, gu, "none")
+            jobs.append((sname, M, "tri_w8a8_kernel", "w8a8", "triton_k", eng))
+            jobs.append((sname, M, "xla_bf16", "bf16", "xla", None))
+            seen = {eng}
+            for bn, bk, st, wp, waves in TILES_SMALL_M if bm == 16 else TILES_WIDE_M:
+                c = tri(bm, bn, bk, K, n_out, M, "w8a8", gu, warps=wp, stages=st,
+                        fp8_dot=True, swap_ab=True, waves=waves)
+                if c not in seen:
+                    seen.add(c)
+                    jobs.append((sname, M, "tri_w8a8_sweep", "w8a8", "triton_k", c))
+    # the first timed jobs of a process have shown 7-46 ms outliers (sessions 12's calls 2
+    # and 4): the first job once more, as "warmup", before the rest
+    return jobs[:1] and [jobs[0][:2] + ("warmup",) + jobs[0][3:]] + jobs
 
 
 def plan(ms, shapes, smoke=False, safe=False):

@@ -33,7 +33,7 @@ def _engine_args(ns: argparse.Namespace) -> dict:
         args["scan_layers"] = ns.scan_layers == "true"
     if ns.cache_dir:
         args["compile_cache_dir"] = ns.cache_dir
-        args["compile_cache_strict"] = ns.strict
+        args["compile_cache_strict"] = getattr(ns, "strict", False)
     return args
 
 
@@ -54,7 +54,9 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(vals)
 
 
-def _add_engine_options(p: argparse.ArgumentParser) -> None:
+def _add_engine_options(p: argparse.ArgumentParser, compile_cmd: bool = False) -> None:
+    """The engine's options on ``p``; ``compile_cmd``: for ``jaxinfer compile``, which writes
+    the compile cache (``--cache-dir`` is its output; no ``--strict``)."""
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="named model (smollm2-135m, gemma3-270m), .gguf file, HF directory, "
                         "converted checkpoint or dummy:<shape> (default: %(default)s)")
@@ -109,10 +111,15 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     b.add_argument("--page-buckets", type=_ints, help="block-table widths in pages")
     b.add_argument("--prefill-seq-buckets", type=_ints,
                    help="sequence rows of the prefill programs")
-    p.add_argument("--cache-dir", "--compile-cache-dir", dest="cache_dir", default=None,
-                   help="compile cache written by `jaxinfer compile`: load programs from it")
-    p.add_argument("--strict", action="store_true",
-                   help="refuse a compile cache that does not match this configuration")
+    if compile_cmd:
+        p.add_argument("--cache-dir", "--compile-cache-dir", dest="cache_dir", default=None,
+                       help="compile cache to write (created if missing; programs of the same "
+                            "configuration already in it are kept unless --force)")
+    else:
+        p.add_argument("--cache-dir", "--compile-cache-dir", dest="cache_dir", default=None,
+                       help="compile cache written by `jaxinfer compile`: load programs from it")
+        p.add_argument("--strict", action="store_true",
+                       help="refuse a compile cache that does not match this configuration")
     p.add_argument("-v", "--verbose", action="store_true", help="log engine events")
 
 

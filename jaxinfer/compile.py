@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -262,6 +263,12 @@ def compile_bucket_set(model_config: ModelConfig, ec: EngineConfig, programs: li
                 phases.mark("first compile done")
         bar.close()
         phases.mark("last compile done, manifest written")
+    except BaseException:
+        if "seconds" in locals():  # the manifest keeps what finished: say so, then fail
+            print(f"compile stopped after {len(seconds)} of {len(todo)} programs; the cache at "
+                  f"{store.directory} keeps those (a rerun compiles the rest)",
+                  file=sys.stderr)
+        raise
     finally:
         if pool is not None:
             pool.close()

@@ -36,7 +36,7 @@ from typing import Any
 import jax
 
 from jaxinfer.batch import Bucket
-from jaxinfer.config import EngineConfig, ModelConfig
+from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,22 @@ KERNEL_ENV_VARS = ("JAXINFER_FP8_DECODE", "JAXINFER_FP8_DECODE_GEMM", "JAXINFER_
 
 
 def kernel_env() -> dict[str, str]:
-    """{name: value or ""} of :data:`KERNEL_ENV_VARS`: part of the compile-cache fingerprint
-    and of the benchmark records' config."""
-    return {k: os.environ.get(k, "") for k in KERNEL_ENV_VARS}
+    """{name: value in effect} of :data:`KERNEL_ENV_VARS`, defaults filled in (so a variable
+    set to its default fingerprints as unset): part of the compile-cache fingerprint and of
+    the benchmark records' config. The engine checks it at start, on every backend.
+
+    Raises:
+      ConfigError: a variable set to a value its kernel does not take (the message names it).
+    """
+    from pallas_kernels.matmul import fp8_plan
+    from pallas_kernels.paged_attention import decode_merge, fp8
+
+    try:
+        env = {"JAXINFER_FP8_DECODE": fp8.env_variant(),
+               "JAXINFER_DECODE_MERGE": decode_merge.env_merge(), **fp8_plan.env_values()}
+    except ValueError as e:
+        raise ConfigError(f"kernel environment variable: {e}") from None
+    return env
 
 
 def source_digest() -> str:

@@ -83,12 +83,14 @@ def bucket_table(programs: list[Program], seconds: dict[Program, float] | None =
     for p in programs:
         b = p.bucket
         rows.setdefault((p.mode, b.kind, b.num_tokens, b.num_seqs), []).append(p)
-    lines = [f"{'mode':7} {'kind':11} {'tokens':>6} {'seqs':>5}  pages"
+    wm = max([4] + [len(k[0]) for k in rows])  # column widths: the longest mode / kind
+    wk = max([4] + [len(k[1]) for k in rows])
+    lines = [f"{'mode':{wm}} {'kind':{wk}} {'tokens':>6} {'seqs':>5}  pages"
              + ("  (compile seconds)" if seconds is not None else "")]
     for (mode, kind, T, S), ps in rows.items():
         cells = [str(p.bucket.max_pages) + (f" ({seconds[p]:.2f})" if seconds and p in seconds
                                             else "") for p in ps]
-        lines.append(f"{mode:7} {kind:11} {T:>6} {S:>5}  " + "  ".join(cells))
+        lines.append(f"{mode:{wm}} {kind:{wk}} {T:>6} {S:>5}  " + "  ".join(cells))
     return "\n".join(lines)
 
 
@@ -107,7 +109,7 @@ def add_compile_command(sub: Any) -> None:
                     "activations; CPU: max_num_seqs x max_model_len, capped by available "
                     "RAM), at most max_num_seqs x max_model_len. An engine started with the "
                     "cache adopts it.")
-    cli._add_engine_options(p)
+    cli._add_engine_options(p, compile_cmd=True)
     p.add_argument("--list", action="store_true",
                    help="print the bucket table and the KV memory it implies; compile nothing")
     p.add_argument("--modes", default=",".join(MODES),

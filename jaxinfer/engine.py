@@ -107,6 +107,9 @@ class LLMEngine:
     def __init__(self, model: Any = DEFAULT_MODEL, compile_cache_dir: str | None = None,
                  compile_cache_strict: bool = False, **engine_args: Any):
         t0 = time.perf_counter()
+        from jaxinfer.compile_cache import kernel_env
+
+        kernel_env()  # a bad $JAXINFER_* kernel switch fails here, before any loading
         host_dtype = jnp.dtype(_resolve_dtype(engine_args.get("dtype", "auto"))).name
         # A LoadedModel (config, params, tokenizer) may be passed directly (research, tests).
         if isinstance(model, str):

@@ -89,8 +89,17 @@ FP8_DECODE_DEEP_K_MIN_STEPS = 4
 def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
     v = os.environ.get(var, default)
     if v not in choices:
-        raise LinearError(f"{var} / {var.removeprefix('JAXINFER_')}: one of {choices}, got {v!r}")
+        raise LinearError(f"${var}={v!r}: one of {choices}")
     return v
+
+
+def env_values() -> dict[str, str]:
+    """{variable: value in effect} of this module's environment switches (module docstring),
+    defaults filled in. Raises LinearError for a value outside a switch's choices."""
+    return {"JAXINFER_FP8_DECODE_GEMM": _fp8_decode_gemm(),
+            "JAXINFER_FP8_MID_GEMM": _fp8_mid_gemm(),
+            "JAXINFER_FP8_DECODE_FUSE": _fp8_decode_fuse(),
+            "JAXINFER_FP8_DECODE_DEEP_K": "on" if _fp8_decode_deep_k() else "off"}
 
 
 def _fp8_decode_gemm() -> str:

@@ -106,6 +106,15 @@ def merge_unrolled(S: int, G: int, D: int) -> bool:
     return -(-S // _chunk_splits(S, G, D)) <= MERGE_MAX_UNROLLED_CHUNKS
 
 
+def env_merge() -> str:
+    """``$JAXINFER_DECODE_MERGE`` (default "auto"). Raises ValueError for a value outside
+    :data:`MERGES`."""
+    merge = os.environ.get("JAXINFER_DECODE_MERGE", "auto")
+    if merge not in MERGES:
+        raise ValueError(f"$JAXINFER_DECODE_MERGE={merge!r}: one of {MERGES}")
+    return merge
+
+
 def resolve_merge(merge: str, batch: int, num_kv_heads: int, splits: int, group: int,
                   head_dim: int) -> str:
     """"xla" or "kernel" for ``merge``. "auto": ``$JAXINFER_DECODE_MERGE`` if set, else
@@ -113,9 +122,7 @@ def resolve_merge(merge: str, batch: int, num_kv_heads: int, splits: int, group:
     straight-line (:func:`merge_unrolled`), "xla" otherwise. Raises ValueError for an
     unknown value."""
     if merge == "auto":
-        merge = os.environ.get("JAXINFER_DECODE_MERGE", "auto")
-        if merge not in MERGES:
-            raise ValueError(f"JAXINFER_DECODE_MERGE={merge!r}, one of {MERGES}")
+        merge = env_merge()
     if merge == "auto":
         small = batch * num_kv_heads <= MERGE_KERNEL_MAX_GROUPS
         return "kernel" if small and merge_unrolled(splits, group, head_dim) else "xla"

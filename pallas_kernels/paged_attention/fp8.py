@@ -89,6 +89,16 @@ FP8_DECODE_OTHER: dict[str, dict] = {"mgpu": {"backend": "mgpu"}}
 ENV_VARIANT = "JAXINFER_FP8_DECODE"  # overrides FP8_DECODE_DEFAULT, for end-to-end trials
 
 
+def env_variant() -> str:
+    """The FP8 decode variant in effect: ``$JAXINFER_FP8_DECODE`` if set, else
+    :data:`FP8_DECODE_DEFAULT`. Raises ValueError (naming the variable) for an unknown name."""
+    name = os.environ.get(ENV_VARIANT) or FP8_DECODE_DEFAULT
+    names = ["by_batch", *FP8_DECODE_VARIANTS, *FP8_DECODE_OTHER]
+    if name not in names:
+        raise ValueError(f"${ENV_VARIANT}={name!r}: one of {names}")
+    return name
+
+
 def variant_for_batch(batch: int) -> str:
     """The :data:`FP8_DECODE_BY_BATCH` variant for ``batch`` rows (the first with
     ``batch >= min_rows``)."""
@@ -108,7 +118,7 @@ def fp8_decode_config(variant: str | None = None, batch: int = 1) -> dict:
     Raises:
       ValueError: an unknown variant name.
     """
-    name = variant or os.environ.get(ENV_VARIANT) or FP8_DECODE_DEFAULT
+    name = variant or env_variant()
     if name == "by_batch":
         name = variant_for_batch(batch)
     if name in FP8_DECODE_OTHER:

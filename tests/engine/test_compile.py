@@ -199,6 +199,41 @@ def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
          ("logits", "prefill", 16, 1), ("sample", "decode", 1, 1), ("sample", "decode", 2, 2),
          ("copy", "kv", 2, 1), ("history", "history", 64, 1)]
         + [("sampler", v, S, S) for v in SAMPLER_VARIANTS for S in (1, 2)])
+    # the columns line up: every row's token count ends where the header's "tokens" does
+    table = out[out.index("\nmode ") + 1:].splitlines()
+    end = table[0].index("tokens") + len("tokens")
+    assert all(ln[end - 1].isdigit() and ln[end] == " " for ln in table[1:] if ln.strip())
+
+
+def test_compile_help_describes_its_output_and_offers_no_strict(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "compile cache to write" in text and "--strict" not in text
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    assert "--strict" in capsys.readouterr().out
+
+
+def test_a_compile_that_fails_midway_says_what_the_cache_keeps(tmp_path, monkeypatch, capsys):
+    from jaxinfer.compile_cache import ProgramStore
+
+    real, calls = ProgramStore.save, []
+
+    def second_fails(self, program, blob, seconds):
+        calls.append(program)
+        if len(calls) == 2:
+            raise RuntimeError("disk full (simulated)")
+        return real(self, program, blob, seconds)
+
+    monkeypatch.setattr(ProgramStore, "save", second_fails)
+    d = tmp_path / "cache"
+    with pytest.raises(RuntimeError, match="simulated"):
+        cli.main(["compile", "--model", MODEL, *CLI_ENGINE, "--cache-dir", str(d),
+                  "--jobs", "1"])
+    n = len(enumerate_programs(EngineConfig(**ENGINE), list(MODES)))
+    assert f"compile stopped after 1 of {n} programs; the cache at {d}" in capsys.readouterr().err
+    assert len(json.loads((d / "manifest.json").read_text())["programs"]) == 1
 
 
 def test_xla_counter_excludes_persistent_cache_hits():
@@ -332,7 +367,31 @@ def test_fingerprint_names_the_kernel_choices_read_from_the_environment(monkeypa
     a = fingerprint(DUMMY_CONFIGS["tiny-llama"], cfg, runner)
     monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "mgpu")
     b = fingerprint(DUMMY_CONFIGS["tiny-llama"], cfg, runner)
-    assert diff_fingerprints(a, b) == ['env.JAXINFER_FP8_DECODE_GEMM: "" -> "mgpu"']
+    assert diff_fingerprints(a, b) == ['env.JAXINFER_FP8_DECODE_GEMM: "triton" -> "mgpu"']
+    # a variable set to its default is the same program: the same fingerprint
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "triton")
+    monkeypatch.setenv("JAXINFER_DECODE_MERGE", "auto")
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_DEEP_K", "on")
+    assert diff_fingerprints(a, fingerprint(DUMMY_CONFIGS["tiny-llama"], cfg, runner)) == []
+
+
+@pytest.mark.parametrize("var,value", [("JAXINFER_FP8_DECODE", "fastest"),
+                                       ("JAXINFER_FP8_DECODE_GEMM", "cublas"),
+                                       ("JAXINFER_FP8_MID_GEMM", "MGPU"),
+                                       ("JAXINFER_DECODE_MERGE", "atomic"),
+                                       ("JAXINFER_FP8_DECODE_FUSE", "yes"),
+                                       ("JAXINFER_FP8_DECODE_DEEP_K", "1")])
+def test_a_bad_kernel_switch_fails_at_engine_start_on_any_backend(monkeypatch, var, value):
+    """Every kernel switch is checked when an engine starts, also where no Pallas kernel
+    traces (the CPU's reference attention, a bf16 model): the error names the variable and
+    the values it takes; KERNEL_ENV_VARS lists exactly the switches kernel_env resolves."""
+    from jaxinfer.compile_cache import KERNEL_ENV_VARS, kernel_env
+    from jaxinfer.config import ConfigError
+
+    assert set(kernel_env()) == set(KERNEL_ENV_VARS)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError, match=rf"\${var}={value!r}: one of"):
+        LLM("dummy:tiny-llama", **ENGINE)
 
 
 def test_program_sources_cover_the_runners_imports():

@@ -201,15 +201,24 @@ def plan_engine(ms, shapes):
     token by ``row_quant.norm_quant_fp8`` before the Triton W8A8 GEMM, so the GEMM kernel
     alone (``tri_w8a8_kernel``, its split-K epilogue fusion counted) is what a projection
     costs besides that one kernel; ``tri_w8a8_none`` with XLA's quantization in the call as
-    before, XLA bf16 and the Mosaic swap-AB kernel beside them."""
+    before, XLA bf16 and the Mosaic swap-AB kernel beside them; the kernel alone with
+    session 12's tiles (``_wave2``) and session 11's (``_k256``) where they differ."""
     jobs = []
     for job in _plan_triton_decode(ms, shapes, ("none",)):
         jobs.append(job)
         sname, M, family = job[:3]
         K, N, gu = SHAPES[sname]
-        old = fp8_decode_config(M, K, N // 2 if gu else N, gu, "none", deep_k=False)
-        if family == "tri_w8a8_kernel" and old != job[5]:  # session 12's deep K steps: A/B
-            jobs.append((sname, M, "tri_w8a8_kernel_k256", "w8a8", "triton_k", old))
+        if family != "tri_w8a8_kernel":
+            continue
+        # A/B in the same run: session 13's tiles against session 12's ("wave2"), and
+        # session 12's deep K steps against the 256 / 4-stage steps before them
+        wave2 = fp8_decode_config(M, K, N // 2 if gu else N, gu, "none", tiles="wave2")
+        k256 = fp8_decode_config(M, K, N // 2 if gu else N, gu, "none", deep_k=False,
+                                 tiles="wave2")
+        if wave2 != job[5]:
+            jobs.append((sname, M, "tri_w8a8_kernel_wave2", "w8a8", "triton_k", wave2))
+        if k256 not in (wave2, job[5]):
+            jobs.append((sname, M, "tri_w8a8_kernel_k256", "w8a8", "triton_k", k256))
     return jobs
 
 

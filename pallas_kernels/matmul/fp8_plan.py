@@ -4,7 +4,8 @@ call the model makes (jaxinfer/models/transformer.py).
 
 Kernel choices read environment variables at trace time (A/B runs; each is in the compile-
 cache fingerprint, jaxinfer/compile_cache.KERNEL_ENV_VARS): ``$JAXINFER_FP8_DECODE_GEMM``,
-``$JAXINFER_FP8_MID_GEMM``, ``$JAXINFER_FP8_DECODE_FUSE``, ``$JAXINFER_FP8_DECODE_DEEP_K``.
+``$JAXINFER_FP8_MID_GEMM``, ``$JAXINFER_FP8_DECODE_FUSE``, ``$JAXINFER_FP8_DECODE_DEEP_K``,
+``$JAXINFER_FP8_DECODE_TILES``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,19 @@ FP8_GATE_UP_EPILOGUE_MAX_M = 16
 # $JAXINFER_FP8_DECODE_DEEP_K=off restores the 256 / 4-stage tiles (an A/B end to end).
 FP8_DECODE_DEEP_K = True
 FP8_DECODE_DEEP_K_MIN_STEPS = 4
+# Split-K and tiles of the decode GEMM (session 13's sweep, bench_matmul --plan tiles, H200,
+# record matmul_h200_s13call1_tiles-20261202.json; NOTES_matmul "Session 13"). "wave15":
+# split-K only until the grid reaches FP8_DECODE_SPLIT_TARGET programs (1.5 waves of 132
+# SMs; 2-3 programs fit an SM, so more splits add float32 partials, not bandwidth), and at
+# >= 32 tokens 3 stages (one more program an SM) with 128-row weight tiles for N >= 16384
+# (each x tile serves twice the weight rows). Kernel alone vs "wave2" (splits up to 2 waves,
+# 64-row tiles, 4 stages): 8b gate_up M=16 32.7 vs 36.4 us, 70b_o M=16 20.8 vs 23.8, M=32
+# 70b_up 59.6 vs 84.5, 8b gate_up (plain 2F) 32.6 vs 41.6, 8b_down 20.3 vs 25.2, 70b_o 22.5
+# vs 28.6; M=64 70b_up 82.8 vs 93.4, gate_up 44.7 vs 49.7. $JAXINFER_FP8_DECODE_TILES=wave2
+# restores session 12's tiles (an A/B end to end).
+FP8_DECODE_TILES = "wave15"
+FP8_DECODE_SPLIT_TARGET = 198
+FP8_DECODE_WIDE_N = 16384
 
 
 def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
@@ -99,7 +113,8 @@ def env_values() -> dict[str, str]:
     return {"JAXINFER_FP8_DECODE_GEMM": _fp8_decode_gemm(),
             "JAXINFER_FP8_MID_GEMM": _fp8_mid_gemm(),
             "JAXINFER_FP8_DECODE_FUSE": _fp8_decode_fuse(),
-            "JAXINFER_FP8_DECODE_DEEP_K": "on" if _fp8_decode_deep_k() else "off"}
+            "JAXINFER_FP8_DECODE_DEEP_K": "on" if _fp8_decode_deep_k() else "off",
+            "JAXINFER_FP8_DECODE_TILES": _fp8_decode_tiles()}
 
 
 def _fp8_decode_gemm() -> str:
@@ -129,11 +144,19 @@ def _fp8_decode_deep_k() -> bool:
                        ("on", "off")) == "on"
 
 
+def _fp8_decode_tiles() -> str:
+    return _env_choice("JAXINFER_FP8_DECODE_TILES", FP8_DECODE_TILES, ("wave15", "wave2"))
+
+
 def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
                       fuse: str | None = None,
-                      deep_k: bool | None = None) -> triton_gemm.TritonConfig:
+                      deep_k: bool | None = None,
+                      tiles: str | None = None) -> triton_gemm.TritonConfig:
     """Swap-AB FP8-dot tiles for ``M <= FP8_DECODE_MAX_M`` tokens: 64 weight rows x 256 K
-    per step, tokens padded to a power of two >= 16, split-K until ~2 waves of 132 SMs;
+    per step, tokens padded to a power of two >= 16; ``tiles`` (default
+    ``$JAXINFER_FP8_DECODE_TILES`` or :data:`FP8_DECODE_TILES`, see there) "wave15": split-K
+    until FP8_DECODE_SPLIT_TARGET programs, at >= 32 tokens 3 stages and 128 weight rows
+    where N >= FP8_DECODE_WIDE_N; "wave2": split-K until 2 waves of 132 SMs, 4 stages;
     512 K a step in 3 stages for large weights at <= 16 tokens (``deep_k``, default
     ``$JAXINFER_FP8_DECODE_DEEP_K`` on / off or :data:`FP8_DECODE_DEEP_K`; see there); ``N``
     output columns (F for a gate_up weight).
@@ -145,16 +168,23 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
     fuse = _fp8_decode_fuse() if fuse is None else fuse
     if fuse not in ("all", "merge", "none"):
         raise LinearError(f"fp8_decode_config: fuse must be all / merge / none, got {fuse!r}")
+    tiles = _fp8_decode_tiles() if tiles is None else tiles
+    if tiles not in ("wave15", "wave2"):
+        raise LinearError(f"fp8_decode_config: tiles must be wave15 / wave2, got {tiles!r}")
+    wave15 = tiles == "wave15"
+    target = FP8_DECODE_SPLIT_TARGET if wave15 else 264
     bm = min(64, max(16, 1 << max(M - 1, 0).bit_length()))
-    bn, bk = 64, 256
+    bn, bk, stages = 64, 256, 4
+    if wave15 and bm >= 32:
+        bn, stages = (128 if N >= FP8_DECODE_WIDE_N else 64), 3
     while bk > 16 and K % bk:
         bk //= 2
     group = FP8_DECODE_ACT_GROUP if fuse == "all" and K % FP8_DECODE_ACT_GROUP == 0 else 0
-    tiles = pl.cdiv(N, bn) * pl.cdiv(M, bm)
-    split, stages = triton_gemm.split_to_fill(tiles, K, bk), 4
+    n_tiles = pl.cdiv(N, bn) * pl.cdiv(M, bm)
+    split = triton_gemm.split_to_fill(n_tiles, K, bk, target)
     deep_k = _fp8_decode_deep_k() if deep_k is None else deep_k
     if deep_k and bm == 16 and not gate_up and not group and K % 512 == 0:
-        split_deep = triton_gemm.split_to_fill(tiles, K, 512)
+        split_deep = triton_gemm.split_to_fill(n_tiles, K, 512, target)
         if K // (split_deep * 512) >= FP8_DECODE_DEEP_K_MIN_STEPS:
             bk, split, stages = 512, split_deep, 3
     cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
@@ -171,10 +201,9 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (the middle band;
     at 17-64 rows opt-in, ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``.
     Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM`` /
-    ``_DECODE_FUSE`` / ``_DECODE_DEEP_K``."""
+    ``_DECODE_FUSE`` / ``_DECODE_DEEP_K`` / ``_DECODE_TILES``."""
     decode_gemm, mid_gemm = _fp8_decode_gemm(), _fp8_mid_gemm()  # all checked at any M
-    _fp8_decode_fuse()
-    _fp8_decode_deep_k()
+    env_values()
     if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
         return "mgpu", True
     if FP8_DECODE_MAX_M < M < FP8_PREFILL_MIN_M and mid_gemm == "mgpu":

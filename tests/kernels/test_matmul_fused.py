@@ -211,8 +211,69 @@ def test_decode_config_takes_deep_k_steps_only_for_large_weights_at_few_tokens()
     for M, K, N, gu in [(1, 4096, 6144, False), (1, 4096, 4096, False), (64, 8192, 28672, False),
                         (1, 4096, 14336, True), (1, 8192, 28672, True)]:
         c = cfg(M, K, N, gu, fuse="none")
-        assert (c.bk, c.num_stages) == (256, 4), (M, K, N, gu, c)
+        assert (c.bk, c.num_stages) == (256, 4 if M <= 16 else 3), (M, K, N, gu, c)
     assert cfg(1, 8192, 28672, fuse="all").bk == 256  # in-kernel groups keep their tiles
+
+
+def test_decode_tiles_wave15_against_wave2():
+    """FP8_DECODE_TILES (session 13's sweep): "wave15" splits K only until
+    FP8_DECODE_SPLIT_TARGET programs and at >= 32 tokens takes 3 stages, 128 weight rows
+    where N >= FP8_DECODE_WIDE_N; "wave2" is session 12's (2 waves, 64 rows, 4 stages).
+    The H200 sweep's winners are what wave15 picks at these Llama-3.1 shapes."""
+    cfg = fp8_plan.fp8_decode_config
+    picks = {  # (M, K, N, gate_up): (bn, bk, split, stages), the sweep's best or within 5 %
+        (16, 4096, 14336, True): (64, 256, 1, 4),     # 8B gate_up + SwiGLU: 32.7 vs 36.4 us
+        (16, 8192, 8192, False): (64, 512, 2, 3),     # 70B o: 256 programs (this tile not
+        # measured; bn 32 / split 1 20.0, bn 64 / bk 256 / split 2 20.8 vs 23.8 us at 512)
+        (32, 8192, 28672, False): (128, 256, 1, 3),   # 70B up: 59.6 vs 84.5 us
+        (32, 4096, 28672, False): (128, 256, 1, 3),   # 8B gate_up as one [2F, K] GEMM
+        (64, 8192, 28672, False): (128, 256, 1, 3),
+        (32, 14336, 4096, False): (64, 256, 4, 3),    # 8B down
+        (32, 4096, 6144, False): (64, 256, 4, 3),     # 8B qkv: 11.7 vs 12.5 us
+        (64, 4096, 4096, False): (64, 256, 4, 3),     # 8B o
+    }
+    for (M, K, N, gu), want in picks.items():
+        c = cfg(M, K, N, gu, fuse="none", tiles="wave15")
+        assert (c.bn, c.bk, c.split_k, c.num_stages) == want, (M, K, N, gu, c)
+        old = cfg(M, K, N, gu, fuse="none", tiles="wave2", deep_k=M <= 16)
+        programs = lambda t: -(-N // t.bn) * t.split_k  # noqa: E731
+        assert old.bn == 64 and programs(old) >= 264 > programs(c) >= 198 or (
+            programs(old) == programs(c) and old.split_k == c.split_k), (M, K, N, old, c)
+        assert old.num_stages == (4 if old.bk == 256 else 3)
+    with pytest.raises(api.LinearError, match="tiles must be"):
+        cfg(1, 4096, 4096, tiles="wide")
+
+
+def test_decode_tiles_follow_the_environment(monkeypatch):
+    from jaxinfer.compile_cache import kernel_env
+
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_TILES", "wave2")
+    assert fp8_plan.fp8_decode_config(32, 8192, 28672, fuse="none").bn == 64
+    assert kernel_env()["JAXINFER_FP8_DECODE_TILES"] == "wave2"  # in the cache fingerprint
+    monkeypatch.delenv("JAXINFER_FP8_DECODE_TILES")
+    assert fp8_plan.fp8_decode_config(32, 8192, 28672, fuse="none").bn == 128
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_TILES", "wide")
+    with pytest.raises(api.LinearError, match="JAXINFER_FP8_DECODE_TILES"):
+        fp8_plan.fp8_engine_plan(1, 8192, 28672)
+
+
+@pytest.mark.parametrize("M,N", [(33, 300), (64, 257)])
+def test_wide_tiles_match_the_reference(monkeypatch, M, N):
+    """wave15's 128-row weight tiles in 3 stages at 33-64 tokens (FP8_DECODE_WIDE_N lowered
+    so a small ragged N takes them; split 1 and 2), W8A8 as the engine calls it: equal to
+    the float32 reference (interpret mode)."""
+    monkeypatch.setattr(fp8_plan, "FP8_DECODE_WIDE_N", 256)
+    K = 2048
+    c = fp8_plan.fp8_decode_config(M, K, N, fuse="none", tiles="wave15")
+    assert (c.bn, c.num_stages) == (128, 3), c
+    x = rand(M + N, (M, K))
+    wq, ws = fp8_weight(3 * M + N, N, K)
+    xq, xs = quantize_rows_fp8(x)
+    ref = linear_ref(xq, wq, ws, xs, out_dtype=F32)
+    for split in (1, 2):
+        out = triton_linear(xq, wq, ws, x_scale=xs, config=dataclasses.replace(c, split_k=split),
+                            out_dtype=F32, interpret=True)
+        assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (split, rel_err(out, ref))
 
 
 def test_deep_k_follows_the_environment(monkeypatch):
@@ -246,12 +307,12 @@ def test_deep_k_config_matches_the_reference(M, N):
         assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (split, rel_err(out, ref))
 
 
-def test_deep_k_configs_lower_for_cuda_at_the_70b_shapes():
+def test_deep_k_and_wide_configs_lower_for_cuda_at_the_70b_shapes():
     sds = jax.ShapeDtypeStruct
-    for K, N in [(8192, 28672), (28672, 8192), (8192, 10240)]:
-        c = fp8_plan.fp8_decode_config(1, K, N, fuse="none")
-        assert c.bk == 512
+    for M, K, N in [(1, 8192, 28672), (1, 28672, 8192), (1, 8192, 10240), (64, 8192, 28672)]:
+        c = fp8_plan.fp8_decode_config(M, K, N, fuse="none")
+        assert c.bk == 512 if M == 1 else c.bn == 128
         text = lower_for_cuda(functools.partial(triton_linear, config=c),
-                              sds((1, K), FP8), sds((N, K), FP8), sds((N,), F32),
-                              sds((1,), F32))
+                              sds((M, K), FP8), sds((N, K), FP8), sds((N,), F32),
+                              sds((M,), F32))
         assert "skinny_gemm" in text

@@ -162,7 +162,7 @@ def make_engine(model, backend: str, batches: list[int], ctx: int, steps: int,
 
     backend, _, quant = backend.partition(":")
     args = dict(dtype="bfloat16", attention_backend=backend, quantization=quant or None,
-                scan_layers=scan_layers, max_model_len=ctx + steps + 16,
+                scan_layers=scan_layers, max_model_len=ctx + steps + max(batches) + 16,
                 max_num_seqs=max(batches), decode_buckets=tuple(batches),
                 max_num_batched_tokens=ctx, prefill_buckets=(ctx,), max_prefill_seqs=1)
     return LLMEngine(model, **{**args, **engine_args})
@@ -178,8 +178,10 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
     eng = make_engine(model, backend, batches, ctx, steps, scan_layers)
     res = {"load_s": time.perf_counter() - t0}
     rng = np.random.default_rng(0)
-    sp = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
     for b in batches:
+        # one prefill a step: the b-th request starts decoding b steps after the first, so
+        # each runs steps + b tokens and the last `steps` steps have all b in the batch
+        sp = SamplingParams(temperature=0.0, max_tokens=steps + b, ignore_eos=True)
         if time.perf_counter() > deadline:
             res[f"b{b}"] = "skipped (time guard)"
             continue

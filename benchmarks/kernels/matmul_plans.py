@@ -290,6 +290,29 @@ def plan_tiles(ms, shapes):
     return jobs[:1] and [jobs[0][:2] + ("warmup",) + jobs[0][3:]] + jobs
 
 
+def plan_fast_accum(ms, shapes):
+    """Session 13: the engine's Triton W8A8 decode GEMM (kernel alone, as ``plan_tiles``)
+    with its FP8 dot on wgmma (``TritonConfig.fast_accum``, fp8_fast_accum.py: Triton's
+    MMAv3 keeps every stage's tiles in shared memory, so one stage fewer holds the same
+    programs an SM) against the engine's tiles (f16 mma.sync after widening), in the same
+    run, M by M."""
+    import dataclasses
+
+    from pallas_kernels.matmul.fp8_plan import FP8_GATE_UP_EPILOGUE_MAX_M
+    jobs = []
+    for M in ms:
+        for sname in shapes:
+            if sname == "8b_gate_up" and M > FP8_GATE_UP_EPILOGUE_MAX_M:
+                sname = "8b_gate_up_2f"
+            K, N, gu = {**SHAPES, **EXTRA_SHAPES}[sname]
+            eng = fp8_decode_config(M, K, N // 2 if gu else N, gu, "none")
+            jobs.append((sname, M, "tri_w8a8_kernel", "w8a8", "triton_k", eng))
+            for st in sorted({max(2, eng.num_stages - 1), eng.num_stages}):
+                c = dataclasses.replace(eng, fast_accum=True, num_stages=st)
+                jobs.append((sname, M, "tri_w8a8_fastacc", "w8a8", "triton_k", c))
+    return jobs
+
+
 def plan(ms, shapes, smoke=False, safe=False):
     """(shape, M, family, kind, backend, cfg) jobs in priority order (the deadline cuts the tail).
 

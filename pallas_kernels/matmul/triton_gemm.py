@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+from pallas_kernels.matmul import fp8_fast_accum
 from pallas_kernels.matmul.reference import FP8, quantize_rows_fp8
 
 
@@ -70,6 +71,9 @@ class TritonConfig:
     # split_k > 1: the last split of each output tile to finish sums the float32 partials
     # and runs the epilogue in the kernel (else one XLA fusion after it).
     merge: bool = False
+    # FP8 dot on wgmma with its accumulator added into float32 every 128 K elements
+    # (fp8_fast_accum.py); without it Triton widens both FP8 operands to f16 for mma.sync.
+    fast_accum: bool = False
 
 
 SMEM_BUDGET = 200 * 1024  # bytes of Hopper's 227 KiB the pipelined tiles may take
@@ -187,8 +191,12 @@ def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: 
             return fp8_bits_to_bf16(wt)
         return wt.astype(compute_dtype)
 
+    fast = (fp8_fast_accum.FAST_ACCUM if cfg.fast_accum and compute_dtype == FP8
+            and not interpret else None)
+
     def dot(wt, xt):  # [bn, bm] (swap-AB) or [bm, bn], float32
-        return plt.dot(wt, xt, trans_b=True) if cfg.swap_ab else plt.dot(xt, wt, trans_b=True)
+        a, b = (wt, xt) if cfg.swap_ab else (xt, wt)
+        return plt.dot(a, b, trans_b=True, precision=fast)
 
     def body(i, accs):
         if cfg.act_group:  # quantize each group of x in registers, FP8 dot per group
@@ -327,6 +335,8 @@ def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = Non
         compute = FP8
     else:
         compute = jnp.bfloat16 if jnp.dtype(x.dtype).itemsize <= 2 else jnp.float32
+    if cfg.fast_accum and compute == FP8:
+        fp8_fast_accum.install()  # before this call is lowered
     partial = cfg.split_k > 1
     merge = partial and cfg.merge
     epilogue_in_kernel = merge or not partial

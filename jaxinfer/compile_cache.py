@@ -112,7 +112,8 @@ PROGRAM_SOURCES = ("jaxinfer/batch.py", "jaxinfer/config.py", "jaxinfer/layers",
 # Kernel choices the programs read from the environment at trace time.
 KERNEL_ENV_VARS = ("JAXINFER_FP8_DECODE", "JAXINFER_FP8_DECODE_GEMM", "JAXINFER_FP8_MID_GEMM",
                    "JAXINFER_DECODE_MERGE", "JAXINFER_FP8_DECODE_FUSE",
-                   "JAXINFER_FP8_DECODE_DEEP_K", "JAXINFER_FP8_DECODE_TILES")
+                   "JAXINFER_FP8_DECODE_DEEP_K", "JAXINFER_FP8_DECODE_TILES",
+                   "JAXINFER_FP8_DECODE_FAST_ACCUM")
 
 
 def kernel_env() -> dict[str, str]:

@@ -5,7 +5,7 @@ call the model makes (jaxinfer/models/transformer.py).
 Kernel choices read environment variables at trace time (A/B runs; each is in the compile-
 cache fingerprint, jaxinfer/compile_cache.KERNEL_ENV_VARS): ``$JAXINFER_FP8_DECODE_GEMM``,
 ``$JAXINFER_FP8_MID_GEMM``, ``$JAXINFER_FP8_DECODE_FUSE``, ``$JAXINFER_FP8_DECODE_DEEP_K``,
-``$JAXINFER_FP8_DECODE_TILES``.
+``$JAXINFER_FP8_DECODE_TILES``, ``$JAXINFER_FP8_DECODE_FAST_ACCUM``.
 """
 
 from __future__ import annotations
@@ -98,6 +98,17 @@ FP8_DECODE_DEEP_K_MIN_STEPS = 4
 FP8_DECODE_TILES = "wave15"
 FP8_DECODE_SPLIT_TARGET = 198
 FP8_DECODE_WIDE_N = 16384
+# The FP8 dot on wgmma (TritonConfig.fast_accum, fp8_fast_accum.py: Triton otherwise widens
+# both FP8 operands to f16 for mma.sync) on the 256-deep K steps: 64-row weight tiles in 3
+# stages, 128-row tiles at 64 tokens in 2 (MMAv3 keeps every stage in shared memory). Session
+# 13, call 4 (bench_matmul --plan fastacc, H200, record matmul_h200_s13call4_fastacc-20261202
+# .json; kernel alone, rel. L2 vs float32 6.6-8.6e-4 against <= 4e-5 for mma.sync): 8B qkv
+# 9.5 / 10.1 / 11.1 / 13.0 us at 1 / 16 / 32 / 64 tokens vs 10.1 / 10.9 / 12.3 / 15.2, 8B o
+# 7.5-9.4 vs 8.0-11.6, 8B gate_up + SwiGLU 29.8 / 30.3 vs 31.6 / 32.0, at 64 tokens 70B up
+# 72.1 vs 83.3, 8B down 20.7 vs 26.3, 70B o 22.7 vs 28.8. Slower on the 512-deep steps
+# (70B up at 1 token 66.0 vs 58.4) and on 128-row tiles at 32 tokens (65.7 vs 59.2): those
+# keep mma.sync. $JAXINFER_FP8_DECODE_FAST_ACCUM=off turns it off (an A/B end to end).
+FP8_DECODE_FAST_ACCUM = True
 
 
 def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
@@ -114,7 +125,8 @@ def env_values() -> dict[str, str]:
             "JAXINFER_FP8_MID_GEMM": _fp8_mid_gemm(),
             "JAXINFER_FP8_DECODE_FUSE": _fp8_decode_fuse(),
             "JAXINFER_FP8_DECODE_DEEP_K": "on" if _fp8_decode_deep_k() else "off",
-            "JAXINFER_FP8_DECODE_TILES": _fp8_decode_tiles()}
+            "JAXINFER_FP8_DECODE_TILES": _fp8_decode_tiles(),
+            "JAXINFER_FP8_DECODE_FAST_ACCUM": "on" if _fp8_decode_fast_accum() else "off"}
 
 
 def _fp8_decode_gemm() -> str:
@@ -144,6 +156,11 @@ def _fp8_decode_deep_k() -> bool:
                        ("on", "off")) == "on"
 
 
+def _fp8_decode_fast_accum() -> bool:
+    return _env_choice("JAXINFER_FP8_DECODE_FAST_ACCUM",
+                       "on" if FP8_DECODE_FAST_ACCUM else "off", ("on", "off")) == "on"
+
+
 def _fp8_decode_tiles() -> str:
     return _env_choice("JAXINFER_FP8_DECODE_TILES", FP8_DECODE_TILES, ("wave15", "wave2"))
 
@@ -156,7 +173,9 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
     per step, tokens padded to a power of two >= 16; ``tiles`` (default
     ``$JAXINFER_FP8_DECODE_TILES`` or :data:`FP8_DECODE_TILES`, see there) "wave15": split-K
     until FP8_DECODE_SPLIT_TARGET programs, at >= 32 tokens 3 stages and 128 weight rows
-    where N >= FP8_DECODE_WIDE_N; "wave2": split-K until 2 waves of 132 SMs, 4 stages;
+    where N >= FP8_DECODE_WIDE_N, and the FP8 dot on wgmma (``fast_accum``) on the 256-deep
+    steps where :data:`FP8_DECODE_FAST_ACCUM` says; "wave2": split-K until 2 waves of 132
+    SMs, 4 stages;
     512 K a step in 3 stages for large weights at <= 16 tokens (``deep_k``, default
     ``$JAXINFER_FP8_DECODE_DEEP_K`` on / off or :data:`FP8_DECODE_DEEP_K`; see there); ``N``
     output columns (F for a gate_up weight).
@@ -187,9 +206,15 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
         split_deep = triton_gemm.split_to_fill(n_tiles, K, 512, target)
         if K // (split_deep * 512) >= FP8_DECODE_DEEP_K_MIN_STEPS:
             bk, split, stages = 512, split_deep, 3
+    fast = False
+    if wave15 and not group and bk == 256 and _fp8_decode_fast_accum():
+        if bn == 64:
+            fast, stages = True, 3
+        elif bm == 64:  # 128-row tiles at 64 tokens
+            fast, stages = True, 2
     cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
                                    num_stages=stages, fp8_dot=True, swap_ab=True,
-                                   act_group=group, merge=fuse != "none")
+                                   act_group=group, merge=fuse != "none", fast_accum=fast)
     cfg = triton_gemm.fit_smem(cfg, K, jnp.bfloat16 if group else FP8, FP8, gate_up)
     if group and cfg.bk % group:  # fit_smem went below the group: quantize outside
         return fp8_decode_config(M, K, N, gate_up, "merge")

@@ -206,20 +206,22 @@ def test_decode_config_takes_deep_k_steps_only_for_large_weights_at_few_tokens()
     for M, K, N in [(1, 8192, 28672), (16, 14336, 4096), (1, 8192, 8192), (1, 28672, 8192)]:
         c = cfg(M, K, N, fuse="none")
         assert (c.bk, c.num_stages) == (512, 3) and K // (c.split_k * 512) >= 4, (M, K, N, c)
-        old = cfg(M, K, N, fuse="none", deep_k=False)
+        old = cfg(M, K, N, fuse="none", deep_k=False, tiles="wave2")  # session 11's tiles
         assert (old.bk, old.num_stages) == (256, 4) and old.split_k >= c.split_k
     for M, K, N, gu in [(1, 4096, 6144, False), (1, 4096, 4096, False), (64, 8192, 28672, False),
                         (1, 4096, 14336, True), (1, 8192, 28672, True)]:
-        c = cfg(M, K, N, gu, fuse="none")
-        assert (c.bk, c.num_stages) == (256, 4 if M <= 16 else 3), (M, K, N, gu, c)
+        c = cfg(M, K, N, gu, fuse="none", tiles="wave2")  # (wave15's stages: fast_accum's test)
+        assert (c.bk, c.num_stages) == (256, 4), (M, K, N, gu, c)
     assert cfg(1, 8192, 28672, fuse="all").bk == 256  # in-kernel groups keep their tiles
 
 
-def test_decode_tiles_wave15_against_wave2():
+def test_decode_tiles_wave15_against_wave2(monkeypatch):
     """FP8_DECODE_TILES (session 13's sweep): "wave15" splits K only until
     FP8_DECODE_SPLIT_TARGET programs and at >= 32 tokens takes 3 stages, 128 weight rows
     where N >= FP8_DECODE_WIDE_N; "wave2" is session 12's (2 waves, 64 rows, 4 stages).
     The H200 sweep's winners are what wave15 picks at these Llama-3.1 shapes."""
+    monkeypatch.delenv("JAXINFER_FP8_DECODE_FAST_ACCUM", raising=False)
+    monkeypatch.setattr(fp8_plan, "FP8_DECODE_FAST_ACCUM", False)  # the sweep's mma.sync dots
     cfg = fp8_plan.fp8_decode_config
     picks = {  # (M, K, N, gate_up): (bn, bk, split, stages), the sweep's best or within 5 %
         (16, 4096, 14336, True): (64, 256, 1, 4),     # 8B gate_up + SwiGLU: 32.7 vs 36.4 us
@@ -257,15 +259,16 @@ def test_decode_tiles_follow_the_environment(monkeypatch):
         fp8_plan.fp8_engine_plan(1, 8192, 28672)
 
 
-@pytest.mark.parametrize("M,N", [(33, 300), (64, 257)])
+@pytest.mark.parametrize("M,N", [(20, 300), (33, 257)])
 def test_wide_tiles_match_the_reference(monkeypatch, M, N):
-    """wave15's 128-row weight tiles in 3 stages at 33-64 tokens (FP8_DECODE_WIDE_N lowered
-    so a small ragged N takes them; split 1 and 2), W8A8 as the engine calls it: equal to
-    the float32 reference (interpret mode)."""
+    """wave15's 128-row weight tiles at 17-64 tokens (3 stages; 2 with the FP8 dot on
+    wgmma on 64-token tiles; FP8_DECODE_WIDE_N lowered so a small ragged N takes them; split 1 and 2),
+    W8A8 as the engine calls it: equal to the float32 reference (interpret mode)."""
     monkeypatch.setattr(fp8_plan, "FP8_DECODE_WIDE_N", 256)
     K = 2048
     c = fp8_plan.fp8_decode_config(M, K, N, fuse="none", tiles="wave15")
-    assert (c.bn, c.num_stages) == (128, 3), c
+    assert (c.bn, c.num_stages) == (128, 2 if c.fast_accum else 3), c
+    assert c.fast_accum == (c.bm == 64 and fp8_plan._fp8_decode_fast_accum())
     x = rand(M + N, (M, K))
     wq, ws = fp8_weight(3 * M + N, N, K)
     xq, xs = quantize_rows_fp8(x)

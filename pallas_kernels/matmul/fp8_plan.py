@@ -100,9 +100,10 @@ FP8_DECODE_SPLIT_TARGET = 198
 FP8_DECODE_WIDE_N = 16384
 # The FP8 dot on wgmma (TritonConfig.fast_accum, fp8_fast_accum.py: Triton otherwise widens
 # both FP8 operands to f16 for mma.sync) on the 256-deep K steps: 64-row weight tiles in 3
-# stages, 128-row tiles at 64 tokens in 2 (MMAv3 keeps every stage in shared memory). Session
-# 13, call 4 (bench_matmul --plan fastacc, H200, record matmul_h200_s13call4_fastacc-20261202
-# .json; kernel alone, rel. L2 vs float32 6.6-8.6e-4 against <= 4e-5 for mma.sync): 8B qkv
+# stages, 128-row tiles at 64 tokens in 2 (MMAv3 keeps every stage in shared memory).
+# Session 13, call 4 (bench_matmul --plan fastacc, H200, record
+# matmul_h200_s13call4_fastacc-20261202.json; kernel alone, rel. L2 vs float32 6.6-8.6e-4
+# against <= 4e-5 for mma.sync): 8B qkv
 # 9.5 / 10.1 / 11.1 / 13.0 us at 1 / 16 / 32 / 64 tokens vs 10.1 / 10.9 / 12.3 / 15.2, 8B o
 # 7.5-9.4 vs 8.0-11.6, 8B gate_up + SwiGLU 29.8 / 30.3 vs 31.6 / 32.0, at 64 tokens 70B up
 # 72.1 vs 83.3, 8B down 20.7 vs 26.3, 70B o 22.7 vs 28.8. Slower on the 512-deep steps

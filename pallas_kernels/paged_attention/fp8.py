@@ -95,7 +95,8 @@ def env_variant() -> str:
     name = os.environ.get(ENV_VARIANT) or FP8_DECODE_DEFAULT
     names = ["by_batch", *FP8_DECODE_VARIANTS, *FP8_DECODE_OTHER]
     if name not in names:
-        raise ValueError(f"${ENV_VARIANT}={name!r}: one of {names}")
+        raise ValueError(f"${ENV_VARIANT}={name!r}: one of {names} (unknown FP8 decode "
+                         "variant)")
     return name
 
 

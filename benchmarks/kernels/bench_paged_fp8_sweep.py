@@ -85,6 +85,10 @@ def named(name: str) -> dict:
 # (Triton 3.6, sm_90, B32 ctx2048); names in the variant table take its entry.
 CONFIGS: list[tuple[str, dict, list | None]] = [
     ("cvt", named("cvt"), None),  # current default: 247 regs, 2/SM, 1196 per 128 tokens
+    # session 13: both dots FP8 on wgmma (fp8_fast_accum), group padded to 16 rows
+    ("kq8w_bt64", named("kq8w_bt64"), None),  # 87 regs, 36 KB, 5/SM, 551 per 64, no cvt
+    ("kq8w", named("kq8w"), None),  # 128 tokens: 121 regs, 69 KB, 3/SM, 828
+    ("kq8_bt64_w2", named("kq8_bt64_w2"), None),  # the B >= 64 default since session 6
     ("kq8", named("kq8"), None),  # 128 tokens: 194 regs, 101 KB, 2/SM, 805
     ("kq8_bt64", named("kq8_bt64"), None),  # 116 regs, 51 KB, 4/SM, 521 per 64
     ("kq8_bt128_s3", named("kq8_bt128_s3"), None),  # one buffer: 157 regs, 68 KB, 3/SM, 770

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.matmul import fp8_fast_accum
 from pallas_kernels.paged_attention import decode_merge
 from pallas_kernels.paged_attention.decode_options import (
     LOG2E,
@@ -55,7 +56,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
                    scale_log2: float, static_window: int | None, has_kscale: bool,
                    has_vscale: bool, split_out: bool, compute_dtype, fp8_widen: str = "cvt",
                    fp8_dots: str = "none", layout: str = "qk", v_stage: bool = False,
-                   split_of=None) -> None:
+                   split_of=None, interpret: bool = False) -> None:
     it = iter(refs)
     layer_ref = next(it)
     window_ref = next(it) if static_window is None else None
@@ -137,17 +138,28 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l
 
+    fast = None
+    if layout == "kq" and pv8 and not interpret:
+        fp8_fast_accum.install()
+        fast = fp8_fast_accum.FAST_ACCUM
+
     def body_kq(i, carry):  # transposed: scores [N, Gp], acc = O^T [D, Gp]
         acc, m, l = carry
         k, v, valid = load_kv(i)
-        st = plgpu.dot(widen(k), q, trans_b=True, allow_tf32=False) * sm  # K q^T [N, Gp]
+        if pv8:  # both dots FP8, asking for wgmma (fp8_fast_accum.py): K q8^T, V^T (P 2^8)
+            st = plgpu.dot(k, q, trans_b=True, precision=fast) * sm.reshape(1, Gp)
+        else:
+            st = plgpu.dot(widen(k), q, trans_b=True, allow_tf32=False) * sm  # K q^T [N, Gp]
         st = jnp.where(valid[:, None], st, -jnp.inf)
         m_new = jnp.maximum(m, st.max(axis=0))
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(st - m_new[None, :])
         l = l * alpha + p.sum(axis=0)
-        pv = plgpu.dot(v_operand(v, valid), p.astype(compute_dtype), trans_a=True,
-                       allow_tf32=False)  # V^T P [D, Gp]
+        if pv8:
+            pv = plgpu.dot(v, (p * P_SCALE).astype(k_ref.dtype), trans_a=True, precision=fast)
+        else:
+            pv = plgpu.dot(v_operand(v, valid), p.astype(compute_dtype), trans_a=True,
+                           allow_tf32=False)  # V^T P [D, Gp]
         acc = acc * alpha[None, :] + pv
         return acc, m_new, l
 
@@ -315,7 +327,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         static_window=static_window, has_kscale=k_scale is not None,
         has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype,
         fp8_widen=o["fp8_widen"], fp8_dots=o["fp8_dots"], layout=o["layout"],
-        v_stage=v_stage)
+        v_stage=v_stage, interpret=interpret)
     params = plgpu.CompilerParams(num_warps=o["num_warps"], num_stages=o["num_stages"])
     if split_out and merge == "kernel":
         return ret(*decode_merge.merged_call(

@@ -73,6 +73,15 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     "kq8_bt32": dict(KQ8, block_tokens=32),
     "kq16": {"layout": "kq", "group_rows": 16, "fp8_v_stage": True, "block_tokens": 128},
     "kq8_bt64_w2": dict(KQ8, block_tokens=64, num_warps=2),
+    # Session 13 (static analysis only, not yet run on a GPU): the transposed layout with both
+    # dots FP8 and the group padded to 16 rows, so the dots ask for wgmma
+    # (matmul/fp8_fast_accum.py): Sᵀ = K qᵀ (tokens on M = 64 / 128, N = 16) and Oᵀ = Vᵀ P
+    # with P x 2^8 in e4m3. Triton 3.6 for sm_90 (B32 ctx2048): both dots on wgmma, no
+    # widening left (4 F2FP a step against 66), 87 registers / 36 KB (5 programs an SM) at 64
+    # tokens against kq8_bt64's 116 / 52 KB (4), 121 / 69 KB (3) at 128 against kq8's 194 /
+    # 101 KB (2); SASS per step about kq8's (551 vs 521, 828 vs 805).
+    "kq8w_bt64": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk_pv", "block_tokens": 64},
+    "kq8w": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk_pv", "block_tokens": 128},
 }
 # The default by batch size (rows of the decode bucket): the fastest variant of the session-6
 # H200 sweep (bench_paged_fp8_sweep.py, 8B heads, NOTES_paged_attention.md) at the measured
@@ -161,9 +170,11 @@ def quantize_rows_e4m3(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def check_variant(fp8_widen: str, fp8_dots: str, layout: str = "qk") -> None:
-    """Raises ValueError for unknown option values, or fp8 dots with ``layout="kq"``."""
+    """Raises ValueError for unknown option values, or ``fp8_dots="qk"`` with
+    ``layout="kq"`` (the transposed layout takes both dots in FP8 or neither)."""
     if fp8_widen not in FP8_WIDEN or fp8_dots not in FP8_DOTS:
         raise ValueError(f"fp8_widen={fp8_widen!r} (one of {FP8_WIDEN}) / fp8_dots="
                          f"{fp8_dots!r} (one of {FP8_DOTS})")
-    if fp8_dots != "none" and layout != "qk":
-        raise ValueError(f"fp8_dots={fp8_dots!r} needs layout='qk', got {layout!r}")
+    if fp8_dots == "qk" and layout != "qk":
+        raise ValueError(f"fp8_dots='qk' needs layout='qk', got {layout!r} (layout='kq' "
+                         "takes fp8_dots='qk_pv')")

@@ -108,3 +108,31 @@ def test_plan_takes_fast_accum_where_the_h200_measured_it_faster(monkeypatch):
     monkeypatch.setenv("JAXINFER_FP8_DECODE_FAST_ACCUM", "yes")
     with pytest.raises(ValueError, match="JAXINFER_FP8_DECODE_FAST_ACCUM"):
         fp8_plan.fp8_engine_plan(1, 4096, 6144)
+
+
+@pytest.mark.parametrize("name", ["kq8w_bt64", "kq8w"])
+def test_paged_decode_wgmma_variants_mark_both_fp8_dots(name):
+    """fp8.FP8_DECODE_VARIANTS' kq8w*: the transposed layout's two dots (K q8ᵀ and Vᵀ P8)
+    are FP8 and ask for wgmma; the widening variant kq8 asks for nothing."""
+    from pallas_kernels.paged_attention import paged_decode_attention
+    from tests.kernels.cuda_lowering import decode_avals, lower_paged_kernel
+
+    def dots(variant):
+        seen, orig = [], lowering.lower_jaxpr_to_triton_module
+
+        def hook(*a, **k):
+            r = orig(*a, **k)
+            seen.append(r.module.operation.get_asm(enable_debug_info=False))
+            return r
+        lowering.lower_jaxpr_to_triton_module = hook
+        try:
+            lower_paged_kernel(paged_decode_attention, decode_avals(32, 128, FP8), FP8, 0,
+                               fp8_variant=variant)
+        finally:
+            lowering.lower_jaxpr_to_triton_module = orig
+        return dot_lines(seen[0])
+
+    fast = dots(name)
+    assert len(fast) == 2 and all("f8E4M3FN" in ln and "maxNumImpreciseAcc = 128" in ln
+                                  for ln in fast), fast
+    assert not any("maxNumImpreciseAcc" in ln for ln in dots("kq8"))

@@ -76,6 +76,60 @@ def capture(args) -> None:
         json.dump({"shape": args.shape, "configs": index}, f, indent=1)
 
 
+def _hook_ttir() -> list[str]:
+    """Install a hook that appends the Triton IR (text) of every Pallas lowering; returns
+    the list it fills."""
+    from jax._src.pallas.triton import lowering
+
+    seen: list[str] = []
+    orig = lowering.lower_jaxpr_to_triton_module
+
+    def hook(*a, **k):
+        r = orig(*a, **k)
+        seen.append(r.module.operation.get_asm(enable_debug_info=False))
+        return r
+    lowering.lower_jaxpr_to_triton_module = hook
+    return seen
+
+
+def capture_gemm(args) -> None:
+    """The engine's Triton W8A8 decode GEMM (fp8_plan.fp8_decode_config) at ``--gemm K,N``
+    for 1 / 16 / 32 / 64 tokens, each with the FP8 dot as f16 mma.sync (``_mma``) and on
+    wgmma (``_wgmma``, TritonConfig.fast_accum), the stages as the plan sets them."""
+    import dataclasses
+    sys.path.insert(0, os.getcwd())
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.matmul import fp8_plan
+    from pallas_kernels.matmul.triton_gemm import triton_linear
+    from tests.kernels.cuda_lowering import lower_for_cuda
+
+    seen = _hook_ttir()
+    K, N = (int(v) for v in args.gemm.split(","))
+    fp8, f32, sds = jnp.float8_e4m3fn, jnp.float32, jax.ShapeDtypeStruct
+    os.makedirs(args.dir, exist_ok=True)
+    index = []
+    for M in (1, 16, 32, 64):
+        plan = fp8_plan.fp8_decode_config(M, K, N, fuse="none")
+        for kind, fast in (("mma", False), ("wgmma", True)):
+            c = plan if plan.fast_accum == fast else dataclasses.replace(
+                plan, fast_accum=fast,
+                num_stages=plan.num_stages + (-1 if fast else 1) if plan.bk == 256 else
+                plan.num_stages)
+            seen.clear()
+            lower_for_cuda(lambda x, w, ws, xs, c=c: triton_linear(x, w, ws, x_scale=xs,
+                                                                  config=c),
+                           sds((M, K), fp8), sds((N, K), fp8), sds((N,), f32), sds((M,), f32))
+            name = f"m{M}_{kind}"
+            with open(os.path.join(args.dir, f"{name}.ttir"), "w") as f:
+                f.write(seen[0])
+            index.append({"name": name, "num_warps": c.num_warps, "num_stages": c.num_stages})
+            print("captured", name, c, flush=True)
+    with open(os.path.join(args.dir, "index.json"), "w") as f:
+        json.dump({"shape": f"K,N = {K},{N}", "configs": index}, f, indent=1)
+
+
 def loop_ops(sass: str) -> collections.Counter:
     """Opcode counts of the largest loop (backward branch) in ``cuobjdump -sass`` text."""
     ins = [(int(m.group(1), 16), m.group(2).strip()) for m in
@@ -134,13 +188,14 @@ def compile_all(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=["capture", "compile"])
+    p.add_argument("step", choices=["capture", "capture-gemm", "compile"])
     p.add_argument("--dir", default="/tmp/paged_decode_ttir")
     p.add_argument("--shape", default="32,2048", help="B,ctx (capture)")
     p.add_argument("--configs", default="", help="comma list of sweep names (capture)")
     p.add_argument("--page", type=int, default=16, help="page size in tokens (capture)")
+    p.add_argument("--gemm", default="8192,28672", help="K,N (capture-gemm)")
     args = p.parse_args()
-    capture(args) if args.step == "capture" else compile_all(args)
+    {"capture": capture, "capture-gemm": capture_gemm, "compile": compile_all}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -33,63 +33,39 @@ def capture(args) -> None:
     sys.path.insert(0, os.getcwd())
     import jax
     import jax.numpy as jnp
-    from jax._src.pallas.triton import lowering
 
     from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS
     from pallas_kernels.paged_attention import paged_decode_attention
-    from tests.kernels.cuda_lowering import lower_paged_kernel
+    from tests.kernels.cuda_lowering import lower_paged_kernel, triton_ir
 
-    seen: list[str] = []
-    orig = lowering.lower_jaxpr_to_triton_module
-
-    def hook(*a, **k):
-        r = orig(*a, **k)
-        seen.append(r.module.operation.get_asm(enable_debug_info=False))
-        return r
-    lowering.lower_jaxpr_to_triton_module = hook
-    B, ctx = (int(x) for x in args.shape.split(","))
-    Hq, Hkv, D, ps, L = 32, 8, 128, args.page, 2
-    maxp = ctx // ps
-    configs = CONFIGS + [("bf16_default", {"kv": "bf16"}, None)]
-    if args.configs:
-        configs = [c for c in configs if c[0] in args.configs.split(",")]
-    os.makedirs(args.dir, exist_ok=True)
-    index = []
-    for name, kw, _ in configs:
-        kw = dict(kw)
-        kv = jnp.float8_e4m3fn if kw.pop("kv") == "fp8" else jnp.bfloat16
-        sds = jax.ShapeDtypeStruct
-        avals = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, B * maxp + 1, ps, D), kv),
-                 sds((L, Hkv, B * maxp + 1, ps, D), kv), sds((), jnp.int32),
-                 sds((B, maxp), jnp.int32), sds((B,), jnp.int32)]
-        seen.clear()
-        lower_paged_kernel(paged_decode_attention, avals, kv, 0, **kw)
-        with open(os.path.join(args.dir, f"{name}.ttir"), "w") as f:
-            f.write(seen[0])
-        from pallas_kernels.paged_attention.decode_options import _resolve_options
-        o = _resolve_options(kv, kw.get("fp8_variant"), B, **{k: kw.get(k) for k in (
-            "block_tokens", "num_splits", "target_programs", "num_warps", "num_stages",
-            "fp8_widen", "fp8_dots", "layout", "group_rows", "fp8_v_stage")})
-        index.append({"name": name, "num_warps": o["num_warps"], "num_stages": o["num_stages"]})
-        print("captured", name, flush=True)
-    with open(os.path.join(args.dir, "index.json"), "w") as f:
-        json.dump({"shape": args.shape, "configs": index}, f, indent=1)
-
-
-def _hook_ttir() -> list[str]:
-    """Install a hook that appends the Triton IR (text) of every Pallas lowering; returns
-    the list it fills."""
-    from jax._src.pallas.triton import lowering
-
-    seen: list[str] = []
-    orig = lowering.lower_jaxpr_to_triton_module
-
-    def hook(*a, **k):
-        r = orig(*a, **k)
-        seen.append(r.module.operation.get_asm(enable_debug_info=False))
-        return r
-    lowering.lower_jaxpr_to_triton_module = hook
-    return seen
+    with triton_ir() as seen:
+        B, ctx = (int(x) for x in args.shape.split(","))
+        Hq, Hkv, D, ps, L = 32, 8, 128, args.page, 2
+        maxp = ctx // ps
+        configs = CONFIGS + [("bf16_default", {"kv": "bf16"}, None)]
+        if args.configs:
+            configs = [c for c in configs if c[0] in args.configs.split(",")]
+        os.makedirs(args.dir, exist_ok=True)
+        index = []
+        for name, kw, _ in configs:
+            kw = dict(kw)
+            kv = jnp.float8_e4m3fn if kw.pop("kv") == "fp8" else jnp.bfloat16
+            sds = jax.ShapeDtypeStruct
+            avals = [sds((B, Hq, D), jnp.bfloat16), sds((L, Hkv, B * maxp + 1, ps, D), kv),
+                     sds((L, Hkv, B * maxp + 1, ps, D), kv), sds((), jnp.int32),
+                     sds((B, maxp), jnp.int32), sds((B,), jnp.int32)]
+            seen.clear()
+            lower_paged_kernel(paged_decode_attention, avals, kv, 0, **kw)
+            with open(os.path.join(args.dir, f"{name}.ttir"), "w") as f:
+                f.write(seen[0])
+            from pallas_kernels.paged_attention.decode_options import _resolve_options
+            o = _resolve_options(kv, kw.get("fp8_variant"), B, **{k: kw.get(k) for k in (
+                "block_tokens", "num_splits", "target_programs", "num_warps", "num_stages",
+                "fp8_widen", "fp8_dots", "layout", "group_rows", "fp8_v_stage")})
+            index.append({"name": name, "num_warps": o["num_warps"], "num_stages": o["num_stages"]})
+            print("captured", name, flush=True)
+        with open(os.path.join(args.dir, "index.json"), "w") as f:
+            json.dump({"shape": args.shape, "configs": index}, f, indent=1)
 
 
 def capture_gemm(args) -> None:
@@ -103,31 +79,31 @@ def capture_gemm(args) -> None:
 
     from pallas_kernels.matmul import fp8_plan
     from pallas_kernels.matmul.triton_gemm import triton_linear
-    from tests.kernels.cuda_lowering import lower_for_cuda
+    from tests.kernels.cuda_lowering import lower_for_cuda, triton_ir
 
-    seen = _hook_ttir()
-    K, N = (int(v) for v in args.gemm.split(","))
-    fp8, f32, sds = jnp.float8_e4m3fn, jnp.float32, jax.ShapeDtypeStruct
-    os.makedirs(args.dir, exist_ok=True)
-    index = []
-    for M in (1, 16, 32, 64):
-        plan = fp8_plan.fp8_decode_config(M, K, N, fuse="none")
-        for kind, fast in (("mma", False), ("wgmma", True)):
-            c = plan if plan.fast_accum == fast else dataclasses.replace(
-                plan, fast_accum=fast,
-                num_stages=plan.num_stages + (-1 if fast else 1) if plan.bk == 256 else
-                plan.num_stages)
-            seen.clear()
-            lower_for_cuda(lambda x, w, ws, xs, c=c: triton_linear(x, w, ws, x_scale=xs,
-                                                                  config=c),
-                           sds((M, K), fp8), sds((N, K), fp8), sds((N,), f32), sds((M,), f32))
-            name = f"m{M}_{kind}"
-            with open(os.path.join(args.dir, f"{name}.ttir"), "w") as f:
-                f.write(seen[0])
-            index.append({"name": name, "num_warps": c.num_warps, "num_stages": c.num_stages})
-            print("captured", name, c, flush=True)
-    with open(os.path.join(args.dir, "index.json"), "w") as f:
-        json.dump({"shape": f"K,N = {K},{N}", "configs": index}, f, indent=1)
+    with triton_ir() as seen:
+        K, N = (int(v) for v in args.gemm.split(","))
+        fp8, f32, sds = jnp.float8_e4m3fn, jnp.float32, jax.ShapeDtypeStruct
+        os.makedirs(args.dir, exist_ok=True)
+        index = []
+        for M in (1, 16, 32, 64):
+            plan = fp8_plan.fp8_decode_config(M, K, N, fuse="none")
+            for kind, fast in (("mma", False), ("wgmma", True)):
+                c = plan if plan.fast_accum == fast else dataclasses.replace(
+                    plan, fast_accum=fast,
+                    num_stages=plan.num_stages + (-1 if fast else 1) if plan.bk == 256 else
+                    plan.num_stages)
+                seen.clear()
+                lower_for_cuda(lambda x, w, ws, xs, c=c: triton_linear(x, w, ws, x_scale=xs,
+                                                                      config=c),
+                               sds((M, K), fp8), sds((N, K), fp8), sds((N,), f32), sds((M,), f32))
+                name = f"m{M}_{kind}"
+                with open(os.path.join(args.dir, f"{name}.ttir"), "w") as f:
+                    f.write(seen[0])
+                index.append({"name": name, "num_warps": c.num_warps, "num_stages": c.num_stages})
+                print("captured", name, c, flush=True)
+        with open(os.path.join(args.dir, "index.json"), "w") as f:
+            json.dump({"shape": f"K,N = {K},{N}", "configs": index}, f, indent=1)
 
 
 def loop_ops(sass: str) -> collections.Counter:

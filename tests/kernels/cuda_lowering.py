@@ -4,13 +4,36 @@ CPU tests."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 from jax._src import mesh as mesh_lib
 
 H200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+
+
+@contextlib.contextmanager
+def triton_ir() -> Iterator[list[str]]:
+    """Collect the Triton IR (text) of every Pallas-Triton kernel lowered inside the block,
+    in order (the IR Pallas hands to XLA; benchmarks/kernels/triton_static.py compiles it)."""
+    from jax._src.pallas.triton import lowering
+
+    seen: list[str] = []
+    orig = lowering.lower_jaxpr_to_triton_module
+
+    def hook(*a, **k):
+        r = orig(*a, **k)
+        seen.append(r.module.operation.get_asm(enable_debug_info=False))
+        return r
+
+    lowering.lower_jaxpr_to_triton_module = hook
+    try:
+        yield seen
+    finally:
+        lowering.lower_jaxpr_to_triton_module = orig
 
 
 def lower_for_cuda(fn, *avals) -> str:

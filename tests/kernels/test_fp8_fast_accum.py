@@ -13,36 +13,29 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from jax._src.pallas.triton import lowering
 
 from pallas_kernels.matmul import fp8_fast_accum, fp8_plan
 from pallas_kernels.matmul.reference import gate_up_ref, linear_ref, quantize_rows_fp8
 from pallas_kernels.matmul.triton_gemm import TritonConfig, triton_linear
-from tests.kernels.cuda_lowering import lower_for_cuda
+from tests.kernels.cuda_lowering import (
+    decode_avals,
+    lower_for_cuda,
+    lower_paged_kernel,
+    triton_ir,
+)
 from tests.kernels.test_matmul import F32, FP8, rand, rel_err
 from tests.kernels.test_matmul_fused import fp8_weight
 
 sds = jax.ShapeDtypeStruct
 
 
-def triton_ir(cfg: TritonConfig, M: int, K: int, N: int, x_dtype=FP8) -> str:
+def gemm_ir(cfg: TritonConfig, M: int, K: int, N: int, x_dtype=FP8) -> str:
     """The Triton IR (text) Pallas emits for ``triton_linear`` at these abstract shapes."""
-    seen = []
-    orig = lowering.lower_jaxpr_to_triton_module
-
-    def hook(*a, **k):
-        r = orig(*a, **k)
-        seen.append(r.module.operation.get_asm(enable_debug_info=False))
-        return r
-
-    lowering.lower_jaxpr_to_triton_module = hook
-    try:
-        x_scale = sds((M,), F32) if x_dtype == FP8 else None
-        fn = functools.partial(triton_linear, config=cfg)
+    x_scale = sds((M,), F32) if x_dtype == FP8 else None
+    fn = functools.partial(triton_linear, config=cfg)
+    with triton_ir() as seen:
         lower_for_cuda(lambda x, w, ws, xs: fn(x, w, ws, x_scale=xs),
                        sds((M, K), x_dtype), sds((N, K), FP8), sds((N,), F32), x_scale)
-    finally:
-        lowering.lower_jaxpr_to_triton_module = orig
     assert len(seen) == 1
     return seen[0]
 
@@ -54,15 +47,15 @@ def dot_lines(ir: str) -> list[str]:
 @pytest.mark.parametrize("M", [1, 64])
 def test_fast_accum_marks_only_its_fp8_dot(M):
     base = fp8_plan.fp8_decode_config(M, 4096, 6144, fuse="none", tiles="wave15")
-    fast = dot_lines(triton_ir(dataclasses.replace(base, fast_accum=True), M, 4096, 6144))
-    plain = dot_lines(triton_ir(dataclasses.replace(base, fast_accum=False), M, 4096, 6144))
+    fast = dot_lines(gemm_ir(dataclasses.replace(base, fast_accum=True), M, 4096, 6144))
+    plain = dot_lines(gemm_ir(dataclasses.replace(base, fast_accum=False), M, 4096, 6144))
     assert len(fast) == len(plain) == 1
     assert "f8E4M3FN" in fast[0] and f"maxNumImpreciseAcc = {fp8_fast_accum.PROMOTE_EVERY}" \
         in fast[0], fast[0]
     assert "maxNumImpreciseAcc" not in plain[0]
     # a bf16 dot (W8A16: the FP8 weight widened) asks for nothing, fast_accum or not
     w8a16 = TritonConfig(bm=16, bn=64, bk=256, split_k=1, fast_accum=True)
-    lines = dot_lines(triton_ir(w8a16, 16, 1024, 256, x_dtype=jnp.bfloat16))
+    lines = dot_lines(gemm_ir(w8a16, 16, 1024, 256, x_dtype=jnp.bfloat16))
     assert lines and all("maxNumImpreciseAcc" not in ln and "bf16" in ln for ln in lines)
 
 
@@ -115,21 +108,11 @@ def test_paged_decode_wgmma_variants_mark_both_fp8_dots(name):
     """fp8.FP8_DECODE_VARIANTS' kq8w*: the transposed layout's two dots (K q8ᵀ and Vᵀ P8)
     are FP8 and ask for wgmma; the widening variant kq8 asks for nothing."""
     from pallas_kernels.paged_attention import paged_decode_attention
-    from tests.kernels.cuda_lowering import decode_avals, lower_paged_kernel
 
     def dots(variant):
-        seen, orig = [], lowering.lower_jaxpr_to_triton_module
-
-        def hook(*a, **k):
-            r = orig(*a, **k)
-            seen.append(r.module.operation.get_asm(enable_debug_info=False))
-            return r
-        lowering.lower_jaxpr_to_triton_module = hook
-        try:
+        with triton_ir() as seen:
             lower_paged_kernel(paged_decode_attention, decode_avals(32, 128, FP8), FP8, 0,
                                fp8_variant=variant)
-        finally:
-            lowering.lower_jaxpr_to_triton_module = orig
         return dot_lines(seen[0])
 
     fast = dots(name)

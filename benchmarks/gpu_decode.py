@@ -187,19 +187,23 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
             continue
         for _ in range(b):
             eng.add_request(rng.integers(0, eng.model_config.vocab_size, ctx).tolist(), sp)
-        times, tc = [], time.perf_counter()
+        times, tc, tokens = [], time.perf_counter(), {}
         while eng.has_unfinished_requests():
             ts = time.perf_counter()
             outs = eng.step()
             dt = time.perf_counter() - ts
             if outs and all(len(o.outputs[0].token_ids) > 2 for o in outs) and len(outs) == b:
                 times.append(dt)
+            tokens.update((o.request_id, list(o.outputs[0].token_ids)) for o in outs
+                          if o.finished)
         replay = decode_replay(eng, b, ctx)
         dev = median_time(replay, n=20)
         res[f"b{b}"] = {"tpot_ms_engine": 1000 * float(np.median(times)),
                         "tpot_ms_device": 1000 * dev,
                         "tpot_ms_pipelined": 1000 * pipelined_time(replay),
-                        "steps": len(times), "wall_s": time.perf_counter() - tc}
+                        "steps": len(times), "wall_s": time.perf_counter() - tc,
+                        # greedy tokens of the first requests: A/Bs across processes compare
+                        "tokens": [tokens[k] for k in sorted(tokens)[:4]]}
     res["compilations"] = eng.runner.num_compilations
     res["compile_s"] = {str(k[1]): round(v, 2) for k, v in eng.runner.compile_seconds.items()}
     res["weight_bytes"] = int(sum(x.size * x.dtype.itemsize

@@ -18,3 +18,5 @@ for fa in on off; do
     --budget-s 125 --out "$OUT/records/e2e8_fa_$fa"
 done
 grep -H -o '"tpot_ms_[a-z]*": [0-9.]*' "$OUT"/logs/e2e*.log
+python3 benchmarks/compare_tokens.py "$OUT"/records/e2e8_fa_{on,off}/gpu_decode_summary.json \
+  | tee "$OUT/logs/tokens_fa.log"; pack

@@ -13,3 +13,5 @@ for deep in on off; do
     --model dummy:llama-3.1-70b --batches 1 --budget-s 135 --out "$OUT/records/e2e70_deep_$deep"
 done
 grep -H -o '"tpot_ms_[a-z]*": [0-9.]*' "$OUT"/logs/e2e*.log
+python3 benchmarks/compare_tokens.py "$OUT"/records/e2e70_deep_{on,off}/gpu_decode_summary.json \
+  | tee "$OUT/logs/tokens_deep.log"; pack

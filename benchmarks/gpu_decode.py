@@ -215,6 +215,30 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
     return res
 
 
+def apply_patches(specs: list[str]) -> dict[str, object]:
+    """Set ``module.NAME = literal`` for each "module.NAME=VALUE" spec; returns {spec target:
+    value}. Raises SystemExit naming the spec for a missing module or constant or a VALUE
+    that is not a Python literal."""
+    import ast
+    import importlib
+
+    done = {}
+    for spec in specs:
+        target, sep, value = spec.partition("=")
+        mod_name, _, const = target.rpartition(".")
+        try:
+            if not (sep and mod_name):
+                raise ValueError("expected MODULE.NAME=VALUE")
+            mod = importlib.import_module(mod_name)
+            if not hasattr(mod, const):
+                raise AttributeError(f"{mod_name} has no {const}")
+            setattr(mod, const, ast.literal_eval(value))
+        except (ValueError, SyntaxError, ImportError, AttributeError) as e:
+            raise SystemExit(f"gpu_decode: --patch {spec!r}: {e}") from None
+        done[target] = getattr(mod, const)
+    return done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/gpu")
@@ -228,7 +252,13 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--quick", action="store_true", help="skip the ceilings and tiny check")
     ap.add_argument("--scan-layers", choices=["auto", "true", "false"], default="auto")
+    ap.add_argument("--patch", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="set a module constant before any engine is built (an A/B of a "
+                         "plan constant with no environment switch), e.g. pallas_kernels."
+                         "matmul.fp8_plan.FP8_GATE_UP_EPILOGUE_MAX_M=32; VALUE is a Python "
+                         "literal; recorded in the summary")
     ns = ap.parse_args()
+    patches = apply_patches(ns.patch)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + ns.budget_s
@@ -238,7 +268,7 @@ def main() -> None:
     import jax
 
     summary = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
-               "peer": peer}
+               "peer": peer, "patches": patches}
     summary["ceilings"] = {"copy_GBps": 4300.0} if ns.quick else ceilings()
     print("ceilings", summary["ceilings"], flush=True)
     try:

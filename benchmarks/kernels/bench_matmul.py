@@ -57,6 +57,7 @@ from matmul_plans import (
     plan,
     plan_decode,
     plan_engine,
+    plan_deep_k,
     plan_fast_accum,
     plan_tiles,
     plan_fused,
@@ -240,7 +241,7 @@ def main() -> None:
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
     ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid", "fused", "engine",
-                                       "tiles", "fastacc"),
+                                       "tiles", "fastacc", "deepk"),
                     default="full",
                     help="decode: the session-4 W8A16 candidates first (plan_decode); "
                          "mdec: the Mosaic GPU swap-AB decode kernel vs the engine's paths; "
@@ -272,7 +273,7 @@ def main() -> None:
     shapes = args.shapes.split(",")
     jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec, "mid": plan_mid,
             "fused": plan_fused, "engine": plan_engine, "tiles": plan_tiles,
-            "fastacc": plan_fast_accum}.get(
+            "fastacc": plan_fast_accum, "deepk": plan_deep_k}.get(
         args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
     if args.skip:
         jobs = [j for j in jobs if not re.search(args.skip, j[2])]

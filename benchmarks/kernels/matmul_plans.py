@@ -37,7 +37,9 @@ SHAPES = {  # name: (K, N rows of the weight, fused gate+up)
 }
 # Not in the default --shapes: the 8B gate+up weight as one plain [2F, K] GEMM, which is how
 # the engine runs it above FP8_GATE_UP_EPILOGUE_MAX_M rows (SwiGLU in an XLA fusion after).
-EXTRA_SHAPES = {"8b_gate_up_2f": (4096, 28672, False)}
+EXTRA_SHAPES = {"8b_gate_up_2f": (4096, 28672, False),
+                # 70B projections the deep-K steps take besides up / o (plan_deep_k)
+                "70b_down": (28672, 8192, False), "70b_qkv": (8192, 10240, False)}
 
 
 def tri(bm, bn, bk, K, N_out, M, kind, gate_up, warps=4, stages=4, fp8_dot=False,
@@ -310,6 +312,23 @@ def plan_fast_accum(ms, shapes):
             for st in sorted({max(2, eng.num_stages - 1), eng.num_stages}):
                 c = dataclasses.replace(eng, fast_accum=True, num_stages=st)
                 jobs.append((sname, M, "tri_w8a8_fastacc", "w8a8", "triton_k", c))
+    return jobs
+
+
+def plan_deep_k(ms, shapes):
+    """Session 14: session 12's deep K steps (512 K a step, mma.sync) against the 256-deep
+    steps the engine takes with them off — which since session 13 run the FP8 dot on wgmma
+    (fast accum) — kernel alone, in the same run; only shapes / M where the two differ."""
+    jobs = []
+    for M in ms:
+        for sname in shapes:
+            K, N, gu = {**SHAPES, **EXTRA_SHAPES}[sname]
+            n_out = N // 2 if gu else N
+            on = fp8_decode_config(M, K, n_out, gu, "none", deep_k=True)
+            off = fp8_decode_config(M, K, n_out, gu, "none", deep_k=False)
+            if on != off:
+                jobs.append((sname, M, "tri_w8a8_deepk_on", "w8a8", "triton_k", on))
+                jobs.append((sname, M, "tri_w8a8_deepk_off", "w8a8", "triton_k", off))
     return jobs
 
 

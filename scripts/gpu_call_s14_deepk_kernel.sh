@@ -5,12 +5,12 @@
 #     faster end to end with them off): bench_matmul --plan deepk.
 # (2) the engine's logits with / without fast accum against XLA W8A16
 #     (check_fast_accum_engine.py; call 1's greedy tokens on / off parted at token 1-17).
-#   OUT=... bash scripts/gpu_call_s14_deepk_kernel.sh   (limit 480 s)
+#   OUT=... bash scripts/gpu_call_s14_deepk_kernel.sh   (limit 420 s)
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh
-TAIL=30 run mm-deepk 200 python3 -u benchmarks/kernels/bench_matmul.py --plan deepk \
+TAIL=30 run mm-deepk 175 python3 -u benchmarks/kernels/bench_matmul.py --plan deepk \
   --ms 1,16 --shapes 70b_up,70b_o,70b_down,70b_qkv,8b_down --ceilings bw --compile-first \
-  --budget 170 --out "$OUT/records/mm"
-TAIL=16 run fa-logits 240 python3 -u benchmarks/kernels/check_fast_accum_engine.py \
+  --budget 140 --out "$OUT/records/mm"
+TAIL=16 run fa-logits 210 python3 -u benchmarks/kernels/check_fast_accum_engine.py \
   --out "$OUT/records/fast_accum"

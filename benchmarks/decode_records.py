@@ -26,9 +26,10 @@ def records(label: str, summary: dict, meta: dict, command: str) -> list[dict]:
         for key, x in r.items():
             if not (key.startswith("b") and key[1:].isdigit() and isinstance(x, dict)):
                 continue
-            cfg = {"run": label, "model": summary.get("model", meta.get("model")),
-                   "backend": backend, "batch": int(key[1:]), "weight_bytes": r["weight_bytes"],
-                   "patches": summary.get("patches", {}), **meta}
+            cfg = {"run": label, "backend": backend, "batch": int(key[1:]),
+                   "weight_bytes": r["weight_bytes"], "patches": summary.get("patches", {}),
+                   **{k: summary[k] for k in ("model", "ctx", "steps") if k in summary},
+                   **meta}
             for kind in KINDS:
                 if f"tpot_ms_{kind}" in x:
                     out.append({"name": f"gpu_decode_tpot_ms_{kind}", "value": x[f"tpot_ms_{kind}"],

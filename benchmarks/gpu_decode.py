@@ -268,7 +268,8 @@ def main() -> None:
     import jax
 
     summary = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
-               "peer": peer, "patches": patches}
+               "peer": peer, "patches": patches, "model": ns.model, "ctx": ns.ctx,
+               "steps": ns.steps}
     summary["ceilings"] = {"copy_GBps": 4300.0} if ns.quick else ceilings()
     print("ceilings", summary["ceilings"], flush=True)
     try:

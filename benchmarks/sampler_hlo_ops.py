@@ -121,12 +121,13 @@ def main() -> int:
     ap.add_argument("--draw-method", default="threefry",
                     help="comma list of sampling.DRAW_METHOD values (threefry, hash)")
     ap.add_argument("--select-method", default="topk",
-                    help="comma list of sampling_filters.SELECT_METHOD values (topk, sort)")
+                    help="comma list of sampling_topk.SELECT_METHOD values (topk, sort)")
     a = ap.parse_args()
     import jax
 
     from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
     print(f"backend {jax.default_backend()}, vocab {a.vocab} (a proxy: see the docstring)")
     print("| variant | S | method | fusions | ops | executed ops | sorts | whiles |")
@@ -136,7 +137,7 @@ def main() -> int:
     for variant in a.variants:
         for S in a.batches:
             for method, draw, select in methods:
-                sf.BUFFER_METHOD, sampling.DRAW_METHOD, sf.SELECT_METHOD = method, draw, select
+                sf.BUFFER_METHOD, sampling.DRAW_METHOD, topk.SELECT_METHOD = method, draw, select
                 c = count_ops(compiled_text(variant, S, a.vocab))
                 name = "/".join(v for v, d in ((method, ""), (draw, "threefry"),
                                                (select, "topk")) if v != d)

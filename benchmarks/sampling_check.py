@@ -5,7 +5,7 @@
 Fresh random inputs (seed printed and recorded). Checks, each a line of the table printed
 last and a record ``sampling_check`` (value: failed checks) under ``--out``:
 
-1. select: ``sampling_filters.SELECT_METHOD`` "sort" against "topk" (the TopK stages) at
+1. select: ``sampling_topk.SELECT_METHOD`` "sort" against "topk" (the TopK stages) at
    B = 1 and 256: ``top_chunks(x, 64)`` buffers and ids, ``top_values(x, 20)`` ids and values
    and ``buffered_cutoffs`` (top_k 50, top_p 0.9) equal bit for bit; the top-20 ids equal a
    stable numpy argsort on 4 rows. Logits N(0, 3^2) rounded to 0.05 (ties). The full
@@ -53,8 +53,9 @@ MIXES = {"temperature": dict(temperature=0.8), "top_p": dict(temperature=0.8, to
 def set_methods(draw: str, select: str, floor: bool = False) -> None:
     from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
-    sampling.DRAW_METHOD, sf.SELECT_METHOD, sf.NUCLEUS_FLOOR = draw, select, floor
+    sampling.DRAW_METHOD, topk.SELECT_METHOD, sf.NUCLEUS_FLOOR = draw, select, floor
 
 
 def sampler():
@@ -71,6 +72,7 @@ def check_select(rng, V: int) -> list[tuple[str, bool, str]]:
     import jax.numpy as jnp
 
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
     out = []
     for B in (1, 256):
@@ -80,7 +82,7 @@ def check_select(rng, V: int) -> list[tuple[str, bool, str]]:
         got = {}
         for m in ("topk", "sort"):
             set_methods("threefry", m)
-            f = jax.jit(lambda x, k, p: (sf.top_chunks(x, 64), sf.top_values(x, 20),
+            f = jax.jit(lambda x, k, p: (topk.top_chunks(x, 64), topk.top_values(x, 20),
                                          sf.buffered_cutoffs(x, jnp.max(x, -1), k, p)))
             got[m] = jax.tree.map(np.asarray, f(x, k, p))
         same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got["topk"]),

@@ -36,7 +36,8 @@ own programs), ``all`` (``SamplerNeeds()``: the all-True variant for every batch
 with device-side conds as the runner called it before the split (mode ``file``).
 One record per row in benchmarks/results/ (value: device us; config: the other columns).
 
-Search configurations (``jaxinfer.sampling_filters``' tunables, set before compiling):
+Search configurations (``jaxinfer.sampling_filters``' and ``sampling_topk``'s tunables, set
+before compiling):
 ``--search-pivots 3,7,15`` (thresholds per pass of a full-vocabulary search),
 ``--buffer-pivots 7,15`` (the same in the buffer of rows with a small top-k),
 ``--buffer-method search,sort,topk`` (how that buffer decides:
@@ -49,7 +50,7 @@ times each configuration with the jnp searches and with the Pallas kernel
 it takes the first of each list); "auto" is the kernel on a GPU, jnp elsewhere. A case whose
 compiled program is the same as one already timed (the tunable does not reach that mix) is not
 timed again. ``--draw-method threefry,hash`` (``sampling.DRAW_METHOD``: the Gumbel noise) and
-``--select-method topk,sort`` (``sampling_filters.SELECT_METHOD``: how chunks and the top-20
+``--select-method topk,sort`` (``sampling_topk.SELECT_METHOD``: how chunks and the top-20
 logprobs are ranked) and ``--nucleus-floor 0,1`` (``sampling_filters.NUCLEUS_FLOOR``: the
 nucleus search starts at a floor known to pass) and ``--compact`` (``threshold_search.COMPACT``:
 the nucleus kernel finishes on a copy of its bracket) add to the cross product.
@@ -217,11 +218,12 @@ def _ints(text: str) -> list[int]:
 
 
 def search_configs(a) -> list[dict]:
-    """The sampling_filters tunables to time, one dict each (``name`` + module values)."""
+    """The sampler tunables to time, one dict each (``name`` + module values)."""
     import jax
 
     from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
     methods = [m for m in a.buffer_method.split(",") if m]
     for m in methods:
@@ -237,7 +239,7 @@ def search_configs(a) -> list[dict]:
     gpu = jax.default_backend() == "gpu"
     configs = []
     for impl in impls:
-        base = dict(BUFFER_TOP_K=sf.TOPK_STAGED, CHUNKED_TOP_VALUES=True, SEARCH_IMPL=impl)
+        base = dict(BUFFER_TOP_K=topk.TOPK_STAGED, CHUNKED_TOP_VALUES=True, SEARCH_IMPL=impl)
         if impl == "pallas" or (impl == "auto" and gpu):  # the kernel: no jnp pivots
             configs += [dict(name=f"pallas{pp or ''}" + (f"/{m}" if tag else ""),
                              PIVOTS=search_pivots[0], BUFFER_PIVOTS=buffer_pivots[0],
@@ -253,8 +255,8 @@ def search_configs(a) -> list[dict]:
         if m not in sampling.DRAW_METHODS:
             raise SystemExit(f"--draw-method {m!r}: one of {sampling.DRAW_METHODS}")
     for m in selects:
-        if m not in sf.SELECT_METHODS:
-            raise SystemExit(f"--select-method {m!r}: one of {sf.SELECT_METHODS}")
+        if m not in topk.SELECT_METHODS:
+            raise SystemExit(f"--select-method {m!r}: one of {topk.SELECT_METHODS}")
     floors = [bool(int(v)) for v in a.nucleus_floor.split(",")]
     chunks = [int(v) for v in a.reduce_chunks.split(",")]
     configs = [dict(c, name=c["name"] + (f"/{d}" if draws != ["threefry"] else "")
@@ -315,7 +317,7 @@ def main() -> int:
     ap.add_argument("--draw-method", default="threefry",
                     help="comma list of sampling.DRAW_METHOD values: threefry, hash")
     ap.add_argument("--select-method", default="topk",
-                    help="comma list of sampling_filters.SELECT_METHOD values: topk, sort")
+                    help="comma list of sampling_topk.SELECT_METHOD values: topk, sort")
     ap.add_argument("--nucleus-floor", default="0",
                     help="comma list of sampling_filters.NUCLEUS_FLOOR values: 0, 1")
     ap.add_argument("--reduce-chunks", default="0",
@@ -340,6 +342,7 @@ def main() -> int:
 
     from jaxinfer import sampling
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
     from pallas_kernels.sampling import threshold_search
 
     a.search_pivots = a.search_pivots or str(sf.PIVOTS)
@@ -362,9 +365,14 @@ def main() -> int:
             print(f"deadline {a.deadline_s:.0f} s reached: remaining cases skipped", flush=True)
             break
         for k, v in cfg.items():
-            if k != "name":
-                setattr(sampling if k in ("DRAW_METHOD", "REDUCE_CHUNKS")
-                        else threshold_search if k == "COMPACT" else sf, k, v)
+            if k == "name":
+                continue
+            mod = (sampling if k in ("DRAW_METHOD", "REDUCE_CHUNKS")
+                   else threshold_search if k == "COMPACT"
+                   else topk if k in ("SELECT_METHOD", "CHUNKED_TOP_VALUES") else sf)
+            if not hasattr(mod, k):  # set on the module that reads it, never on a copy
+                raise SystemExit(f"{k} is not a tunable of {mod.__name__}")
+            setattr(mod, k, v)
         case = Case(sampler, "cond" if mode == "file" else mode, B, a.vocab,
                     MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache,
                     tuple(sorted(cfg.items())))

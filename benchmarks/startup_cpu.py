@@ -42,7 +42,7 @@ DEPTH_PROGRAMS = PROGRAMS[:4]
 # ------------------------------------------------------------------ child processes
 def _runner(model: str, **engine):
     from jaxinfer.compile import abstract_runner, model_config_of
-    from jaxinfer.engine import engine_config_for
+    from jaxinfer.engine_config import engine_config_for
 
     mc = model_config_of(model)
     return abstract_runner(mc, engine_config_for(mc, engine)), mc
@@ -107,7 +107,7 @@ def child_methods(a: dict) -> dict:
 
 def runner_ec(model: str, scan: bool | None):
     from jaxinfer.compile import model_config_of
-    from jaxinfer.engine import engine_config_for
+    from jaxinfer.engine_config import engine_config_for
 
     return engine_config_for(model_config_of(model), {"scan_layers": scan})
 

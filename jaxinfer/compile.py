@@ -148,7 +148,7 @@ def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:
     """A ModelRunner over ShapeDtypeStruct weights and KV pool: it lowers and compiles the
     engine's programs for ``ec`` without allocating either (8B/70B shapes on a small host)."""
     from jaxinfer.compile_kv import abstract_net
-    from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.engine_config import _resolve_dtype
     from jaxinfer.kv_sizing import resolve_kv_dtype
     from jaxinfer.layers.attention import get_backend
     from jaxinfer.runner import ModelRunner

@@ -103,9 +103,10 @@ _NOT_IN_PROGRAMS = ("eos_token_ids", "bos_token_id", "name")
 # Sources whose code enters the traced programs (the runner's import closure; a test checks
 # that list). Host-only modules (engine, scheduler, loading, ...) do not invalidate a cache.
 PROGRAM_SOURCES = ("jaxinfer/batch.py", "jaxinfer/config.py", "jaxinfer/layers", "jaxinfer/models",
-                   "jaxinfer/quantization.py", "jaxinfer/row_reduce.py", "jaxinfer/runner.py",
-                   "jaxinfer/sampling.py", "jaxinfer/sampling_filters.py",
+                   "jaxinfer/order_keys.py", "jaxinfer/quantization.py", "jaxinfer/row_reduce.py",
+                   "jaxinfer/runner.py", "jaxinfer/sampling.py", "jaxinfer/sampling_filters.py",
                    "jaxinfer/sampling_noise.py", "jaxinfer/sampling_params.py",
+                   "jaxinfer/sampling_penalties.py", "jaxinfer/sampling_topk.py",
                    "pallas_kernels")
 
 

@@ -35,7 +35,7 @@ def describe(model: str, mc: ModelConfig, ec: EngineConfig, programs: list[Progr
              sizing: Any = None) -> str:
     """Header of ``jaxinfer compile``: model, KV pool memory (with ``sizing``, a
     ``kv_sizing.KVSizing``: how its page count was chosen) and program counts."""
-    from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.engine_config import _resolve_dtype
     from jaxinfer.kv_sizing import kv_scale_bytes, resolve_kv_dtype
     from jaxinfer.layers.attention import get_backend
     from jaxinfer.models.params import param_shapes
@@ -144,7 +144,7 @@ def cmd_compile(ns: Any) -> int:
     try:
         from jaxinfer import cli
         from jaxinfer.compile_cache import MANIFEST
-        from jaxinfer.engine import engine_config_for
+        from jaxinfer.engine_config import engine_config_for
 
         args = cli._engine_args(ns)
         args.pop("compile_cache_dir", None)

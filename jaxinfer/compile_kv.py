@@ -63,7 +63,7 @@ def abstract_net(model_config: ModelConfig, ec: EngineConfig, num_layers: int | 
     import jax
     from flax import nnx
 
-    from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.engine_config import _resolve_dtype
     from jaxinfer.models.params import param_shapes
     from jaxinfer.models.transformer import CausalLM, model_options
 
@@ -138,7 +138,7 @@ def size_for_compile(model_config: ModelConfig, ec: EngineConfig) -> KVSizing:
     Raises ConfigError when the budget cannot hold one ``max_model_len`` sequence."""
     import numpy as np
 
-    from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.engine_config import _resolve_dtype
 
     dtype = np.dtype(_resolve_dtype(ec.dtype))
     if ec.num_kv_pages is not None:

@@ -146,7 +146,7 @@ class EngineConfig:
       page_buckets: compiled block-table widths in pages (powers of two from 16 pages up to
         max_pages_per_seq when empty); short contexts run in narrow programs. With the Pallas
         kernels (which read only a sequence's own pages) the engine defaults to the one
-        width max_pages_per_seq: see ``engine.engine_config_for``.
+        width max_pages_per_seq: see ``engine_config.engine_config_for``.
       prefill_seq_buckets: sequence rows of the prefill programs (powers of two up to
         max_prefill_seqs when empty; the Pallas default is max_prefill_seqs alone).
       dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on

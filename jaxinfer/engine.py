@@ -8,7 +8,6 @@ block_size=..., max_num_seqs=..., dtype=...)``, ``engine.add_request(prompt, Sam
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -22,11 +21,12 @@ from flax import nnx
 
 from jaxinfer import engine_logits
 from jaxinfer.batch import SlotTable, StepInputs, build_step
-from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
+from jaxinfer.config import ModelConfig
 from jaxinfer.engine_async import plan_next_decode
+from jaxinfer.engine_config import _resolve_dtype, engine_config_for
 from jaxinfer.input_batch import InputBatch
 from jaxinfer.kv_sizing import size_for_engine
-from jaxinfer.layers.attention import get_backend, resolve_backend_name
+from jaxinfer.layers.attention import get_backend
 from jaxinfer.models.params import fp8_names
 from jaxinfer.models.transformer import CausalLM, model_options
 from jaxinfer.outputs import (
@@ -55,38 +55,6 @@ class _Launched(NamedTuple):
 
 class RequestError(ValueError):
     """A request cannot be accepted (empty or too-long prompt, bad parameters)."""
-
-
-def _resolve_dtype(name: str) -> Any:
-    if name == "auto":
-        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
-    if name not in ("float32", "bfloat16"):
-        raise ConfigError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {name!r}")
-    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
-
-
-def engine_config_for(model_config: ModelConfig, engine_args: dict[str, Any]) -> EngineConfig:
-    """The EngineConfig the engine runs ``model_config`` with (max_model_len defaults to
-    min(2048, the model's context)). Raises ConfigError for bad or too-large values."""
-    args = dict(engine_args)
-    args.setdefault("max_model_len", min(2048, model_config.max_position_embeddings))
-    ec = EngineConfig(**args)
-    if resolve_backend_name(ec.attention_backend) in ("pallas", "pallas_mgpu"):  # paged kernels
-        # The Pallas kernels read only each sequence's own pages and rows, so block-table
-        # width and prefill row count cost nothing: one compiled width and row count instead
-        # of a grid of them (134 -> 17 programs for the default 8B set; vLLM's block table
-        # is likewise [max_num_seqs, max_blocks_per_seq]). The jnp reference gathers every
-        # page of the table, so it keeps the narrow buckets.
-        narrow = {}
-        if not engine_args.get("page_buckets"):
-            narrow["page_buckets"] = (ec.max_pages_per_seq,)
-        if not engine_args.get("prefill_seq_buckets"):
-            narrow["prefill_seq_buckets"] = (ec.max_prefill_seqs,)
-        ec = dataclasses.replace(ec, **narrow)
-    if ec.max_model_len > model_config.max_position_embeddings:
-        raise ConfigError(f"max_model_len {ec.max_model_len} exceeds the model's context "
-                          f"length {model_config.max_position_embeddings}")
-    return ec
 
 
 class LLMEngine:

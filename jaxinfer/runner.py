@@ -45,11 +45,11 @@ from jaxinfer.sampling import (
     SAMPLER_VARIANTS,
     SampleOutput,
     SamplerNeeds,
-    load_token_history,
     sample_rows,
     sampler_bucket,
     sampler_variant,
 )
+from jaxinfer.sampling_penalties import load_token_history
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def _make_sampler(needs: SamplerNeeds):
 # twin of an async one, a benchmark's next configuration, the test suite's many engines) takes
 # them from memory instead of tracing and compiling them again. Their shapes carry everything
 # they depend on (S, V, num_slots, the pool's); ``jax.clear_caches()`` drops them, and a
-# change to a module constant read while tracing (sampling_filters' tunables) needs it.
+# change to a module constant read while tracing (the sampling_* modules' tunables) needs it.
 _SHARED_SAMPLERS = {name: _make_sampler(needs) for name, needs in SAMPLER_VARIANTS.items()}
 _SHARED = {HISTORY: jax.jit(load_token_history, donate_argnums=(0,)),
            COPY: jax.jit(copy_pages, donate_argnums=(0,)), GATHER: jax.jit(_gather_tokens)}

@@ -19,19 +19,16 @@ value and its nucleus by an exact threshold search (fused multi-pivot reductions
 the H200, XLA's TopK kernel costs more per call at vocab 128k than a pass of the search),
 over the row's 64 best chunks of 64 logits (at V = 128256) when its top-k is at most 64, else
 over the vocabulary; the 20 best logprobs come from the 20 best chunks by two ``lax.top_k`` of
-at most 16 (no sort on XLA:GPU). Each row takes its path from its own parameters whatever the
-program, so a row's floats do not depend on its neighbours.
+at most 16 (no sort on XLA:GPU; :mod:`jaxinfer.sampling_topk`). Each row takes its path from
+its own parameters whatever the program, so a row's floats do not depend on its neighbours.
 
 Each row draws from its own key, ``fold_in(key(seed), sample_index)``, so a request's tokens
 depend only on its seed and the index of the token being sampled -- not on the batch it lands
 in, its row or its bucket (vLLM's per-request generators, made functional).
 
-Penalty state lives on the device: ``counts`` [N + 1, V] int32, one row per persistent slot
-(the engine gives every running sequence a slot; row N is a scratch row for padding and rows
-that do not sample). Bits 0-29 count the token in the output so far; bit 30 flags it as
-present in the prompt. The step adds each sampled token to its row; the engine (re)loads a
-row from the host with :func:`load_token_history` when a sequence with penalties is admitted
-(its prompt may come from the prefix cache and was never fed through a step).
+Penalty state lives on the device, in ``counts`` (one packed row of token counts per
+persistent slot, :mod:`jaxinfer.sampling_penalties`): the step adds each sampled token to
+its row.
 
 Work no row of the batch needs is skipped by static flags (:class:`SamplerNeeds`: penalties,
 temperature and draw, top-k search, top-p search, logprobs, full-vocabulary search), so the
@@ -65,17 +62,12 @@ import numpy as np
 from jaxinfer import sampling_filters, sampling_noise
 from jaxinfer.batch import Bucket, SamplingArrays
 from jaxinfer.row_reduce import row_argmax, row_max
-from jaxinfer.sampling_filters import (
-    TOPK_FAST,
-    buffered_cutoffs,
-    kth_largest,
-    nucleus_cut,
-    top_values,
-)
+from jaxinfer.sampling_filters import buffered_cutoffs, kth_largest, nucleus_cut
 from jaxinfer.sampling_params import MAX_LOGPROBS
+from jaxinfer.sampling_penalties import apply_penalties
+from jaxinfer.sampling_topk import top_values
 
-__all__ = ["COUNT_MASK", "PROMPT_FLAG", "SAMPLER_VARIANTS", "TOPK_FAST", "SampleOutput",
-           "SamplerNeeds", "apply_penalties", "load_token_history", "sample", "sample_rows",
+__all__ = ["SAMPLER_VARIANTS", "SampleOutput", "SamplerNeeds", "sample", "sample_rows",
            "sampler_bucket", "sampler_variant"]
 
 NEG_INF = -jnp.inf
@@ -90,8 +82,6 @@ DRAW_METHODS = ("threefry", "hash")
 # (jaxinfer.row_reduce; exact, same results); 0: XLA's one-stage reductions. H200 (session 7,
 # 128 chunks): 2-10 % slower in every sampler mix (XLA's own row reductions already stream).
 REDUCE_CHUNKS = 0
-PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
-COUNT_MASK = PROMPT_FLAG - 1  # bits holding the number of occurrences in the output
 
 
 class SampleOutput(NamedTuple):
@@ -239,25 +229,6 @@ def sampler_bucket(num_seqs: int, variant: str) -> Bucket:
     return Bucket(variant, num_seqs, num_seqs, 0)
 
 
-def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.Array,
-                    presence: jax.Array, frequency: jax.Array) -> jax.Array:
-    """Repetition, frequency and presence penalties (vLLM ``apply_penalties``).
-
-    Args:
-      logits: [S, V] float32.  counts_rows: [S, V] int32 packed counts (module docstring).
-      repetition / presence / frequency: [S] float32 (1, 0, 0 leave a row unchanged, bit for
-        bit; a repetition penalty <= 0, which SamplingParams never gives, counts as 1).
-    Returns:
-      [S, V] float32 penalized logits.
-    """
-    out_counts = (counts_rows & COUNT_MASK).astype(jnp.float32)
-    seen = counts_rows != 0  # in the prompt or in the output
-    rp = jnp.where(repetition > 0, repetition, 1.0)[:, None]  # 0 (all-zero inputs) = off
-    logits = jnp.where(seen, jnp.where(logits > 0, logits / rp, logits * rp), logits)
-    return (logits - frequency[:, None] * out_counts
-            - presence[:, None] * (out_counts > 0).astype(jnp.float32))
-
-
 _When = Callable[[str, Callable[[], Any], Callable[[], Any]], Any]
 
 
@@ -335,7 +306,8 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
     Args:
       logits: [S, V] raw logits (any float dtype; computed in float32).
       sp: per-row parameters, each [S] ([S, 2] uint32 seeds); see ``batch.SamplingArrays``.
-      counts: [N + 1, V] int32 packed token counts (module docstring); row N is scratch.
+      counts: [N + 1, V] int32 packed token counts (:mod:`jaxinfer.sampling_penalties`);
+        row N is scratch.
       needs: static flags covering the parts the batch needs (``SamplerNeeds.of``, or a
         variant of ``SAMPLER_VARIANTS`` covering it: what the runner passes), or None to
         decide on the device with ``lax.cond`` (module docstring: each one is a host sync on
@@ -368,28 +340,6 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
                  jnp.zeros((S, K), jnp.float32)))
     counts = counts.at[slots, tokens].add((slots < N).astype(jnp.int32))
     return SampleOutput(tokens, chosen, top_i, top_v), counts
-
-
-def load_token_history(counts: jax.Array, slot: jax.Array, token_ids: jax.Array,
-                       num_prompt: jax.Array) -> jax.Array:
-    """Overwrite row ``slot`` of ``counts`` with the counts of one sequence's tokens.
-
-    Args:
-      counts: [N + 1, V] int32 packed counts.  slot: int32 scalar row.
-      token_ids: [L] int32 the sequence's tokens, prompt first; -1 pads.
-      num_prompt: int32 scalar, how many leading tokens are the prompt.
-    Returns:
-      the updated counts (prompt tokens flagged, output tokens counted).
-    """
-    V = counts.shape[1]
-    pos = jnp.arange(token_ids.shape[0])
-    valid = (token_ids >= 0) & (token_ids < V)
-    prompt = pos < num_prompt
-    row = jnp.zeros((V,), jnp.int32).at[jnp.where(valid & ~prompt, token_ids, V)].add(
-        1, mode="drop")
-    flag = jnp.zeros((V,), jnp.int32).at[jnp.where(valid & prompt, token_ids, V)].max(
-        PROMPT_FLAG, mode="drop")
-    return jax.lax.dynamic_update_slice(counts, (row | flag)[None, :], (slot, 0))
 
 
 def sample(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,

@@ -1,11 +1,8 @@
-"""Sort-free exact top-k / top-p cut-offs and top-K logprobs for the on-device sampler.
+"""Sort-free exact top-k / top-p cut-offs for the on-device sampler.
 
 A full sort of the vocabulary is what made sampling expensive at large batch: on XLA:GPU
 ``jnp.sort`` of [256, 128256] float32 and ``lax.top_k`` with k > 16 (a sort there too) take
-milliseconds. XLA:GPU keeps only ``lax.top_k`` with k <= 16 on a dedicated kernel
-(``TOPK_FAST``; xla ``topk_specializer.cc``: "CustomCall TopK requires k <= 16 and n >= 1024",
-larger k is decomposed into sort + slice), and on the H200 at vocab 128k that kernel took
-~0.15-0.26 ms per call at batch 1 and ~0.4-0.65 ms at batch 256 (benchmarks/RESULTS.md). So:
+milliseconds (XLA:GPU's TopK kernel takes k <= 16 only: :mod:`jaxinfer.sampling_topk`). So:
 
 * every filtering row finds its cut-offs by a threshold search over values instead of a sort
   (the idea of FlashInfer's sorting-free ``top_k_mask_logits`` / ``top_p_renorm_probs`` pivot
@@ -13,15 +10,17 @@ larger k is decomposed into sort + slice), and on the H200 at vocab 128k that ke
   threshold t with ``count(x >= t) >= k``; the top-p cut is the largest present value t with
   ``mass(x >= t) >= top_p * mass(top-k)``. Each pass of the search compares every element
   with ``PIVOTS`` thresholds at once (one fused reduction over the vocabulary) and narrows a
-  bracket in the order-preserving integer image of float32 by a factor ``PIVOTS + 1``; after
-  ``SEARCH_PASSES`` passes the bracket is one value. The threshold found is exactly the one
-  the rule defines (no tolerance, no iteration cap), for any input: ties, -inf, +-0;
+  bracket in the order-preserving integer image of float32 (:mod:`jaxinfer.order_keys`) by a
+  factor ``PIVOTS + 1``; after ``SEARCH_PASSES`` passes the bracket is one value. The
+  threshold found is exactly the one the rule defines (no tolerance, no iteration cap), for
+  any input: ties, -inf, +-0;
 * rows with a small top-k (0 < k <= ``BUFFER_TOP_K`` = 64) search only their top-64 chunks
-  (:func:`top_chunks`, :func:`buffered_cutoffs`): chunks of :func:`chunk_size` (64 at
-  V = 128256: 2004 chunks, enough for XLA:GPU's TopK kernel) consecutive logits, ranked by
-  their maxima. Every element above the k-th value lies in the k best chunks
-  (a left-out chunk has k chunks ranked above it, each holding an element at least its
-  maximum), so the k-th value and the top-p cut within the top-k are decided exactly on a
+  (:func:`~jaxinfer.sampling_topk.top_chunks`, :func:`buffered_cutoffs`): chunks of
+  :func:`~jaxinfer.sampling_topk.chunk_size` (64 at V = 128256: 2004 chunks, enough for
+  XLA:GPU's TopK kernel) consecutive logits, ranked by their maxima. Every element above the
+  k-th value lies in the k best chunks (a left-out chunk has k chunks ranked above it, each
+  holding an element at least its maximum), so the k-th value and the top-p cut within the
+  top-k are decided exactly on a
   [S, 64 * 64] buffer: one pass over the vocabulary (the chunk maxima), 4 TopK stages over the
   [S, V / 64] maxima, a gather, then the searches over 4096 elements per row instead of V.
   Rows without top-k (top-p alone) or with a larger one search the vocabulary (the host flag
@@ -29,9 +28,9 @@ larger k is decomposed into sort + slice), and on the H200 at vocab 128k that ke
   in the buffer by one sort of its [S, 4096] uint32 order keys instead (``"topk"``: its 64
   best by four TopK stages), reading the k-th value and the nucleus off the 64 best values
   (:func:`sorted_cutoffs`): a fixed handful of kernels where the two 8-pass searches launch a
-  few kernels per pass (H200, B = 1: 119 kernels, launch-bound); same kept sets;
-* the K = 20 best logprobs come from :func:`top_values`: the 20 best chunks in row order, then
-  two ``lax.top_k`` of at most 16 over their 1280 elements.
+  few kernels per pass (H200, B = 1: 119 kernels, launch-bound); same kept sets.
+
+The top-K logprobs come from :func:`jaxinfer.sampling_topk.top_values` (no search).
 
 Cost model per search at B = 256, V = 128256 float32 (131 MB per read of the logits; H200
 ~4.3 TB/s, ~30 us a read): a full-vocabulary search is ``search_passes(P)`` passes, each one
@@ -72,20 +71,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-TOPK_FAST = 16  # XLA:GPU's TopK kernel takes k <= 16 (n >= 1024); larger k is a sort there
-TOPK_STAGED = 4 * TOPK_FAST  # top_values finds up to this many best in TOPK_FAST-sized stages
+from jaxinfer import sampling_topk
+from jaxinfer.order_keys import key_value, order_key
+from jaxinfer.sampling_topk import staged_top_values, top_chunks
+
 # Tunables, read at trace time (benchmarks/sampling_cost.py sweeps them; the cost model is in
 # the module docstring). PIVOTS: thresholds compared per pass of a full-vocabulary search (the
 # bracket shrinks by PIVOTS + 1 per pass); BUFFER_PIVOTS: the same for searches over a gathered
-# buffer; CHUNK: elements per chunk; BUFFER_TOP_K: rows with 0 < top_k <= this search the
-# gathered top-BUFFER_TOP_K chunks instead of the vocabulary (0: never; then PIVOTS = 15 is the
-# method of 76a6e80); CHUNKED_TOP_VALUES: top_values looks only at its best K chunks.
+# buffer; BUFFER_TOP_K: rows with 0 < top_k <= this search the gathered top-BUFFER_TOP_K chunks
+# (sampling_topk.top_chunks) instead of the vocabulary (0: never; then PIVOTS = 15 is the
+# method of 76a6e80).
 PIVOTS = 7  # H200, B=256 top-p search: 3 / 7 / 15 pivots 1,552 / 1,352 / 1,428 us
 BUFFER_PIVOTS = 15
-CHUNK = 64  # at most; halved until a row has TOPK_MIN_N chunks (chunk_size)
-TOPK_MIN_N = 1024  # XLA:GPU's TopK kernel needs rows of >= 1024 elements (else a sort)
-BUFFER_TOP_K = TOPK_STAGED
-# How buffered_cutoffs decides in its [S, BUFFER_TOP_K * CHUNK] buffer: "search" (the threshold
+BUFFER_TOP_K = sampling_topk.TOPK_STAGED
+# How buffered_cutoffs decides in its [S, BUFFER_TOP_K * chunk] buffer: "search" (the threshold
 # search, 2 x search_passes(BUFFER_PIVOTS) sequential passes over the buffer: each a few
 # kernels, launch-bound at small batch), "sort" (one sort of the buffer per row, then the k-th
 # value and the nucleus read off its BUFFER_TOP_K best values: a fixed handful of kernels) or
@@ -95,18 +94,6 @@ BUFFER_TOP_K = TOPK_STAGED
 # B=1 325 / 239 / 466 us, B=256 963 / 629 / 989 us -> "sort".
 BUFFER_METHOD = "sort"
 BUFFER_METHODS = ("search", "sort", "topk")
-CHUNKED_TOP_VALUES = True
-# How top_chunks ranks the chunk maxima and top_values the gathered buffer: "topk" (the
-# TOPK_FAST-sized lax.top_k stages of _staged_top_values: 4 TopK kernels for 64 chunks, 2 + 2
-# for the top-20 logprobs; H200 session 6 found such stages slow at batch 1: ~55 us a stage
-# over [1, 4096]) or "sort" (one lax.sort per selection: the [S, C] maxima with their chunk
-# ids, the [S, K * chunk] logprobs buffer with its token ids). Same chunks kept (for
-# the cut-offs any choice of the n best is exact) and the same top-K ids and values, ties to
-# the lower index, except that "sort" ranks -FLT_MAX above -inf where the stages tie them.
-# H200 (session 7, RESULTS.md "Sampling cost"), with DRAW_METHOD "hash" and NUCLEUS_FLOOR:
-# top_k + top_p B=1 236 -> 70 us, everything at once B=1 340 -> 105 us, B=256 721 -> 472 us.
-SELECT_METHOD = "sort"
-SELECT_METHODS = ("topk", "sort")
 # NUCLEUS_FLOOR: nucleus_cut starts its bracket at nucleus_floor (a value known to pass) rather
 # than at the k-th value: the same cut in fewer passes where the floor is well above kth.
 # H200 (session 7): top_p alone B=256 895 -> 849 us, B=1 101 -> 93 us.
@@ -132,24 +119,6 @@ def search_passes(pivots: int) -> int:
         width = -(-width // (pivots + 1))
         n += 1
     return n
-
-
-def order_key(x: jax.Array) -> jax.Array:
-    """float32 -> uint32 with ``a < b  <=>  key(a) < key(b)`` for non-NaN floats (-0.0 -> +0.0)."""
-    x = jnp.where(x == 0, jnp.zeros_like(x), x)
-    b = jax.lax.bitcast_convert_type(x, _U32)
-    return jnp.where((b >> 31) == 1, ~b, b | _U32(0x80000000))
-
-
-def key_value(k: jax.Array) -> jax.Array:
-    """Inverse of :func:`order_key`: uint32 key -> float32 (anything equal to 0 -> +0.0).
-
-    A backend that treats subnormals as zero (XLA:CPU) lets a search end on a subnormal key
-    that compares equal to 0; it comes back as 0.
-    """
-    b = jnp.where((k >> 31) == 1, k & _U32(0x7FFFFFFF), ~k)
-    v = jax.lax.bitcast_convert_type(b, jnp.float32)
-    return jnp.where(v == 0, jnp.zeros_like(v), v)
 
 
 def search_impl() -> str:
@@ -283,72 +252,17 @@ def nucleus_floor(top: jax.Array, kth: jax.Array, k: jax.Array, top_p: jax.Array
     return jnp.where((top_p <= FLOOR_MAX_P) & (t > kth), t, kth)
 
 
-def chunk_size(V: int) -> int:
-    """Chunk length for rows of V: CHUNK, halved until there are TOPK_MIN_N chunks (the TopK
-    over the chunk maxima stays on XLA:GPU's TopK kernel) or it is 1."""
-    c = CHUNK
-    while c > 1 and -(-V // c) < TOPK_MIN_N:
-        c //= 2
-    return c
-
-
-def _chunked(x: jax.Array, chunk: int) -> jax.Array:
-    """[S, V] -> [S, C, chunk], C = ceil(V / chunk), the tail padded with -inf."""
-    S, V = x.shape
-    C = -(-V // chunk)
-    if C * chunk != V:
-        x = jnp.pad(x, ((0, 0), (0, C * chunk - V)), constant_values=NEG_INF)
-    return x.reshape(S, C, chunk)
-
-
-def top_chunks(x: jax.Array, n: int, chunk: int | None = None,
-               ascending: bool = False) -> tuple[jax.Array, jax.Array]:
-    """The ``n`` chunks of each row with the largest maxima, gathered.
-
-    Chunks are ``chunk`` consecutive elements (default ``chunk_size(V)``; the tail is padded
-    with -inf). Ranked by their maxima as :func:`top_values` ranks values, ties to the lower chunk.
-    Any element among the k largest of its row (k <= n; ties to the lower index, as
-    ``lax.top_k``) lies in these chunks, and every element larger than the k-th largest chunk
-    maximum too: a chunk left out has n chunks ranked above it, each with a maximum at least
-    as large (and earlier on a tie). All chunks when there are at most ``n``.
-
-    Args:
-      x: [S, V] float32 without NaN.  n: int >= 1.
-      ascending: order the chunks by position (else by rank) -- positions in the buffer then
-        keep the order of positions in the row.
-    Returns:
-      buffer [S, n' * chunk] float32, chunk ids [S, n'] int32 (n' = min(n, C)).
-    """
-    c = chunk_size(x.shape[1]) if chunk is None else chunk
-    xc = _chunked(x, c)
-    S, C, _ = xc.shape
-    if n >= C:
-        return xc.reshape(S, C * c), jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (S, C))
-    if SELECT_METHOD not in SELECT_METHODS:
-        raise ValueError(f"SELECT_METHOD {SELECT_METHOD!r}: one of {SELECT_METHODS}")
-    maxima = jnp.max(xc, axis=-1)  # [S, C]
-    if SELECT_METHOD == "sort":
-        ids = sorted_best(maxima, jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (S, C)), n)
-    else:
-        _, ids = _staged_top_values(maxima, n)  # [S, C] -> [S, n]
-    if ascending:  # rank of each id among the row's ids -> its slot (n x n compares)
-        rank = jnp.sum(ids[:, None, :] < ids[:, :, None], axis=-1)  # [S, n]
-        ids = jnp.sum(jnp.where(rank[:, :, None] == jnp.arange(n)[None, None, :],
-                                ids[:, :, None], 0), axis=1)
-    buf = jnp.take_along_axis(xc, ids[:, :, None], axis=1)  # [S, n, c]
-    return buf.reshape(S, n * c), ids.astype(jnp.int32)
-
-
 def buffered_cutoffs(x: jax.Array, top: jax.Array, k: jax.Array, top_p: jax.Array | None,
                      n: int | None = None) -> tuple[jax.Array, jax.Array]:
     """[S] k-th largest value and [S] top-p cut (as :func:`kth_largest` then
     :func:`nucleus_cut`) for rows with k <= n, searched in the row's top-n chunks only.
 
     Exact: every element above the k-th largest chunk maximum -- so every element above the
-    k-th largest value, which is at least that maximum -- lies in the buffer (:func:`top_chunks`),
-    and the buffer has at least k elements at least that maximum; so ``count(x >= t) >= k``
-    and ``mass(x >= t)`` agree with the full row's for every t the searches decide on (only the
-    order of the float32 mass sums differs). A pass reads n * CHUNK elements per row instead of V.
+    k-th largest value, which is at least that maximum -- lies in the buffer
+    (:func:`~jaxinfer.sampling_topk.top_chunks`), and the buffer has at least k elements at
+    least that maximum; so ``count(x >= t) >= k`` and ``mass(x >= t)`` agree with the full
+    row's for every t the searches decide on (only the order of the float32 mass sums
+    differs). A pass reads n * ``sampling_topk.chunk_size(V)`` elements per row instead of V.
 
     Args:
       x: [S, V] float32 without NaN.  top: [S] row maxima.  k: [S] int32 in [1, min(n, V)].
@@ -365,7 +279,7 @@ def buffered_cutoffs(x: jax.Array, top: jax.Array, k: jax.Array, top_p: jax.Arra
             # hand such a sort to CUB; a float sort's comparator orders -0.0 / NaN by hand)
             best = key_value(~jnp.sort(~order_key(buf), axis=-1)[:, :m])
         else:
-            best = _staged_top_values(buf, m)[0]
+            best = staged_top_values(buf, m)[0]
         return sorted_cutoffs(best, top, k, top_p)
     kth = kth_largest(buf, top, k, BUFFER_PIVOTS)
     if top_p is None:
@@ -407,75 +321,3 @@ def sorted_cutoffs(best: jax.Array, top: jax.Array, k: jax.Array,
     first = jnp.sum(in_k & (cum < target[:, None]), axis=1)  # positions before i*
     cut = jnp.take_along_axis(best, jnp.minimum(first, k - 1)[:, None], axis=1)[:, 0]
     return kth, cut
-
-
-def top_values(x: jax.Array, K: int) -> tuple[jax.Array, jax.Array]:
-    """``lax.top_k(x, K)`` without a sort on XLA:GPU for K <= TOPK_STAGED.
-
-    With ``CHUNKED_TOP_VALUES``, the K best chunks (:func:`top_chunks`, kept in row order) are
-    gathered first and only that buffer (K * chunk_size(V) elements) is ranked: one pass over
-    the row (the chunk maxima) instead of one per TOPK_FAST stage; same values, indices and tie
-    order as below (the K best, ties to the lower index, all lie in those chunks).
-    """
-    S, V = x.shape
-    c = chunk_size(V)
-    if (not CHUNKED_TOP_VALUES or K > TOPK_STAGED or -(-V // c) <= K
-            or K * c < TOPK_MIN_N):  # the buffer's TopK would be a sort on XLA:GPU
-        return _staged_top_values(x, K)
-    if SELECT_METHOD == "sort":  # one sort of the buffer by (value, token id)
-        buf, ids = top_chunks(x, K, c)
-        tok = (ids[:, :, None] * c + jnp.arange(c, dtype=jnp.int32)).reshape(S, K * c)
-        idx = sorted_best(buf, tok, K)
-        return jnp.take_along_axis(x, idx, axis=-1), idx
-    buf, ids = top_chunks(x, K, c, ascending=True)
-    _, pos = _staged_top_values(buf, K)  # positions in the buffer, in row order
-    idx = jnp.take_along_axis(ids, pos // c, axis=-1) * c + pos % c
-    return jnp.take_along_axis(x, idx, axis=-1), idx
-
-
-def sorted_best(x: jax.Array, ids: jax.Array, n: int) -> jax.Array:
-    """[S, n] int32 ``ids`` of the n largest values of each row of ``x``, best first, ties to
-    the lower id: one ``lax.sort`` by (descending order key, ascending id) (SELECT_METHOD
-    "sort"). -0.0 ties with +0.0; -inf ranks below -FLT_MAX.
-
-    Args:
-      x: [S, N] float32 without NaN.  ids: [S, N] int32, distinct within a row.  n <= N.
-    """
-    _, out = jax.lax.sort((~order_key(x), ids), dimension=1, num_keys=2)
-    return out[:, :n]
-
-
-def _staged_top_values(x: jax.Array, K: int) -> tuple[jax.Array, jax.Array]:
-    """``lax.top_k(x, K)`` without a sort on XLA:GPU for K <= TOPK_STAGED.
-
-    The TOPK_FAST best, then the TOPK_FAST best of the rest, and so on: values in descending
-    order, among equal values the lower index first, -inf included. Unlike ``lax.top_k``, whose
-    total order ranks +0.0 above -0.0 (and -FLT_MAX above -inf), -0.0 ties with +0.0 (and -inf
-    with -FLT_MAX). Each stage after the first costs a pass that writes the row with the
-    values taken so far removed. Larger K is ``lax.top_k`` itself.
-
-    Args:
-      x: [S, V] float32 without NaN.  K: int <= V.
-    Returns:
-      values [S, K] float32 (taken from ``x``), indices [S, K] int32.
-    """
-    if K <= TOPK_FAST or K > TOPK_STAGED:
-        return jax.lax.top_k(x, K)
-    # Ranked as: -0.0 as +0.0, -inf as the lowest finite float, so that the values taken can
-    # be set to -inf below everything left.
-    y = jnp.where(x == 0, jnp.zeros_like(x), x)
-    y = jnp.where(y == NEG_INF, jnp.finfo(jnp.float32).min, y)
-    col = jnp.arange(x.shape[-1])[None, :]
-    v, i = jax.lax.top_k(y, TOPK_FAST)
-    idx = [i]
-    for start in range(TOPK_FAST, K, TOPK_FAST):
-        # Remove the stage before: above its last value, and its ties up to its last index.
-        # (Reductions, not slices, of the top_k outputs: XLA rewrites top_k into sort + slice
-        # and back into its TopK kernel only while the sort's sole users are [0, k) slices.)
-        last_v = jnp.min(v, axis=-1, keepdims=True)
-        last_i = jnp.max(jnp.where(v == last_v, i, -1), axis=-1, keepdims=True)
-        y = jnp.where((y > last_v) | ((y == last_v) & (col <= last_i)), NEG_INF, y)
-        v, i = jax.lax.top_k(y, min(TOPK_FAST, K - start))
-        idx.append(i)
-    top_i = jnp.concatenate(idx, axis=-1)
-    return jnp.take_along_axis(x, top_i, axis=-1), top_i

@@ -55,7 +55,7 @@ def add_parser(sub: Any, add_common: Any) -> None:
 def parse_ceilings(text: str, dtype: str = "auto") -> dict[str, float] | None:
     """``--ceilings``: None for 'none', measured for 'measure' (matmul in the engine's
     ``dtype``), else 'GB/s,TFLOP/s'."""
-    from jaxinfer.engine import _resolve_dtype
+    from jaxinfer.engine_config import _resolve_dtype
 
     if text == "none":
         return None

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
-from jaxinfer.sampling_filters import key_value
+from jaxinfer.order_keys import key_value
 
 U32 = jnp.uint32
 LO = 0x007FFFFF  # order_key(-inf): the k-th search's lower bound

@@ -68,7 +68,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxinfer.sampling_filters import key_value, order_key, search_passes
+from jaxinfer.order_keys import key_value, order_key
+from jaxinfer.sampling_filters import search_passes
 from pallas_kernels.sampling.search_steps import (
     LO,
     NPARAM,

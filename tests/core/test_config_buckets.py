@@ -4,7 +4,7 @@ import pytest
 
 from jaxinfer.compile import enumerate_programs
 from jaxinfer.config import ConfigError, EngineConfig, ModelConfig
-from jaxinfer.engine import engine_config_for
+from jaxinfer.engine_config import engine_config_for
 
 MC = ModelConfig(family="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
                  num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)

@@ -1,6 +1,6 @@
-"""Sort-free cut-offs (sampling_filters) against numpy sorts on random rows with ties, -inf and
-+-0, the sampler's host/device decision modes against each other, and the lowered program
-(no sort, no conditional when the flags come from the host)."""
+"""Sort-free cut-offs and top values (sampling_filters, sampling_topk) against numpy sorts on
+random rows with ties, -inf and +-0, the sampler's host/device decision modes against each
+other, and the lowered program (no sort, no conditional when the flags come from the host)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,10 @@ import numpy as np
 import pytest
 
 from jaxinfer.batch import SamplingArrays
+from jaxinfer.order_keys import key_value, order_key
 from jaxinfer.sampling import SamplerNeeds, sample_rows
-from jaxinfer.sampling_filters import (
-    BUFFER_TOP_K,
-    TOPK_FAST,
-    TOPK_STAGED,
-    key_value,
-    kth_largest,
-    nucleus_cut,
-    order_key,
-    top_values,
-)
+from jaxinfer.sampling_filters import BUFFER_TOP_K, kth_largest, nucleus_cut
+from jaxinfer.sampling_topk import TOPK_FAST, TOPK_STAGED, top_values
 
 
 def _tied_rows(rng, S: int, V: int) -> np.ndarray:
@@ -185,9 +178,10 @@ def test_static_program_has_no_sort_no_conditional_and_only_small_top_k(monkeypa
     (SELECT_METHOD "topk") the program has no sort at all; the "sort" methods' sorts (the
     defaults) are test_sort_method_sorts_only_the_buffer and test_sampling_noise's."""
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
     monkeypatch.setattr(sf, "BUFFER_METHOD", "search")
-    monkeypatch.setattr(sf, "SELECT_METHOD", "topk")
+    monkeypatch.setattr(topk, "SELECT_METHOD", "topk")
     text = _lowered(SamplerNeeds())
     assert "stablehlo.sort" not in text
     assert "stablehlo.case" not in text and "stablehlo.if" not in text
@@ -227,11 +221,11 @@ def test_cutoffs_keep_the_sorted_sets_with_small_chunks(seed, dtype, method, mon
     random rows with ties, -inf, +-0, keep exactly the tokens a sort keeps, whichever
     BUFFER_METHOD decides in the buffer. Chunks of 4 so that the top-chunk selection is
     exercised at V = 300 (CHUNK = 128 covers the row there)."""
-    from jaxinfer import sampling, sampling_filters
+    from jaxinfer import sampling, sampling_filters, sampling_topk
 
     monkeypatch.setattr(sampling_filters, "BUFFER_METHOD", method)
-    monkeypatch.setattr(sampling_filters, "CHUNK", 4)
-    monkeypatch.setattr(sampling_filters, "TOPK_MIN_N", 0)  # keep chunks of 4 at V = 300
+    monkeypatch.setattr(sampling_topk, "CHUNK", 4)
+    monkeypatch.setattr(sampling_topk, "TOPK_MIN_N", 0)  # keep chunks of 4 at V = 300
     monkeypatch.setattr(sampling_filters, "BUFFER_TOP_K", 24)
     rng = np.random.default_rng(100 + seed)
     S, V = 24, 300
@@ -268,6 +262,7 @@ def test_buffered_kth_and_nucleus_equal_the_full_search(seed, method, monkeypatc
     every k up to the buffer's, on tied rows (the k-th value exactly; the cut's kept set),
     whichever BUFFER_METHOD decides in the buffer."""
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
     monkeypatch.setattr(sf, "BUFFER_METHOD", method)
 
@@ -279,8 +274,8 @@ def test_buffered_kth_and_nucleus_equal_the_full_search(seed, method, monkeypatc
     k[:3] = [1, n, n]
     p = rng.choice([1e-7, 0.3, 0.8, 1.0], S).astype(np.float32)
     top = x.max(-1)
-    monkeypatch.setattr(sf, "CHUNK", 4)
-    monkeypatch.setattr(sf, "TOPK_MIN_N", 0)
+    monkeypatch.setattr(topk, "CHUNK", 4)
+    monkeypatch.setattr(topk, "TOPK_MIN_N", 0)
     args = tuple(map(jnp.asarray, (x, top, k, p)))
     kth_b, cut_b = jax.jit(lambda x, t, k, p: sf.buffered_cutoffs(x, t, k, p, n))(*args)
     kth_f = jax.jit(sf.kth_largest)(*args[:3])
@@ -302,6 +297,7 @@ def test_buffer_methods_agree_and_rows_do_not_depend_on_their_batch(method, monk
     kept set, on rows with ties, -inf, +-0 and k = 1, k = n, p -> 0 and p = 1; a row's
     cut-offs alone equal its cut-offs in the batch, bit for bit."""
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
     rng = np.random.default_rng(7)
     S, V, n = 12, 203, 9
@@ -314,8 +310,8 @@ def test_buffer_methods_agree_and_rows_do_not_depend_on_their_batch(method, monk
     p = rng.choice([1e-7, 0.3, 0.8, 1.0], S).astype(np.float32)
     p[:4] = [1e-7, 1.0, 1e-7, 1.0]
     args = tuple(map(jnp.asarray, (x, x.max(-1), k, p)))
-    monkeypatch.setattr(sf, "CHUNK", 4)
-    monkeypatch.setattr(sf, "TOPK_MIN_N", 0)
+    monkeypatch.setattr(topk, "CHUNK", 4)
+    monkeypatch.setattr(topk, "TOPK_MIN_N", 0)
 
     def run(m, *a):
         monkeypatch.setattr(sf, "BUFFER_METHOD", m)
@@ -345,14 +341,15 @@ def test_sort_method_sorts_only_the_buffer(method, select, monkeypatch):
     (the default) adds one sort of the chunk maxima (padded to the buffer's width at most)
     and takes no TopK stage for the chunks; neither sorts anything of the vocabulary's size."""
     from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
     monkeypatch.setattr(sf, "BUFFER_METHOD", method)
-    monkeypatch.setattr(sf, "SELECT_METHOD", select)
+    monkeypatch.setattr(topk, "SELECT_METHOD", select)
     S, V = 8, 128256
     text = _lowered(SamplerNeeds(full_search=False, logprobs=False), V=V, S=S)
     sorts = re.findall(r"stablehlo.sort.*?\) -> tensor<(\d+)x(\d+)x(?:f32|ui32)>", text, re.S)
     ks = [int(k) for k in re.findall(r"top_k\(.*?k = (\d+)", text)]
-    width = BUFFER_TOP_K * sf.chunk_size(V)
+    width = BUFFER_TOP_K * topk.chunk_size(V)
     n_sorts = (method == "sort") + (select == "sort")
     assert text.count("stablehlo.sort") == n_sorts
     assert [tuple(map(int, s)) for s in sorts] == [(S, width)] * n_sorts
@@ -378,15 +375,15 @@ def test_search_is_exact_for_any_pivot_count(pivots):
 def test_chunked_top_values_equal_lax_top_k(V, K, chunk, monkeypatch):
     """top_values through the K best chunks: lax.top_k's indices (ties to the lower index,
     -0.0 as +0.0), on tied rows and rows with fewer finite values than K."""
-    from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
-    monkeypatch.setattr(sf, "CHUNK", chunk)
-    monkeypatch.setattr(sf, "TOPK_MIN_N", 0)
+    monkeypatch.setattr(topk, "CHUNK", chunk)
+    monkeypatch.setattr(topk, "TOPK_MIN_N", 0)
     rng = np.random.default_rng(V + K + chunk)
     x = _tied_rows(rng, 6, V)
     x[2, : V - 5] = -np.inf
     x[3] = np.round(rng.standard_normal(V), 0).astype(np.float32)  # few values, many ties
-    vals, idx = jax.jit(sf.top_values, static_argnums=1)(jnp.asarray(x), K)
+    vals, idx = jax.jit(topk.top_values, static_argnums=1)(jnp.asarray(x), K)
     want_idx = np.asarray(jax.lax.top_k(jnp.asarray(np.where(x == 0, 0.0, x)), K)[1])
     np.testing.assert_array_equal(np.asarray(idx), want_idx)
     np.testing.assert_array_equal(np.asarray(vals), np.take_along_axis(x, want_idx, -1))
@@ -395,8 +392,8 @@ def test_chunked_top_values_equal_lax_top_k(V, K, chunk, monkeypatch):
 def test_chunk_size_keeps_xla_gpu_topk_rows_long_enough():
     """At V = 128256 chunks of 64 (2004 maxima, a 1280-element top-20 buffer: both >= 1024,
     XLA:GPU's TopK kernel, no sort); smaller vocabularies get shorter chunks."""
-    from jaxinfer import sampling_filters as sf
+    from jaxinfer import sampling_topk as topk
 
-    assert sf.chunk_size(128256) == 64 and sf.chunk_size(32000) == 16
-    assert -(-128256 // 64) >= sf.TOPK_MIN_N and 20 * 64 >= sf.TOPK_MIN_N
-    assert sf.chunk_size(100) == 1
+    assert topk.chunk_size(128256) == 64 and topk.chunk_size(32000) == 16
+    assert -(-128256 // 64) >= topk.TOPK_MIN_N and 20 * 64 >= topk.TOPK_MIN_N
+    assert topk.chunk_size(100) == 1

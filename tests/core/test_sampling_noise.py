@@ -1,5 +1,5 @@
 """The sampler's draw candidates (issue #7): DRAW_METHOD "hash" (counter-hash Gumbel noise,
-jaxinfer/sampling_noise.py) and SELECT_METHOD "sort" (jaxinfer/sampling_filters.py) --
+jaxinfer/sampling_noise.py) and SELECT_METHOD "sort" (jaxinfer/sampling_topk.py) --
 distribution of the draws against the filtered distribution, independence of consecutive
 draws, seeded invariance across batches and buckets, and equality of the selections."""
 
@@ -13,6 +13,7 @@ from scipy import stats
 
 from jaxinfer import sampling
 from jaxinfer import sampling_filters as sf
+from jaxinfer import sampling_topk as topk
 from jaxinfer.batch import SamplingArrays
 from jaxinfer.sampling_noise import bits_to_uniform, hash_uniform, row_words
 
@@ -22,7 +23,7 @@ P_MIN = 1e-4  # chi-square p-value below which a draw is called biased
 @pytest.fixture
 def hashed(monkeypatch):
     monkeypatch.setattr(sampling, "DRAW_METHOD", "hash")
-    monkeypatch.setattr(sf, "SELECT_METHOD", "sort")
+    monkeypatch.setattr(topk, "SELECT_METHOD", "sort")
 
 
 def _rows(S: int, V: int, index, **kw) -> SamplingArrays:
@@ -42,7 +43,7 @@ def _tokens(logits: np.ndarray, sa: SamplingArrays, counts=None) -> np.ndarray:
     as jit's trace cache does not see module switches."""
     S, V = logits.shape
     counts = np.zeros((S + 1, V), np.int32) if counts is None else counts
-    key = (sampling.DRAW_METHOD, sf.SELECT_METHOD)
+    key = (sampling.DRAW_METHOD, topk.SELECT_METHOD)
     if key not in _JITS:
         _JITS[key] = jax.jit(lambda *a: sampling.sample_rows(*a))
     out, _ = _JITS[key](jnp.asarray(logits, jnp.float32), SamplingArrays(*map(jnp.asarray, sa)),
@@ -140,9 +141,9 @@ def test_select_sort_matches_topk_stages(monkeypatch):
     x[1, ::7] = -0.0
     x[2, :5000] = 9.0  # many ties at the top
     got = {}
-    for m in sf.SELECT_METHODS:
-        monkeypatch.setattr(sf, "SELECT_METHOD", m)
-        f = jax.jit(lambda x: (sf.top_chunks(x, 64), sf.top_values(x, 20)))
+    for m in topk.SELECT_METHODS:
+        monkeypatch.setattr(topk, "SELECT_METHOD", m)
+        f = jax.jit(lambda x: (topk.top_chunks(x, 64), topk.top_values(x, 20)))
         got[m] = jax.tree.map(np.asarray, f(jnp.asarray(x)))
     for a, b in zip(jax.tree.leaves(got["topk"]), jax.tree.leaves(got["sort"])):
         np.testing.assert_array_equal(a, b)

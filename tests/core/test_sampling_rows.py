@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from jaxinfer.batch import SamplingArrays
-from jaxinfer.sampling import PROMPT_FLAG, load_token_history, sample_rows
+from jaxinfer.sampling import sample_rows
+from jaxinfer.sampling_penalties import PROMPT_FLAG, load_token_history
 
 V = 64
 N_SLOTS = 6
@@ -214,7 +215,7 @@ def test_all_zero_inputs_are_greedy_rows():
 def test_top_k_fast_path_and_sort_path_agree():
     # A row with top_k <= TOPK_FAST is cut from lax.top_k alone, or from the full sort when a
     # neighbour needs it (top_p without top_k): the same tokens either way, all allowed.
-    from jaxinfer.sampling import TOPK_FAST
+    from jaxinfer.sampling_topk import TOPK_FAST
 
     W = 4 * TOPK_FAST
     rng = np.random.default_rng(13)

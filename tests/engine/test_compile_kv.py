@@ -23,7 +23,8 @@ from jaxinfer.compile_kv import (
     weights_device_bytes,
 )
 from jaxinfer.config import ConfigError, EngineConfig
-from jaxinfer.engine import LLMEngine, engine_config_for
+from jaxinfer.engine import LLMEngine
+from jaxinfer.engine_config import engine_config_for
 from jaxinfer.kv_sizing import kv_page_bytes, profile_activation_bytes
 from jaxinfer.loading import DUMMY_CONFIGS
 from jaxinfer.models.params import FP8_PROJECTIONS, param_shapes

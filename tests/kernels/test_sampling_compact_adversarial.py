@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from jaxinfer import sampling_filters as sf
+from jaxinfer.order_keys import key_value, order_key
 from pallas_kernels.sampling import threshold_search as ts
 from tests.kernels.cuda_lowering import lower_for_cuda
 from tests.kernels.test_sampling_search import GEO, _np_kept
@@ -202,8 +203,8 @@ def test_the_zero_row_s_setting():
     -1e-30, and so does the compacting kernel while it never copies (capacity 19)."""
     args, lo = _ZERO_ARGS()
     assert float(args[2][0]) == -_T and float(lo[0]) == -_T  # the sampler starts at kth
-    piv = ts.pivot_keys(sf.order_key(args[2])[0], sf.order_key(args[1])[0], 7)
-    assert int(piv[3]) == 0x80000000 and float(sf.key_value(piv[2])) < -1e-30
+    piv = ts.pivot_keys(order_key(args[2])[0], order_key(args[1])[0], 7)
+    assert int(piv[3]) == 0x80000000 and float(key_value(piv[2])) < -1e-30
     kept, gap = _np_kept(_ZERO_ROW[0], 42, 0.8)
     assert gap > 1e-4 and _ZERO_ROW[0][kept].min() == np.float32(-1e-30) and kept.sum() == 41
     assert float(jax.jit(sf.nucleus_cut)(*args)[0]) == np.float32(-1e-30)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from jaxinfer import sampling_filters as sf
+from jaxinfer.order_keys import order_key
 from pallas_kernels.sampling import threshold_search as ts
 from tests.kernels.cuda_lowering import lower_for_cuda
 
@@ -164,7 +165,7 @@ def test_bad_inputs_raise():
 def test_default_pivots_and_the_lower_bound_key():
     assert ts.default_pivots(1) == 3 and ts.default_pivots(256) == 7
     assert ts.default_pivots(1, split=True) == 7
-    assert int(sf.order_key(jnp.float32(-jnp.inf))) == ts._LO
+    assert int(order_key(jnp.float32(-jnp.inf))) == ts._LO
 
 
 def test_search_impl_dispatch_and_the_sampler_on_the_kernel(monkeypatch):

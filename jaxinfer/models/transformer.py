@@ -94,12 +94,14 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
         from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
         from pallas_kernels.matmul.row_quant import norm_quant_fp8
 
+        env = kernel_env_key()
         if fp8_takes_quantized_x(h.shape[0], h.shape[1], w[name].shape[0], gate_up):
             xq, xs = norm_quant_fp8(h, norm, eps, interpret=interpret)
             return _fp8_kernel_linear(xq, w[name], scale, gate_up=gate_up, interpret=interpret,
-                                      x_scale=xs, out_dtype=h.dtype)
+                                      x_scale=xs, out_dtype=h.dtype, env=env)
         h = h if norm is None else rms_norm(h, norm, eps)
-        return _fp8_kernel_linear(h, w[name], scale, gate_up=gate_up, interpret=interpret)
+        return _fp8_kernel_linear(h, w[name], scale, gate_up=gate_up, interpret=interpret,
+                                  env=env)
     if gate_up:
         raise ValueError(f"_proj: gate_up needs the FP8 kernels and a per-channel scale ({name})")
     h = h if norm is None else rms_norm(h, norm, eps)
@@ -108,14 +110,27 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
     return fp8_weight_linear(h, w[name], scale)
 
 
-@functools.partial(jax.jit, static_argnames=("gate_up", "interpret", "out_dtype"))
+def kernel_env_key() -> tuple[tuple[str, str], ...]:
+    """The kernel environment switches in effect (jaxinfer.compile_cache.kernel_env), as a
+    hashable static argument of the module-level kernel ``jit``s: their trace caches outlive
+    an engine, and the switches are read while tracing, so without it an engine built after
+    a switch changed in the same process would reuse the traces made under the old value.
+    Raises ConfigError for a value a switch does not take."""
+    from jaxinfer.compile_cache import kernel_env
+
+    return tuple(sorted(kernel_env().items()))
+
+
+@functools.partial(jax.jit, static_argnames=("gate_up", "interpret", "out_dtype", "env"))
 def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up: bool = False,
                        interpret: bool = False, x_scale: jax.Array | None = None,
-                       out_dtype: jnp.dtype | None = None) -> jax.Array:
+                       out_dtype: jnp.dtype | None = None,
+                       env: tuple[tuple[str, str], ...] = ()) -> jax.Array:
     """pallas_kernels.matmul.fp8_plan.fp8_engine_linear under its own ``jit``: the unrolled layers'
     calls of one shape share one traced and lowered function (XLA inlines it), so a kernel's
     Python lowering runs once per shape, not once per layer. Lowering a Mosaic GPU GEMM took
-    0.4-1 s a call: an 8B prefill program with 128 of them compiled in ~130 s, not ~20 s."""
+    0.4-1 s a call: an 8B prefill program with 128 of them compiled in ~130 s, not ~20 s.
+    ``env``: :func:`kernel_env_key` where the call is traced (part of the trace cache key)."""
     from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
 
     return fp8_engine_linear(h, w_nk, scale, gate_up=gate_up, interpret=interpret,

@@ -240,3 +240,33 @@ def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatc
     calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+)(, %\w+)?\)", text)
     assert len(calls) == 4 * cfg.num_layers
     assert sum(1 for _, w in calls if w) == 2 * cfg.num_layers  # the normed ones
+
+
+def test_a_kernel_switch_changed_in_process_retraces_the_fp8_gemm(monkeypatch):
+    """The engine's FP8 GEMMs sit under a module-level ``jit`` (transformer._fp8_kernel_linear)
+    whose traces outlive an engine, and the kernel switches are read while tracing: a switch
+    changed between two engines of one process must give the second its own trace (session 14:
+    an in-process fast-accum on / off A/B got the first engine's trace for every engine)."""
+    from jaxinfer.models import transformer as T
+
+    seen = []
+    real = fp8_plan.fp8_engine_linear
+
+    def spy(*args, **kwargs):  # runs only while _fp8_kernel_linear traces
+        seen.append(fp8_plan._fp8_decode_fast_accum())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fp8_plan, "fp8_engine_linear", spy)
+    M, K, N = 3, 128, 96  # a shape no other test traces
+    h = jax.random.normal(jax.random.key(7), (M, K), F32).astype(jnp.bfloat16)
+    wq, ws = quantize_rows_fp8(jax.random.normal(jax.random.key(8), (N, K), F32) / 16)
+    w = {"wq": wq, "wq_scale": ws}
+    outs = []
+    for value in ("on", "off", "on", "off"):
+        monkeypatch.setenv("JAXINFER_FP8_DECODE_FAST_ACCUM", value)
+        outs.append(np.asarray(T._proj(h, w, "wq", kernels=True, interpret=True), np.float32))
+    assert seen == [True, False]  # one trace per value, reused when the value comes back
+    ref = np.asarray(linear_ref(*quantize_rows_fp8(h)[:1], wq, ws, quantize_rows_fp8(h)[1],
+                                out_dtype=F32))
+    for out in outs:
+        assert out.shape == (M, N) and np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2

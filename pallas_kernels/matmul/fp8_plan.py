@@ -82,8 +82,14 @@ FP8_GATE_UP_EPILOGUE_MAX_M = 16
 # Session 12 (call 4, the kernel alone as the engine calls it; record
 # matmul_h200_s12call4_deepk-20261202.json): 70b_up M=1 59.2 vs 73.6 us (3.97 vs 3.19 TB/s),
 # M=16 60.5 vs 73.8; 8b_down 19.1 / 19.5 vs 21.4 / 22.0; 70b_o 22.3 / 24.1 vs 23.5 / 24.5.
-# $JAXINFER_FP8_DECODE_DEEP_K=off restores the 256 / 4-stage tiles (an A/B end to end).
-FP8_DECODE_DEEP_K = True
+# Session 14 (NOTES_matmul "Session 14"): off by default again. Since session 13 the
+# 256-deep steps run the FP8 dot on wgmma (FP8_DECODE_FAST_ACCUM below) and the 512-deep ones
+# stay on mma.sync: 70B FP8 batch 1 end to end 18.97 ms a step without them vs 19.74 with
+# (call 2, one process each), kernel alone at one token 70B down 56.6 vs 57.4 us, 70B o
+# 19.2 vs 20.3, 8B down 17.2 vs 18.4 (call 3; only the unfused 70B up shape, which the engine
+# does not run — its gate_up is fused — still gains: 59.4 vs 66.5).
+# $JAXINFER_FP8_DECODE_DEEP_K=on takes the 512-deep steps (an A/B end to end).
+FP8_DECODE_DEEP_K = False
 FP8_DECODE_DEEP_K_MIN_STEPS = 4
 # Split-K and tiles of the decode GEMM (session 13's sweep, bench_matmul --plan tiles, H200,
 # record matmul_h200_s13call1_tiles-20261202.json; NOTES_matmul "Session 13"). "wave15":

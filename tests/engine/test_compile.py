@@ -371,7 +371,7 @@ def test_fingerprint_names_the_kernel_choices_read_from_the_environment(monkeypa
     # a variable set to its default is the same program: the same fingerprint
     monkeypatch.setenv("JAXINFER_FP8_DECODE_GEMM", "triton")
     monkeypatch.setenv("JAXINFER_DECODE_MERGE", "auto")
-    monkeypatch.setenv("JAXINFER_FP8_DECODE_DEEP_K", "on")
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_DEEP_K", "off")
     assert diff_fingerprints(a, fingerprint(DUMMY_CONFIGS["tiny-llama"], cfg, runner)) == []
 
 

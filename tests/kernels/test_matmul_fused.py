@@ -203,8 +203,10 @@ def test_decode_config_takes_deep_k_steps_only_for_large_weights_at_few_tokens()
     program still walks >= FP8_DECODE_DEEP_K_MIN_STEPS steps; the 256 / 4-stage tiles
     otherwise and with deep_k=False."""
     cfg = fp8_plan.fp8_decode_config
+    assert not fp8_plan.FP8_DECODE_DEEP_K  # off by default since session 14 (fp8_plan)
+    assert cfg(1, 8192, 28672, fuse="none").bk == 256
     for M, K, N in [(1, 8192, 28672), (16, 14336, 4096), (1, 8192, 8192), (1, 28672, 8192)]:
-        c = cfg(M, K, N, fuse="none")
+        c = cfg(M, K, N, fuse="none", deep_k=True)
         assert (c.bk, c.num_stages) == (512, 3) and K // (c.split_k * 512) >= 4, (M, K, N, c)
         old = cfg(M, K, N, fuse="none", deep_k=False, tiles="wave2")  # session 11's tiles
         assert (old.bk, old.num_stages) == (256, 4) and old.split_k >= c.split_k
@@ -235,7 +237,7 @@ def test_decode_tiles_wave15_against_wave2(monkeypatch):
         (64, 4096, 4096, False): (64, 256, 4, 3),     # 8B o
     }
     for (M, K, N, gu), want in picks.items():
-        c = cfg(M, K, N, gu, fuse="none", tiles="wave15")
+        c = cfg(M, K, N, gu, fuse="none", tiles="wave15", deep_k=True)  # as swept
         assert (c.bn, c.bk, c.split_k, c.num_stages) == want, (M, K, N, gu, c)
         old = cfg(M, K, N, gu, fuse="none", tiles="wave2", deep_k=M <= 16)
         programs = lambda t: -(-N // t.bn) * t.split_k  # noqa: E731
@@ -294,11 +296,11 @@ def test_deep_k_follows_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("M,N", [(1, 96), (13, 200)])
 def test_deep_k_config_matches_the_reference(M, N):
-    """The deep-K tiles the plan picks for the 70B up projection (512 K a step, 3 stages),
-    run at a small shape (K = 2048: 4 steps; split 1 and 2; ragged N) with W8A8 per-token x
+    """The deep-K tiles (opt-in since session 14) for the 70B up projection (512 K a step,
+    3 stages), run at a small shape (K = 2048: 4 steps; split 1 and 2; ragged N) with W8A8 per-token x
     scales as the engine calls it: equal to the float32 reference (interpret mode)."""
     K = 2048
-    big = fp8_plan.fp8_decode_config(M, 8192, 28672, fuse="none")
+    big = fp8_plan.fp8_decode_config(M, 8192, 28672, fuse="none", deep_k=True)
     assert (big.bk, big.num_stages) == (512, 3)
     x = rand(M + N, (M, K))
     wq, ws = fp8_weight(2 * M + N, N, K)
@@ -310,11 +312,13 @@ def test_deep_k_config_matches_the_reference(M, N):
         assert out.shape == ref.shape and rel_err(out, ref) < 1e-5, (split, rel_err(out, ref))
 
 
-def test_deep_k_and_wide_configs_lower_for_cuda_at_the_70b_shapes():
+@pytest.mark.parametrize("deep_k", [True, None])  # the opt-in and the default (off)
+def test_deep_k_and_wide_configs_lower_for_cuda_at_the_70b_shapes(deep_k):
     sds = jax.ShapeDtypeStruct
     for M, K, N in [(1, 8192, 28672), (1, 28672, 8192), (1, 8192, 10240), (64, 8192, 28672)]:
-        c = fp8_plan.fp8_decode_config(M, K, N, fuse="none")
-        assert c.bk == 512 if M == 1 else c.bn == 128
+        c = fp8_plan.fp8_decode_config(M, K, N, fuse="none", deep_k=deep_k)
+        assert c.bk == (512 if deep_k else 256) if M == 1 else c.bn == 128
+        assert c.fast_accum == (c.bk == 256)  # the default's 256-deep steps: wgmma
         text = lower_for_cuda(functools.partial(triton_linear, config=c),
                               sds((M, K), FP8), sds((N, K), FP8), sds((N,), F32),
                               sds((M,), F32))

@@ -91,6 +91,19 @@ def scores(model, env: dict, consts: dict, prompts: list[list[int]]) -> tuple[li
             setattr(fp8_plan, k, v)
 
 
+def to_records(summary: dict, command: str) -> list[dict]:
+    """The summary's rows as benchmark records (``fp8_engine_logits_rel_l2``, one per pair
+    and chunk size; top-1 agreement and the margins in the config)."""
+    recs = []
+    for r in summary["rows"]:
+        cfg = {k: v for k, v in r.items() if k != "rel_l2"}
+        cfg.update(model=summary["model"], check_ok=summary["check_ok"])
+        recs.append({"name": "fp8_engine_logits_rel_l2", "value": r["rel_l2"],
+                     "unit": "relative L2", "config": cfg, "device": summary["device"],
+                     "jax": summary["jax"], "date": summary.get("date"), "command": command})
+    return recs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/fast_accum")
@@ -125,8 +138,13 @@ def main() -> None:
         # the switch must have acted (else the comparison says nothing)
         ok = ok and all(rel[("fast_accum_on", "fast_accum_off", c)] > 0 for c in (64, 16))
     summary = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-               "model": ns.model, "rows": rows, "seconds": secs, "check_ok": ok}
+               "model": ns.model, "rows": rows, "seconds": secs, "check_ok": ok,
+               "date": time.strftime("%Y-%m-%d")}
     (out / "fast_accum_engine.json").write_text(json.dumps(summary, indent=1))
+    command = "PYTHONPATH=. python3 benchmarks/kernels/check_fast_accum_engine.py " + " ".join(
+        sys.argv[1:])
+    (out / "fast_accum_engine_records.json").write_text(
+        json.dumps(to_records(summary, command), indent=1))
     print(f"\n{'variant':>15} {'against':>15} {'rows':>4} {'rel L2':>9} {'top-1':>7}")
     for r in rows:
         print(f"{r['variant']:>15} {r['against']:>15} {r['chunk_rows']:>4} {r['rel_l2']:>9.2e} "

@@ -297,8 +297,9 @@ def test_deep_k_follows_the_environment(monkeypatch):
 @pytest.mark.parametrize("M,N", [(1, 96), (13, 200)])
 def test_deep_k_config_matches_the_reference(M, N):
     """The deep-K tiles (opt-in since session 14) for the 70B up projection (512 K a step,
-    3 stages), run at a small shape (K = 2048: 4 steps; split 1 and 2; ragged N) with W8A8 per-token x
-    scales as the engine calls it: equal to the float32 reference (interpret mode)."""
+    3 stages), run at a small shape (K = 2048: 4 steps; split 1 and 2; ragged N) with W8A8
+    per-token x scales as the engine calls it: equal to the float32 reference (interpret
+    mode)."""
     K = 2048
     big = fp8_plan.fp8_decode_config(M, 8192, 28672, fuse="none", deep_k=True)
     assert (big.bk, big.num_stages) == (512, 3)

@@ -26,6 +26,12 @@ in float32, or the bf16 engine for ``*-vs-bf16``):
                        ``fp8-channel``'s weights): how top-1 agreement and KL scale with the
                        size of the weight error, i.e. what error a format must stay under
                        for a given agreement;
+* ``fp8keep-<spec>``   ``fp8err-1`` (per-channel e4m3 weights, W8A16 math) except the
+                       projections / layers of :func:`keep_spec` (e.g. ``fp8keep-w_down``,
+                       ``fp8keep-L0+L-1``), which keep the checkpoint's values: where the
+                       FP8 error comes from, and what a mixed-precision "ignore" list (as
+                       compressed-tensors checkpoints carry) would buy; the records give
+                       ``kept_weight_fraction`` (of the projection weights);
 * ``fp8-gptq``         ``fp8-channel``'s layout and scales, each e4m3 value chosen by GPTQ
                        (jaxinfer/quantization_gptq.py: error compensation through the
                        inverse Hessian of each projection's calibration inputs, sequential,
@@ -128,6 +134,30 @@ def _quantize(w: np.ndarray, layout: int | str | None, seed: int | None):
     return jnp.clip(w / full, -FP8_MAX, FP8_MAX).astype(FP8), s
 
 
+def keep_spec(spec: str, num_layers: int):
+    """``fp8keep-<spec>``: "+"-joined projection names (``wq wk wv wo w_gate w_up w_down``)
+    and layer ranges (``L3``, ``L0:2`` = layers 0-1, negative from the end: ``L-1``) -> a
+    predicate ``keep(projection, layer)``: that weight stays at checkpoint precision, all
+    others get their per-channel e4m3 values (W8A16 math, as ``fp8err-1``). A projection
+    and a range in one spec keep their intersection. Raises ValueError naming a bad part."""
+    names, layers = set(), set()
+    for part in spec.split("+"):
+        if part.startswith("L"):
+            a, colon, b = part[1:].partition(":")
+            try:
+                lo = int(a) % num_layers
+                hi = (int(b) % num_layers if int(b) % num_layers else num_layers) \
+                    if colon else lo + 1
+            except ValueError:
+                raise ValueError(f"fp8keep-{spec}: bad layer range {part!r}") from None
+            layers.update(range(lo, hi))
+        elif part in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            names.add(part)
+        else:
+            raise ValueError(f"fp8keep-{spec}: {part!r} is neither a projection nor L<range>")
+    return lambda proj, i: (not names or proj in names) and (not layers or i in layers)
+
+
 @contextlib.contextmanager
 def act_quant(mode: str | None, plan_log: dict[str, str]):
     """Within: the FP8 projections of an engine built with ``matmul_backend="pallas"`` run on
@@ -188,15 +218,22 @@ def variant_model(loaded, variant: str, calibration: list[list[int]] | None = No
     if name == "bf16":
         return loaded, "bfloat16", "float32", None
     params = dict(loaded.params)
-    if name.startswith("fp8err-"):
-        frac = float(name.partition("-")[2])
+    if name.startswith(("fp8err-", "fp8keep-")):
+        keep = keep_spec(name.partition("-")[2], loaded.config.num_layers) \
+            if name.startswith("fp8keep-") else None
+        frac = 1.0 if keep else float(name.partition("-")[2])
+        kept = total = 0
         for k in FP8_PROJECTIONS:
             layers = []
-            for w in params[k]:
+            for i, w in enumerate(params[k]):
                 q, sc = _quantize(w, None, None)
                 deq = np.asarray(q, np.float32) * np.asarray(sc)[None, :]
-                layers.append(w + np.float32(frac) * (deq - w))
+                f = 0.0 if keep and keep(k.rpartition(".")[2], i) else frac
+                layers.append(w + np.float32(f) * (deq - w))
+                kept, total = kept + (f == 0.0) * w.size, total + w.size
             params[k] = np.stack(layers).astype(np.float32)
+        if info is not None and keep:
+            info["kept_weight_fraction"] = kept / total
         return (LoadedModel(loaded.config, params, loaded.tokenizer, loaded.source), "float32",
                 "float32", None)
     if name == "bf16-weights":
@@ -316,7 +353,9 @@ def main() -> None:
             cfg = {"model": m, "variant": v, "positions": r["positions"], "window": ns.window,
                    "baseline": f"checkpoint weights, {base} engine", "text": "pydoc_data.topics",
                    "activations": _activations(v), **({"gemm_plan": r["gemm_plan"]}
-                                                      if "gemm_plan" in r else {})}
+                                                      if "gemm_plan" in r else {}),
+                   **({"kept_weight_fraction": r["kept_weight_fraction"]}
+                      if "kept_weight_fraction" in r else {})}
             if "calibration_starts" in r:
                 cfg["calibration"] = {
                     "text": "pydoc_data.topics", "window": ns.window,

@@ -78,3 +78,31 @@ def test_gptq_calibration_windows_are_disjoint_from_the_evaluated_tokens() -> No
         calibration_windows(list(range(3000)), 1024, 512, 8)
     with pytest.raises(ValueError, match="calibration"):  # fp8-gptq needs calibration text
         variant_model(tiny_loaded("llama"), "fp8-gptq")
+
+
+def test_keep_variant_leaves_exactly_the_named_weights_at_checkpoint_precision() -> None:
+    """fp8keep-<spec>: fp8err-1's dequantized e4m3 weights except the named projections /
+    layers, which keep the checkpoint's values; the kept fraction is reported; a bad spec
+    raises naming the part."""
+    from benchmarks.fp8_accuracy import keep_spec
+
+    loaded = tiny_loaded("llama")
+    L = loaded.config.num_layers
+    full, *_ = variant_model(loaded, "fp8err-1")
+    info: dict = {}
+    m, dtype, base, act = variant_model(loaded, f"fp8keep-w_down+L{L - 1}", info=info)
+    assert (dtype, base, act) == ("float32", "float32", None)
+    for k, w in loaded.params.items():
+        if not k.startswith("layers.w") or k.endswith("_scale"):
+            continue
+        for i in range(L):
+            want = w[i] if (k == "layers.w_down" and i == L - 1) else full.params[k][i]
+            np.testing.assert_array_equal(m.params[k][i], want, err_msg=f"{k} layer {i}")
+    down = loaded.params["layers.w_down"][L - 1].size
+    total = sum(loaded.params[k].size for k in loaded.params
+                if k.startswith("layers.w") and not k.endswith("_scale"))
+    assert info["kept_weight_fraction"] == pytest.approx(down / total)
+    assert keep_spec("L0:2", 4)("wo", 1) and not keep_spec("L0:2", 4)("wo", 2)
+    assert keep_spec("L-1", 4)("wq", 3) and not keep_spec("wq", 4)("wk", 0)
+    with pytest.raises(ValueError, match="'w_foo'"):
+        keep_spec("w_foo", 4)

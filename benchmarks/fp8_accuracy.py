@@ -146,8 +146,7 @@ def keep_spec(spec: str, num_layers: int):
             a, colon, b = part[1:].partition(":")
             try:
                 lo = int(a) % num_layers
-                hi = (int(b) % num_layers if int(b) % num_layers else num_layers) \
-                    if colon else lo + 1
+                hi = (int(b) % num_layers or num_layers) if colon else lo + 1
             except ValueError:
                 raise ValueError(f"fp8keep-{spec}: bad layer range {part!r}") from None
             layers.update(range(lo, hi))

@@ -14,7 +14,8 @@ cp311 here):
 Prints, per config: registers, shared memory, programs an SM can hold (registers and shared
 memory of an H200 SM: 64 K registers, 227 KB), the SASS instructions of the inner loop (the
 largest backward branch) with the counts that matter here (HMMA, one-byte LDS.U8 gathers,
-F2FP conversions), spills, and the K/V shared buffers (stages: 2x = prefetch). XLA's own
+F2FP conversions), spills, and the K/V shared buffers (stages: 2x = prefetch); every
+opcode count of each inner loop goes to ``<dir>/loop_ops.json``. XLA's own
 Triton (jaxlib 0.11.2) may differ in detail; findings: NOTES_paged_attention.md.
 """
 
@@ -128,6 +129,7 @@ def compile_all(args) -> None:
     with open(os.path.join(args.dir, "index.json")) as f:
         index = json.load(f)
     print(f"shape B,ctx = {index['shape']}; Triton {triton.__version__}, sm_90")
+    all_ops = {}
     print(f"{'config':20s} {'w':>2s} {'st':>2s} {'regs':>4s} {'smemKB':>6s} {'/SM':>3s} "
           f"{'loop':>5s} {'HMMA':>4s} {'GMMA':>4s} {'LDS.U8':>6s} {'F2FP':>4s} {'spill':>5s}  "
           "K/V buffers")
@@ -160,6 +162,12 @@ def compile_all(args) -> None:
               f"{sum(v for o, v in ops.items() if 'GMMA' in o):4d} {ops['LDS.U8']:6d} "
               f"{sum(v for o, v in ops.items() if o.startswith('F2FP')):4d} "
               f"{spills:5d}  {' '.join(sorted(set(bufs)))}", flush=True)
+        all_ops[c["name"]] = {"regs": regs, "smem_bytes": k.metadata.shared,
+                              "loop_ops": dict(sorted(ops.items()))}
+    # every opcode of each config's inner loop (the table above shows a few columns)
+    with open(os.path.join(args.dir, "loop_ops.json"), "w") as f:
+        json.dump({"shape": index["shape"], "triton": triton.__version__, "target": "sm_90",
+                   "configs": all_ops}, f, indent=1)
 
 
 def main() -> None:

@@ -111,14 +111,14 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
 
 
 def kernel_env_key() -> tuple[tuple[str, str], ...]:
-    """The kernel environment switches in effect (jaxinfer.compile_cache.kernel_env), as a
-    hashable static argument of the module-level kernel ``jit``s: their trace caches outlive
-    an engine, and the switches are read while tracing, so without it an engine built after
-    a switch changed in the same process would reuse the traces made under the old value.
-    Raises ConfigError for a value a switch does not take."""
-    from jaxinfer.compile_cache import kernel_env
+    """The FP8 GEMM plan's environment switches in effect (``fp8_plan.env_values``), as a
+    hashable static argument of :func:`_fp8_kernel_linear`: its trace cache outlives an
+    engine, and the switches are read while tracing, so without it an engine built after a
+    switch changed in the same process would reuse the traces made under the old value.
+    Raises LinearError for a value a switch does not take (the engine checks at start)."""
+    from pallas_kernels.matmul.fp8_plan import env_values
 
-    return tuple(sorted(kernel_env().items()))
+    return tuple(sorted(env_values().items()))
 
 
 @functools.partial(jax.jit, static_argnames=("gate_up", "interpret", "out_dtype", "env"))

@@ -87,6 +87,9 @@ CONFIGS: list[tuple[str, dict, list | None]] = [
     ("cvt", named("cvt"), None),  # current default: 247 regs, 2/SM, 1196 per 128 tokens
     # session 13: both dots FP8 on wgmma (fp8_fast_accum), group padded to 16 rows
     ("kq8w_bt64", named("kq8w_bt64"), None),  # 87 regs, 36 KB, 5/SM, 551 per 64, no cvt
+    # session 15: only K q8ᵀ on wgmma, P V widened (mma.sync), no P through shared memory
+    ("kq8k_bt64", named("kq8k_bt64"), None),
+    ("kq8k", named("kq8k"), None),
     ("kq8w", named("kq8w"), None),  # 128 tokens: 121 regs, 69 KB, 3/SM, 828
     ("kq8_bt64_w2", named("kq8_bt64_w2"), None),  # the B >= 64 default since session 6
     ("kq8", named("kq8"), None),  # 128 tokens: 194 regs, 101 KB, 2/SM, 805

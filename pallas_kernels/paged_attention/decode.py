@@ -139,14 +139,14 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         return acc, m_new, l
 
     fast = None
-    if layout == "kq" and pv8 and not interpret:
+    if layout == "kq" and qk8 and not interpret:
         fp8_fast_accum.install()
         fast = fp8_fast_accum.FAST_ACCUM
 
     def body_kq(i, carry):  # transposed: scores [N, Gp], acc = O^T [D, Gp]
         acc, m, l = carry
         k, v, valid = load_kv(i)
-        if pv8:  # both dots FP8, asking for wgmma (fp8_fast_accum.py): K q8^T, V^T (P 2^8)
+        if qk8:  # K q8^T in FP8, asking for wgmma (fp8_fast_accum.py); with pv8 V^T (P 2^8) too
             st = plgpu.dot(k, q, trans_b=True, precision=fast) * sm.reshape(1, Gp)
         else:
             st = plgpu.dot(widen(k), q, trans_b=True, allow_tf32=False) * sm  # K q^T [N, Gp]
@@ -229,8 +229,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         per two values from e4m3; q is clipped to the f16 range).
       fp8_widen: "cvt" (``astype``, default) or "bits" (exact bit placement into f16,
         integer ops; needs ``fp8_compute_dtype`` f16). fp8_dots: "none" (default), "qk"
-        (QK^T in fp8, q quantized per row) or "qk_pv" (both dots in fp8); ``layout="qk"``
-        only. fp8_v_stage: widen V before its transposition (see fp8.py; default False).
+        (QK^T in fp8, q quantized per row) or "qk_pv" (both dots in fp8; with ``layout="kq"``
+        the FP8 dots ask for wgmma, fp8_fast_accum.py). fp8_v_stage: widen V before its transposition (see fp8.py; default False).
         Only FP8 caches use these three; fp8.py and :data:`fp8.FP8_DECODE_VARIANTS` name
         the combinations.
       layout: "qk" (default: scores [rows, tokens], the q group is the MMA's M side,
@@ -260,7 +260,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       PagedAttentionUnsupportedError: shapes the kernel does not handle (see
         :func:`paged_decode_attention_supported`).
       ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant`` /
-        ``merge``, fp8 dots with "kq", a bad ``group_rows``, "bits" with a bf16 compute
+        ``merge``, a bad ``group_rows``, "bits" with a bf16 compute
         dtype, or ``merge_counters`` without merge="kernel".
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)

@@ -82,6 +82,13 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     # 101 KB (2); SASS per step about kq8's (551 vs 521, 828 vs 805).
     "kq8w_bt64": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk_pv", "block_tokens": 64},
     "kq8w": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk_pv", "block_tokens": 128},
+    # Session 15 (static analysis only): the transposed layout with only K q8ᵀ on wgmma and
+    # P V on mma.sync with V widened and staged (kq8's path): half the widening, and no P
+    # through shared memory (what stalled kq8w on the H200).
+    "kq8k_bt64": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk", "block_tokens": 64,
+                  "fp8_v_stage": True},
+    "kq8k": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk", "block_tokens": 128,
+             "fp8_v_stage": True},
 }
 # The default by batch size (rows of the decode bucket): the fastest variant of the session-6
 # H200 sweep (bench_paged_fp8_sweep.py, 8B heads, NOTES_paged_attention.md) at the measured
@@ -170,11 +177,7 @@ def quantize_rows_e4m3(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def check_variant(fp8_widen: str, fp8_dots: str, layout: str = "qk") -> None:
-    """Raises ValueError for unknown option values, or ``fp8_dots="qk"`` with
-    ``layout="kq"`` (the transposed layout takes both dots in FP8 or neither)."""
+    """Raises ValueError for unknown option values."""
     if fp8_widen not in FP8_WIDEN or fp8_dots not in FP8_DOTS:
         raise ValueError(f"fp8_widen={fp8_widen!r} (one of {FP8_WIDEN}) / fp8_dots="
                          f"{fp8_dots!r} (one of {FP8_DOTS})")
-    if fp8_dots == "qk" and layout != "qk":
-        raise ValueError(f"fp8_dots='qk' needs layout='qk', got {layout!r} (layout='kq' "
-                         "takes fp8_dots='qk_pv')")

@@ -123,3 +123,19 @@ def test_paged_decode_wgmma_variants_mark_both_fp8_dots(name):
     assert len(fast) == 2 and all("f8E4M3FN" in ln and "maxNumImpreciseAcc = 128" in ln
                                   for ln in fast), fast
     assert not any("maxNumImpreciseAcc" in ln for ln in dots("kq8"))
+
+
+@pytest.mark.parametrize("name", ["kq8k_bt64", "kq8k"])
+def test_paged_decode_kq8k_variants_mark_only_the_scores_dot(name):
+    """fp8.FP8_DECODE_VARIANTS' kq8k*: K q8ᵀ is FP8 and asks for wgmma; P V takes the widened
+    (f16) V and asks for nothing."""
+    from pallas_kernels.paged_attention import paged_decode_attention
+
+    with triton_ir() as seen:
+        lower_paged_kernel(paged_decode_attention, decode_avals(32, 128, FP8), FP8, 0,
+                           fp8_variant=name)
+    lines = dot_lines(seen[0])
+    assert len(lines) == 2, lines
+    fast = [ln for ln in lines if "maxNumImpreciseAcc = 128" in ln]
+    assert len(fast) == 1 and "f8E4M3FN" in fast[0], lines
+    assert "f8E4M3FN" not in [ln for ln in lines if ln not in fast][0], lines

@@ -157,8 +157,8 @@ def test_option_errors():
         call(layout="qk", group_rows=8)
     with pytest.raises(ValueError, match="group_rows"):
         call(layout="kq", group_rows=12)
-    with pytest.raises(ValueError, match="needs layout='qk'"):
-        call(layout="kq", fp8_dots="qk")
+    with pytest.raises(ValueError, match="fp8_dots"):
+        call(layout="kq", fp8_dots="k")
     with pytest.raises(ValueError, match="unknown FP8 decode variant"):
         call(fp8_variant="nope")
 

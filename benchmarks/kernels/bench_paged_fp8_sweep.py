@@ -87,7 +87,7 @@ CONFIGS: list[tuple[str, dict, list | None]] = [
     ("cvt", named("cvt"), None),  # current default: 247 regs, 2/SM, 1196 per 128 tokens
     # session 13: both dots FP8 on wgmma (fp8_fast_accum), group padded to 16 rows
     ("kq8w_bt64", named("kq8w_bt64"), None),  # 87 regs, 36 KB, 5/SM, 551 per 64, no cvt
-    # session 15: only K q8ᵀ on wgmma, P V widened (mma.sync), no P through shared memory
+    # session 15: only K q8ᵀ in FP8 (wgmma), V widened (f16 wgmma); H200: slower than kq8
     ("kq8k_bt64", named("kq8k_bt64"), None),
     ("kq8k", named("kq8k"), None),
     ("kq8w", named("kq8w"), None),  # 128 tokens: 121 regs, 69 KB, 3/SM, 828

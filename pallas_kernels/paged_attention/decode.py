@@ -229,8 +229,9 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         per two values from e4m3; q is clipped to the f16 range).
       fp8_widen: "cvt" (``astype``, default) or "bits" (exact bit placement into f16,
         integer ops; needs ``fp8_compute_dtype`` f16). fp8_dots: "none" (default), "qk"
-        (QK^T in fp8, q quantized per row) or "qk_pv" (both dots in fp8; with ``layout="kq"``
-        the FP8 dots ask for wgmma, fp8_fast_accum.py). fp8_v_stage: widen V before its transposition (see fp8.py; default False).
+        (QK^T in fp8, q quantized per row) or "qk_pv" (both dots in fp8); with
+        ``layout="kq"`` the FP8 dots ask for wgmma (fp8_fast_accum.py). fp8_v_stage: widen
+        V before its transposition (see fp8.py; default False).
         Only FP8 caches use these three; fp8.py and :data:`fp8.FP8_DECODE_VARIANTS` name
         the combinations.
       layout: "qk" (default: scores [rows, tokens], the q group is the MMA's M side,
@@ -260,8 +261,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       PagedAttentionUnsupportedError: shapes the kernel does not handle (see
         :func:`paged_decode_attention_supported`).
       ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant`` /
-        ``merge``, a bad ``group_rows``, "bits" with a bf16 compute
-        dtype, or ``merge_counters`` without merge="kernel".
+        ``merge``, a bad ``group_rows``, "bits" with a bf16 compute dtype, or
+        ``merge_counters`` without merge="kernel".
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     decode_merge.check_merge(merge, merge_counters, q.shape[0], k_cache.shape[1])

@@ -116,7 +116,7 @@ def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, **opts) -> d
     defaults = {"num_warps": 4, "num_stages": 5, "fp8_widen": "cvt", "fp8_dots": "none",
                 "layout": "qk", "fp8_v_stage": False}
     opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}
-    check_variant(opts["fp8_widen"], opts["fp8_dots"], opts["layout"])
+    check_variant(opts["fp8_widen"], opts["fp8_dots"])
     if opts["layout"] not in LAYOUTS:
         raise ValueError(f"paged_decode_attention: layout={opts['layout']!r}, one of {LAYOUTS}")
     min_rows = 16 if opts["layout"] == "qk" else 8

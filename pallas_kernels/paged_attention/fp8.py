@@ -82,9 +82,9 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     # 101 KB (2); SASS per step about kq8's (551 vs 521, 828 vs 805).
     "kq8w_bt64": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk_pv", "block_tokens": 64},
     "kq8w": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk_pv", "block_tokens": 128},
-    # Session 15 (static analysis only): the transposed layout with only K q8ᵀ on wgmma and
-    # P V on mma.sync with V widened and staged (kq8's path): half the widening, and no P
-    # through shared memory (what stalled kq8w on the H200).
+    # Session 15: the transposed layout with only K q8ᵀ in FP8 (wgmma) and V widened and
+    # staged as kq8's (Triton puts that f16 P V on wgmma too, P through one STSM, not kq8w's
+    # byte stores). H200: 0.81 / 0.89 of bf16's time (geomean) vs kq8 0.71 — rejected.
     "kq8k_bt64": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk", "block_tokens": 64,
                   "fp8_v_stage": True},
     "kq8k": {"layout": "kq", "group_rows": 16, "fp8_dots": "qk", "block_tokens": 128,
@@ -176,7 +176,7 @@ def quantize_rows_e4m3(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return x8, scale
 
 
-def check_variant(fp8_widen: str, fp8_dots: str, layout: str = "qk") -> None:
+def check_variant(fp8_widen: str, fp8_dots: str) -> None:
     """Raises ValueError for unknown option values."""
     if fp8_widen not in FP8_WIDEN or fp8_dots not in FP8_DOTS:
         raise ValueError(f"fp8_widen={fp8_widen!r} (one of {FP8_WIDEN}) / fp8_dots="

@@ -60,6 +60,21 @@ VARIANTS = {  # name -> compiler_options added to the runner's COMPILER_OPTIONS
     "all_triton": {_X + "all_fusions_with_triton": True},
     "multi_output": {"xla_gpu_unsupported_enable_triton_multi_output_fusion": True,
                      _X + "enable_same_shape_multi_output_fusion": True},
+    # programmatic dependent launch (Hopper+): XLA puts griddepcontrol.wait at the start of
+    # the kernels it generates and launches them early (openxla/xla#38544); ``_launch`` also
+    # lets Triton GEMMs trigger their successor before the epilogue (openxla/xla#43894)
+    "pdl_off": {"xla_gpu_enable_pdl": False, "xla_gpu_enable_pdl_launch": False},
+    "pdl": {"xla_gpu_enable_pdl": True, "xla_gpu_enable_pdl_launch": False},
+    "pdl_launch": {"xla_gpu_enable_pdl": True, "xla_gpu_enable_pdl_launch": True},
+    # which graph nodes are re-written before a replay: every node whose buffers moved
+    # (ALWAYS_UPDATE), not those on the temp buffer, held at one virtual address
+    # (SKIP_TEMP, openxla/xla#45062), or also parameters / outputs whose addresses held
+    # over the first 3 runs (SKIP_PROFILED, openxla/xla#45597)
+    "upd_always": {"xla_gpu_command_buffer_update_mode": "ALWAYS_UPDATE"},
+    "upd_skip_temp": {"xla_gpu_command_buffer_update_mode": "SKIP_TEMP"},
+    "upd_skip_profiled": {"xla_gpu_command_buffer_update_mode": "SKIP_PROFILED"},
+    "pdl_skip_temp": {"xla_gpu_enable_pdl": True, "xla_gpu_enable_pdl_launch": True,
+                      "xla_gpu_command_buffer_update_mode": "SKIP_TEMP"},
 }
 
 

@@ -171,8 +171,11 @@ def bench_point(c, records, args, cupti, interp: dict) -> dict:
             s_eff = splits_of(c, merge="kernel", num_splits=s)
             if s_eff > 1 and s_eff not in cand:
                 cand.append(s_eff)
+    extra = [s for s in args.splits if 2 <= s <= n_blocks and s not in cand]
+    cand += extra
     runs = [] if fp8 else [("stock", None)]
     runs += [("xla", {"merge": "xla"})]
+    runs += [(f"xla S{s}", {"merge": "xla", "num_splits": s}) for s in extra]
     if s0 > 1:
         runs += [("kfresh", {"merge": "kernel"})]
     runs += [(f"kcarry S{s}", {"num_splits": s}) for s in cand]
@@ -230,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--points", default="",
                    help="subset to time, e.g. '1x1024,fp8:1x2048' (default: all)")
     p.add_argument("--no-checks", action="store_true", help="skip the device checks")
+    p.add_argument("--splits", default="", type=lambda v: [int(x) for x in v.split(",") if x],
+                   help="more split counts to time at every point, both merges, e.g. '4,5,8'")
     args = p.parse_args(argv)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -176,6 +176,7 @@ def bench_point(c, records, args, cupti, interp: dict) -> dict:
     runs = [] if fp8 else [("stock", None)]
     runs += [("xla", {"merge": "xla"})]
     runs += [(f"xla S{s}", {"merge": "xla", "num_splits": s}) for s in extra]
+    runs += [(f"kfresh S{s}", {"merge": "kernel", "num_splits": s}) for s in extra]
     if s0 > 1:
         runs += [("kfresh", {"merge": "kernel"})]
     runs += [(f"kcarry S{s}", {"num_splits": s}) for s in cand]

@@ -73,10 +73,13 @@ MERGES = ("auto", "xla", "kernel")
 # merge="auto": "kernel" when B * Hkv <= this, else "xla". H200, 8B heads (Hkv 8), session 9
 # (NOTES_paged_attention "The in-kernel merge on the H200"): at B = 1 (8 groups) the kernel
 # merge was faster at every context (ctx 1024 / 2048 / 4096 / 32k: 549 / 956 / 1618 / 3446
-# vs 491 / 617 / 1439 / 3361 GB/s; FP8 ctx 2048 423 vs 227), at B = 8 (64 groups) 2-4 %
-# slower; between them unmeasured. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides
-# the default at trace time.
-MERGE_KERNEL_MAX_GROUPS = 16
+# vs 491 / 617 / 1439 / 3361 GB/s; FP8 ctx 2048 423 vs 227). Session 16 (NOTES "Split counts
+# at B = 4-8"): with choose_num_splits' two-programs-an-SM count, the kernel merge with fresh
+# counters beat the XLA merge at B = 4 / 6 / 8 (32-64 groups; bf16 3-13 %, FP8 11-30 %
+# less time), where the XLA merge of 4+ splits is two fusions. Above 64 groups (B * Hkv of
+# 65-118, two splits) unmeasured. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides the
+# default at trace time.
+MERGE_KERNEL_MAX_GROUPS = 64
 # Chunks the merging program adds straight-line; above, a fori_loop (G * D * S large: e.g.
 # G = 8 with 64 splits), which "auto" leaves to the XLA merge (not run on a GPU yet).
 MERGE_MAX_UNROLLED_CHUNKS = 4

@@ -23,3 +23,16 @@ run() {  # id seconds command...: logged under $OUT/logs/id.log, its tail printe
   grep -v "compiling\|it/s\]\|s/it\]\|^sampler\|^gather" "$OUT/logs/$id.log" | tail -${TAIL:-14} \
     | cut -c1-200; pack
 }
+pick_flags() {  # decode_launch.json: XLA_FLAGS of the variant with the lowest waited step,
+  # if > 3 % under the default with the same argmax and logits within 1e-2; else nothing
+  python3 - "$1" <<'PY'
+import json, sys
+v = json.load(open(sys.argv[1]))["variants"]
+ok = {k: x for k, x in v.items() if "error" not in x and x["argmax_equal"]
+      and x["logits_rel_err"] < 1e-2}
+best = min(ok, key=lambda k: ok[k]["sync_ms"])
+if best != "default" and ok[best]["sync_ms"] < 0.97 * ok["default"]["sync_ms"]:
+    print(" ".join(f"--{k}={str(x).lower() if isinstance(x, bool) else x}"
+                   for k, x in ok[best]["options"].items()))
+PY
+}

@@ -13,16 +13,7 @@ TAIL=12 run fusions-fp8 170 python3 -u benchmarks/decode_launch.py --batch 1 --c
   --steps 30 --backend pallas:fp8 --dump-hlo \
   --variants default,heroless,block_level,block_heroless,all_triton,multi_output \
   --out "$OUT/records/fusions_fp8"
-FLAGS=$(python3 - "$OUT/records/fusions_fp8/decode_launch.json" <<'PY'
-import json, sys
-v = json.load(open(sys.argv[1]))["variants"]
-ok = {k: x for k, x in v.items() if "error" not in x and x["argmax_equal"]
-      and x["logits_rel_err"] < 1e-2}
-best = min(ok, key=lambda k: ok[k]["sync_ms"])
-if best != "default" and ok[best]["sync_ms"] < 0.97 * ok["default"]["sync_ms"]:
-    print(" ".join(f"--{k}={str(x).lower()}" for k, x in ok[best]["options"].items()))
-PY
-)
+FLAGS=$(pick_flags "$OUT/records/fusions_fp8/decode_launch.json")
 echo "picked XLA_FLAGS: '${FLAGS}'"
 if [ -n "$FLAGS" ]; then
   E="python3 -u benchmarks/gpu_decode.py --quick --peer none --backends pallas:fp8 --batches 1

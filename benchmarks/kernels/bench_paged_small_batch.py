@@ -171,7 +171,11 @@ def bench_point(c, records, args, cupti, interp: dict) -> dict:
             s_eff = splits_of(c, merge="kernel", num_splits=s)
             if s_eff > 1 and s_eff not in cand:
                 cand.append(s_eff)
-    extra = [s for s in args.splits if 2 <= s <= n_blocks and s not in cand]
+    extra = []  # --splits, as the counts the kernel launches with (no count timed twice)
+    for s in args.splits:
+        s_eff = splits_of(c, merge="kernel", num_splits=s) if 2 <= s <= n_blocks else 1
+        if s_eff > 1 and s_eff not in cand + extra:
+            extra.append(s_eff)
     cand += extra
     runs = [] if fp8 else [("stock", None)]
     runs += [("xla", {"merge": "xla"})]

@@ -36,7 +36,6 @@ import math
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -44,15 +43,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-OPTION_SETS = {
-    "default": {},
-    "pdl_off": {"xla_gpu_enable_pdl": False, "xla_gpu_enable_pdl_launch": False},
-    "pdl": {"xla_gpu_enable_pdl": True, "xla_gpu_enable_pdl_launch": False},
-    "pdl_launch": {"xla_gpu_enable_pdl": True, "xla_gpu_enable_pdl_launch": True},
-    "cb_off": {"xla_gpu_enable_command_buffer": ""},
-    "cb_off_pdl": {"xla_gpu_enable_command_buffer": "", "xla_gpu_enable_pdl": True,
-                   "xla_gpu_enable_pdl_launch": True},
-}
+from decode_launch import VARIANTS  # noqa: E402 - benchmarks/ on the path above
+
+# compiler option sets: decode_launch.py's PDL / command-buffer variants, and both together
+OPTION_SETS = {k: VARIANTS[k] for k in ("default", "pdl_off", "pdl", "pdl_launch", "cb_off")}
+OPTION_SETS["cb_off_pdl"] = {**VARIANTS["cb_off"], **VARIANTS["pdl_launch"]}
 
 
 def ptx_entries(dump_dir: Path) -> dict[str, dict[str, int]]:

@@ -75,7 +75,7 @@ MERGES = ("auto", "xla", "kernel")
 # merge was faster at every context (ctx 1024 / 2048 / 4096 / 32k: 549 / 956 / 1618 / 3446
 # vs 491 / 617 / 1439 / 3361 GB/s; FP8 ctx 2048 423 vs 227). Session 16 (NOTES "Split counts
 # at B = 4-8"): with choose_num_splits' two-programs-an-SM count, the kernel merge with fresh
-# counters beat the XLA merge at B = 4 / 6 / 8 (32-64 groups; bf16 3-13 %, FP8 11-30 %
+# counters beat the XLA merge at B = 4 / 6 / 8 (32-64 groups; bf16 3-13 %, FP8 15-25 %
 # less time), where the XLA merge of 4+ splits is two fusions. Above 64 groups (B * Hkv of
 # 65-118, two splits) unmeasured. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides the
 # default at trace time.

@@ -49,17 +49,19 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
     fill about one wave of the 132 SMs (the merge costs more than it gains); for mid-size
     batches (32 <= B * Hkv < 119) as many splits as keep the grid within two programs an SM
     (``floor(264 / (B * Hkv))``: 4 at B = 8, 5 at B = 6, 8 at B = 4 with 8 KV heads; session
-    16 measured 5-30 % less time than the one-wave count it replaced, which left 60 SMs with
+    16 measured 3-25 % less time than the one-wave count it replaced, which left 60 SMs with
     two programs and 72 with one at B = 8); two waves' worth below that (B = 1).
     """
     programs = batch * num_kv_heads
-    if target_programs is None:
-        if programs >= 0.9 * NUM_SMS_H200:
-            return 1
-        if programs >= 32:
-            return max(1, min((2 * NUM_SMS_H200) // programs, num_blocks))
-        target_programs = 2 * NUM_SMS_H200
-    want = -(-target_programs // programs)
+    two_waves = 2 * NUM_SMS_H200
+    if target_programs is not None:
+        want = -(-target_programs // programs)
+    elif programs >= 0.9 * NUM_SMS_H200:
+        return 1
+    elif programs >= 32:
+        want = two_waves // programs
+    else:
+        want = -(-two_waves // programs)
     return max(1, min(want, num_blocks))
 
 

@@ -26,6 +26,7 @@ session 16 (H200) the compile option wrote no ``.ptx``, which the script now rep
 suffixes it did write) instead of an empty check.
 
     PYTHONPATH=. python3 benchmarks/kernels/pdl_probe.py --out $OUT/pdl --dump
+    PYTHONPATH=. python3 benchmarks/kernels/pdl_probe.py --xla-defaults --out /tmp/x  # CPU
 """
 
 from __future__ import annotations
@@ -65,6 +66,23 @@ def ptx_entries(dump_dir: Path) -> dict[str, dict[str, int]]:
     return out
 
 
+def xla_default_diff(opts: dict) -> list[str]:
+    """The ``debug_options`` lines XLA dumps for a tiny program compiled with ``opts``: the
+    fields that differ from XLA's own defaults (any backend; the CPU jaxlib carries the same
+    flag defaults). A scalar option missing here is set to XLA's default already (an emptied
+    repeated field, ``cb_off``'s, does not show)."""
+    import glob
+
+    import jax
+    import jax.numpy as jnp
+
+    d = tempfile.mkdtemp(prefix="xla_defaults_")
+    jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(4)).compile(
+        compiler_options={**opts, "xla_dump_to": d})
+    text = open(glob.glob(d + "/*.debug_options")[0]).read()
+    return [ln for ln in text.splitlines() if "xla_dump_to" not in ln]
+
+
 def chain_fns(R: int, K: int, N: int):
     """(name, fn(x, weights), weights) for the two chains; N == K so outputs feed inputs."""
     import jax
@@ -102,7 +120,16 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--dump", action="store_true", help="PTX of the pdl_launch variant")
+    ap.add_argument("--xla-defaults", action="store_true",
+                    help="only say which option sets differ from XLA's defaults (runs on CPU)")
     ns = ap.parse_args()
+    if ns.xla_defaults:
+        diff = {k: xla_default_diff(v) for k, v in OPTION_SETS.items()}
+        Path(ns.out).mkdir(parents=True, exist_ok=True)
+        (Path(ns.out) / "xla_defaults.json").write_text(json.dumps(diff, indent=1))
+        for k, v in diff.items():
+            print(f"{k:>12}: {v}")
+        return
 
     import jax
     import jax.numpy as jnp

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -71,6 +72,21 @@ def splits_of(c, **tune) -> int:
         if eqn.primitive.name == "pallas_call":
             return int(eqn.params["grid_mapping"].grid[2])
     raise RuntimeError("no pallas_call")
+
+
+TUNE_KEYS = {"w": "num_warps", "s": "num_stages", "bt": "block_tokens"}
+
+
+def parse_tunes(text: str) -> list[tuple[str, dict]]:
+    """'w2,w8s3,bt32' -> [("w2", {"num_warps": 2}), ("w8s3", {...}), ...]; ValueError on an
+    unknown key or a token that does not parse."""
+    out = []
+    for tok in (t for t in text.split(",") if t):
+        parts = re.findall(r"([a-z]+)(\d+)", tok)
+        if "".join(k + v for k, v in parts) != tok or any(k not in TUNE_KEYS for k, _ in parts):
+            raise ValueError(f"--tunes: cannot read {tok!r} (keys {sorted(TUNE_KEYS)})")
+        out.append((tok, {TUNE_KEYS[k]: int(v) for k, v in parts}))
+    return out
 
 
 def carried_runner(c, **tune):
@@ -183,6 +199,7 @@ def bench_point(c, records, args, cupti, interp: dict) -> dict:
     runs += [(f"kfresh S{s}", {"merge": "kernel", "num_splits": s}) for s in extra]
     if s0 > 1:
         runs += [("kfresh", {"merge": "kernel"})]
+    runs += [(f"tune {name}", dict(t)) for name, t in args.tunes]
     runs += [(f"kcarry S{s}", {"num_splits": s}) for s in cand]
     out, ref_out = {}, None
     for label, tune in runs:
@@ -240,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-checks", action="store_true", help="skip the device checks")
     p.add_argument("--splits", default="", type=lambda v: [int(x) for x in v.split(",") if x],
                    help="more split counts to time at every point, both merges, e.g. '4,5,8'")
+    p.add_argument("--tunes", default="", type=parse_tunes,
+                   help="launch options to time at the default split count and merge, e.g. "
+                        "'w2,w8s3,bt32' (w = num_warps, s = num_stages, bt = block_tokens)")
     args = p.parse_args(argv)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -321,6 +341,10 @@ def _run(args, records, smoke: bool, grid, fp8_grid, heads: dict) -> None:
             f"{'-':>20s}"
         print(f"{name:16s} {cell(st, 12)} {cell(r.get('xla'), 16)} "
               f"{cell(r.get('kfresh'), 16)} {bc} {x1} {x2}")
+    print("\nEvery variant by CUPTI kernel us per call (fastest first; wall GB/s after the /):")
+    for name, r in rows:
+        mine = sorted(((v[1], k, v[0]) for k, v in r.items()), key=lambda x: (x[0] != x[0], x[0]))
+        print(f"{name:16s} " + "  ".join(f"{k}: {us:.1f}/{g:.0f}" for us, k, g in mine))
     if bad:
         print("CHECKS FAILED:", ", ".join(bad))
 

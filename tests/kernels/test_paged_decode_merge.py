@@ -231,12 +231,27 @@ def test_bench_cpu_smoke(tmp_path):
 
     from benchmarks.kernels import bench_paged_attention, bench_paged_small_batch
     calls_for = bench_paged_attention.calls_for
-    bench_paged_small_batch.main(["--cpu-smoke", "--out", str(tmp_path)])
+    bench_paged_small_batch.main(["--cpu-smoke", "--tunes", "w2", "--out", str(tmp_path)])
     assert bench_paged_attention.calls_for is calls_for  # the smoke's patch is undone
     recs = json.loads((tmp_path / "paged_small_batch.json").read_text())
     checks = [r for r in recs if "/check_rel_err/" in r["name"]]
     assert len(checks) == 3 and all(r["config"]["ok"] for r in checks), checks
     timed = {r["config"]["impl"] for r in recs if "/check_rel_err/" not in r["name"]}
-    assert timed == {"stock", "xla", "kfresh", "kcarry S2"}, timed
+    assert timed == {"stock", "xla", "kfresh", "kcarry S2", "tune w2"}, timed
+    tuned = [r for r in recs if r["config"].get("impl") == "tune w2"]
+    assert tuned[0]["config"]["tune"] == str({"num_warps": 2}), tuned
     assert all(r["config"]["chain_rel_err_vs_xla"] == 0.0 for r in recs
                if r["config"].get("impl", "").startswith("k")), recs
+
+
+def test_bench_tunes_parse_launch_options_and_reject_unknown_keys():
+    """--tunes of bench_paged_small_batch.py: each token names num_warps / num_stages /
+    block_tokens values; a token it cannot read is an error, not a silently default run."""
+    from benchmarks.kernels.bench_paged_small_batch import parse_tunes
+    assert parse_tunes("w2,w8s3,bt32") == [
+        ("w2", {"num_warps": 2}), ("w8s3", {"num_warps": 8, "num_stages": 3}),
+        ("bt32", {"block_tokens": 32})]
+    assert parse_tunes("") == []
+    for bad in ("x3", "w", "w2q", "bt-1"):
+        with pytest.raises(ValueError, match="--tunes"):
+            parse_tunes(bad)

@@ -74,7 +74,8 @@ def splits_of(c, **tune) -> int:
     raise RuntimeError("no pallas_call")
 
 
-TUNE_KEYS = {"w": "num_warps", "s": "num_stages", "bt": "block_tokens"}
+TUNE_KEYS = {"w": "num_warps", "s": "num_stages", "bt": "block_tokens", "u": "unroll",
+             "sp": "num_splits"}
 
 
 def parse_tunes(text: str) -> list[tuple[str, dict]]:
@@ -259,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="more split counts to time at every point, both merges, e.g. '4,5,8'")
     p.add_argument("--tunes", default="", type=parse_tunes,
                    help="launch options to time at the default split count and merge, e.g. "
-                        "'w2,w8s3,bt32' (w = num_warps, s = num_stages, bt = block_tokens)")
+                        "'w2,w8s3,bt32,sp64u1' (w = num_warps, s = num_stages, bt = "
+                        "block_tokens, u = unroll, sp = num_splits)")
     args = p.parse_args(argv)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -56,7 +56,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
                    scale_log2: float, static_window: int | None, has_kscale: bool,
                    has_vscale: bool, split_out: bool, compute_dtype, fp8_widen: str = "cvt",
                    fp8_dots: str = "none", layout: str = "qk", v_stage: bool = False,
-                   split_of=None, interpret: bool = False) -> None:
+                   unroll: int = 0, split_of=None, interpret: bool = False) -> None:
     it = iter(refs)
     layer_ref = next(it)
     window_ref = next(it) if static_window is None else None
@@ -75,6 +75,11 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
     start = jnp.maximum(s * pps, first_tok // ps)  # first page (block-table column)
     end = jnp.minimum((s + 1) * pps, n_pages)  # one past the last page of this split
     n_iter = (jnp.maximum(end - start, 0) + bp - 1) // bp
+    # Straight-line splits (at most `unroll` steps): each step covers a fixed slice of the
+    # split's static page range, so the block-table read does not wait for seq_len (one
+    # dependent round trip less); steps with no valid token are computed and discarded.
+    n_steps = pps // bp
+    straight = 0 < n_steps <= unroll
 
     N = bp * ps
     t = jnp.arange(N, dtype=jnp.int32)
@@ -104,10 +109,11 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
         return e4m3_bits_to_f16(x) if bits else x.astype(compute_dtype)
 
     def load_kv(i):
-        slot = start + i * bp + t_page  # [N] block-table column of each token
+        slot = (s * pps if straight else start) + i * bp + t_page  # [N] block-table column
         tok = slot * ps + t_off  # [N] absolute position of each token
         valid = (slot < end) & (tok < seq_len) & (tok >= first_tok)
-        page = plgpu.load(bt_ref.at[b, slot], mask=slot < end, other=0)
+        in_table = slot < bt_ref.shape[1] if straight else slot < end
+        page = plgpu.load(bt_ref.at[b, slot], mask=in_table, other=0)
         idx = (layer, h, page[:, None], t_off[:, None], col[None, :])
         zero = jnp.zeros((), k_ref.dtype)
         k = plgpu.load(k_ref.at[idx], mask=valid[:, None], other=zero)
@@ -165,13 +171,18 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
 
     m0 = jnp.full((Gp,), -jnp.inf, jnp.float32)
     l0 = jnp.zeros((Gp,), jnp.float32)
-    if layout == "kq":
-        acc, m, l = jax.lax.fori_loop(0, n_iter, body_kq,
-                                      (jnp.zeros((D, Gp), jnp.float32), m0, l0))
-        acc = acc.T
+    body = body_kq if layout == "kq" else body_qk
+    carry = (jnp.zeros((D, Gp) if layout == "kq" else (Gp, D), jnp.float32), m0, l0)
+    if straight:
+        for i in range(n_steps):  # a step is taken iff its pages meet [start, end)
+            lo = s * pps + i * bp
+            take = (lo < end) & (lo + bp > start)
+            carry = tuple(jnp.where(take, n, c) for n, c in zip(body(i, carry), carry))
     else:
-        acc, m, l = jax.lax.fori_loop(0, n_iter, body_qk,
-                                      (jnp.zeros((Gp, D), jnp.float32), m0, l0))
+        carry = jax.lax.fori_loop(0, n_iter, body, carry)
+    acc, m, l = carry
+    if layout == "kq":
+        acc = acc.T
 
     has = l > 0
     o = jnp.where(has[:, None], acc / jnp.where(has, l, 1.0)[:, None], 0.0)
@@ -200,7 +211,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            fp8_widen: str | None = None, fp8_dots: str | None = None,
                            layout: str | None = None, group_rows: int | None = None,
                            fp8_v_stage: bool | None = None, fp8_variant: str | None = None,
-                           merge: str = "auto", merge_counters: jax.Array | None = None
+                           unroll: int | None = None, merge: str = "auto", merge_counters: jax.Array | None = None
                            ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
@@ -239,6 +250,10 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         V^T P [D, rows]: tokens are the M side, the group padded to >= 8 rows).
       group_rows: rows the G = Hq / Hkv q heads of a program are padded to at least, a
         power of two (default and minimum: 16 with "qk", 8 with "kq").
+      unroll: splits of at most this many steps run as straight-line code over the split's
+        fixed page range (default 0: always the loop): the block-table read is issued
+        before ``seq_lens`` arrives, one dependent memory round trip less per program;
+        steps outside the sequence (or window) are computed on masked loads and discarded.
       fp8_variant: name in :data:`fp8.FP8_DECODE_VARIANTS` (FP8 caches only), or "mgpu"
         (:data:`fp8.FP8_DECODE_OTHER`): the Mosaic GPU kernel of decode_mgpu.py (Hopper;
         ``num_splits`` / ``target_programs`` pass through, the other tuning options do not
@@ -284,7 +299,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                          num_splits=num_splits, target_programs=target_programs,
                          num_warps=num_warps, num_stages=num_stages, fp8_widen=fp8_widen,
                          fp8_dots=fp8_dots, layout=layout, group_rows=group_rows,
-                         fp8_v_stage=fp8_v_stage)
+                         fp8_v_stage=fp8_v_stage, unroll=unroll)
     if o["fp8_widen"] == "bits" and jnp.dtype(fp8_compute_dtype) != jnp.float16:
         raise ValueError("paged_decode_attention: fp8_widen='bits' widens to f16 only")
     B, Hq, D = q.shape
@@ -322,13 +337,14 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     fp8 = k_cache.dtype == jnp.float8_e4m3fn
     v_stage = fp8 and bool(o["fp8_v_stage"])
     name = (f"paged_decode_bt{bt}_s{S}" + (f"_{o['fp8_widen']}_{o['fp8_dots']}" if fp8 else "")
-            + (f"_kq{Gp}" if o["layout"] == "kq" else "") + ("_vs" if v_stage else ""))
+            + (f"_kq{Gp}" if o["layout"] == "kq" else "") + ("_vs" if v_stage else "")
+            + ("_u" if 0 < pps // bp <= o["unroll"] else ""))
     kernel = functools.partial(
         _decode_kernel, ps=ps, bp=bp, pps=pps, G=G, Gp=Gp, D=D, scale_log2=scale * LOG2E,
         static_window=static_window, has_kscale=k_scale is not None,
         has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype,
         fp8_widen=o["fp8_widen"], fp8_dots=o["fp8_dots"], layout=o["layout"],
-        v_stage=v_stage, interpret=interpret)
+        v_stage=v_stage, unroll=o["unroll"], interpret=interpret)
     params = plgpu.CompilerParams(num_warps=o["num_warps"], num_stages=o["num_stages"])
     if split_out and merge == "kernel":
         return ret(*decode_merge.merged_call(

@@ -121,9 +121,12 @@ def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, **opts) -> d
             if opts[k] is None:
                 opts[k] = v
     defaults = {"num_warps": 4, "num_stages": 5, "fp8_widen": "cvt", "fp8_dots": "none",
-                "layout": "qk", "fp8_v_stage": False}
+                "layout": "qk", "fp8_v_stage": False, "unroll": 0}
     opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}
     check_variant(opts["fp8_widen"], opts["fp8_dots"])
+    unroll = opts.get("unroll", 0)
+    if not isinstance(unroll, int) or unroll < 0:
+        raise ValueError(f"paged_decode_attention: unroll={unroll!r} must be an int >= 0")
     if opts["layout"] not in LAYOUTS:
         raise ValueError(f"paged_decode_attention: layout={opts['layout']!r}, one of {LAYOUTS}")
     min_rows = 16 if opts["layout"] == "qk" else 8

@@ -251,7 +251,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       group_rows: rows the G = Hq / Hkv q heads of a program are padded to at least, a
         power of two (default and minimum: 16 with "qk", 8 with "kq").
       unroll: splits of at most this many steps run as straight-line code over the split's
-        fixed page range (default 0: always the loop): the block-table read is issued
+        fixed page range (None: :data:`decode_options.DEFAULT_UNROLL`, 2, measured on the
+        H200; 0: always the loop): the block-table read is issued
         before ``seq_lens`` arrives, one dependent memory round trip less per program;
         steps outside the sequence (or window) are computed on masked loads and discarded.
       fp8_variant: name in :data:`fp8.FP8_DECODE_VARIANTS` (FP8 caches only), or "mgpu"

@@ -19,6 +19,12 @@ LOG2E = math.log2(math.e)
 KV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float8_e4m3fn)
 NUM_SMS_H200 = 132
 LAYOUTS = ("qk", "kq")
+# Splits of at most this many steps run straight-line (decode.py's `unroll`). H200, session 18
+# (NOTES_paged_attention "Straight-line splits"): at B = 1 (1-2 steps a split) 0.1-0.6 us less
+# per call (CUPTI: ctx 1024 5.5 -> 5.1, ctx 2048 8.3 -> 7.7-7.8, ctx 4096 10.3 -> 10.1-10.2,
+# FP8 ctx 2048 6.3 -> 6.1, ctx 4096 9.4 -> 9.1); 4 steps straight-line were slower (B1
+# ctx 8192 14.2 -> 15.6, B8 ctx 1024 13.2 -> 15.0), so 2.
+DEFAULT_UNROLL = 2
 
 
 def _pow2(n: int) -> bool:
@@ -121,7 +127,7 @@ def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, **opts) -> d
             if opts[k] is None:
                 opts[k] = v
     defaults = {"num_warps": 4, "num_stages": 5, "fp8_widen": "cvt", "fp8_dots": "none",
-                "layout": "qk", "fp8_v_stage": False, "unroll": 0}
+                "layout": "qk", "fp8_v_stage": False, "unroll": DEFAULT_UNROLL}
     opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}
     check_variant(opts["fp8_widen"], opts["fp8_dots"])
     unroll = opts.get("unroll", 0)

@@ -72,6 +72,15 @@ def test_window_starts_mid_split(window, traced):
                                       np.asarray(out, np.float32))
 
 
+def test_default_unrolls_two_steps_only():
+    """The default (decode_options.DEFAULT_UNROLL = 2): B1 ctx 8192 (32 splits of 4 steps)
+    keeps the loop, as measured faster on the H200."""
+    with triton_ir() as irs:
+        lower_paged_kernel(paged_decode_attention, decode_avals(1, 512, jnp.bfloat16),
+                           jnp.bfloat16, 0, merge="kernel")
+    assert "scf.for" in irs[0] or "scf.while" in irs[0]
+
+
 def test_unroll_bound_and_errors():
     """unroll below a split's step count keeps the loop (the same output); a negative or
     non-integer unroll is an error."""
@@ -91,9 +100,10 @@ def test_unroll_bound_and_errors():
 ])
 def test_lowers_for_cuda_without_a_loop(B, maxp, kv, window, splits):
     """For an H200: the straight-line kernel has no loop over steps (one launch, the merge
-    in the kernel), the default (unroll 0) keeps it."""
+    in the kernel); unroll 0 keeps the loop; the default (2) takes these 1-2 step splits
+    straight-line and keeps the loop for B1 ctx 8192's 4 steps."""
     args = decode_avals(B, maxp, kv)
-    for unroll, loops in ((4, False), (0, True)):
+    for unroll, loops in ((4, False), (0, True), (None, False)):
         with triton_ir() as irs:
             text = lower_paged_kernel(paged_decode_attention, args, kv, window,
                                       merge="kernel", num_splits=splits, unroll=unroll)

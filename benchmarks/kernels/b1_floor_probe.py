@@ -48,10 +48,11 @@ def log(*a) -> None:
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
-def grid_of(B: int, Hkv: int, maxp: int, bp: int) -> tuple[int, int]:
+def grid_of(B: int, Hkv: int, maxp: int, bp: int, num_splits: int | None = None
+            ) -> tuple[int, int]:
     """(splits, pages a split) as paged_decode_attention picks them (decode.py)."""
     n_blocks = -(-maxp // bp)
-    S = max(1, min(choose_num_splits(B, Hkv, n_blocks), n_blocks))
+    S = max(1, min(num_splits or choose_num_splits(B, Hkv, n_blocks), n_blocks))
     pps = -(-n_blocks // S) * bp
     return -(-maxp // pps), pps
 
@@ -88,19 +89,20 @@ def _probe_kernel(layer_ref, bt_ref, len_ref, q_ref, k_ref, v_ref, o_ref, sum_re
 
 
 def probe(q, k_cache, v_cache, layer, block_tables, seq_lens, *, mode: str,
-          block_tokens: int = 64, interpret: bool = False):
+          block_tokens: int = 64, num_splits: int | None = None, num_warps: int = 4,
+          interpret: bool = False):
     """One probe call: (q copied [B, Hq, D], per-program column sums [B, Hkv, S, D] f32)."""
     B, Hq, D = q.shape
     _, Hkv, _, ps, _ = k_cache.shape
     G, bp, maxp = Hq // Hkv, max(1, block_tokens // ps), block_tables.shape[1]
-    S, pps = grid_of(B, Hkv, maxp, bp)
+    S, pps = grid_of(B, Hkv, maxp, bp, num_splits)
     kernel = functools.partial(_probe_kernel, mode=mode, ps=ps, bp=bp, pps=pps, G=G,
                                Gp=max(16, G), D=D)
     return pl.pallas_call(
         kernel, grid=(B, Hkv, S), interpret=interpret, name=f"b1_probe_{mode}",
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((B, Hkv, S, D), jnp.float32)],
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
     )(jnp.asarray(layer, jnp.int32).reshape(1), block_tables, seq_lens, q, k_cache, v_cache)
 
 
@@ -123,10 +125,12 @@ def expected_sums(c, mode: str, layer: int, block_tokens: int = 64) -> np.ndarra
     return out
 
 
-def runner(c, mode: str, interpret: bool = False):
-    """bench_paged_attention's chain of dependent calls over rotating layers, for a probe."""
+def runner(c, mode: str, interpret: bool = False, **opts):
+    """bench_paged_attention's chain of dependent calls over rotating layers, for a probe
+    (``opts``: block_tokens / num_splits / num_warps)."""
     def step(q, i, kc, vc, bt, lens, *layers):
-        return probe(q, kc, vc, layers[i], bt, lens, mode=mode, interpret=interpret)[0]
+        return probe(q, kc, vc, layers[i], bt, lens, mode=mode, interpret=interpret,
+                     **opts)[0]
     n = bpa.calls_for(c)
     L = c["L"]
     args = [(c["q"], c["kc"], c["vc"], c["bt"], c["lens"],
@@ -151,12 +155,23 @@ def check(c, interpret: bool) -> float:
     return worst
 
 
+def _ints(v: str) -> list[int]:
+    return [int(x) for x in v.split(",") if x]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", ""))
     p.add_argument("--ctx", default="1024,2048,4096,8192")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cpu-smoke", action="store_true", help="tiny heads, interpret mode")
+    p.add_argument("--sweep-splits", type=_ints, default=[],
+                   help="also time the 'bt' probe and ours at every combination of these "
+                        "split counts, --sweep-warps and --sweep-block-tokens")
+    p.add_argument("--sweep-warps", type=_ints, default=[4])
+    p.add_argument("--sweep-block-tokens", type=_ints, default=[64])
+    p.add_argument("--deadline-s", type=float, default=1e9,
+                   help="no new timing starts past this many seconds (the table still prints)")
     args = p.parse_args(argv)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -164,36 +179,49 @@ def main(argv: list[str] | None = None) -> None:
                          "b1_floor_probe.json")
     smoke = args.cpu_smoke
     heads = {"Hq": 8, "Hkv": 2, "D": 64, "L": 2} if smoke else {}
-    ctxs = [int(x) for x in args.ctx.split(",")] if not smoke else [256, 200]
+    ctxs = _ints(args.ctx) if not smoke else [256, 200]
     cupti = Cupti(not smoke)
     log("devices", jax.devices(), "jax", jax.__version__)
-    rows = []
+    rows, sweeps = [], []
     for ctx in ctxs:
         maxp = -(-ctx // 16)
         c = bpa.make_case(1, maxp * 16, **heads)
         c["lens"] = jnp.full((1,), ctx, jnp.int32)  # ragged end when ctx is not a page multiple
         err = check(c, smoke)
         log(f"ctx {ctx}: probe sums within {err:.1e} of numpy")
-        impls = [(m, *runner(c, m, smoke)) for m in MODES]
-        tune = {"interpret": True} if smoke else {}
-        impls += [("ours", *bpa.ours_runner(c, **tune)),
-                  ("ours u0", *bpa.ours_runner(c, unroll=0, **tune))]
+        interp = {"interpret": True} if smoke else {}
+        impls = [(m, {}, lambda m=m: runner(c, m, smoke)) for m in MODES]
+        impls += [("ours", {}, lambda: bpa.ours_runner(c, **interp)),
+                  ("ours u0", {"unroll": 0}, lambda: bpa.ours_runner(c, unroll=0, **interp))]
         if not smoke:
-            impls.append(("stock", *bpa.stock_runner(c)))
+            impls.append(("stock", None, lambda: bpa.stock_runner(c)))
+        for S in args.sweep_splits:
+            for w in args.sweep_warps:
+                for bt in args.sweep_block_tokens:
+                    o = {"num_splits": S, "num_warps": w, "block_tokens": bt}
+                    tag = f"S{S}w{w}b{bt}"
+                    impls += [(f"bt {tag}", o, lambda o=o: runner(c, "bt", smoke, **o)),
+                              (f"ours {tag}", o, lambda o=o: bpa.ours_runner(c, **interp, **o))]
         row = {}
-        for label, run, a in impls:
+        for label, opts, make in impls:
+            if time.time() - T0 > args.deadline_s:
+                log("deadline: skipping", ctx, label)
+                continue
+            run, a = make()
             calls = bpa.calls_for(c)
             wall = time_fn(run, a, 1 if smoke else args.repeats) / calls * 1e6
             k_us, k_n, names = cupti(run, a[0], calls)
             row[label] = k_us if k_us == k_us else wall
-            S, _ = grid_of(1, c["Hkv"], maxp, 4)
+            bp = max(1, (opts or {}).get("block_tokens", 64) // 16)
+            S, pps = grid_of(1, c["Hkv"], maxp, bp, (opts or {}).get("num_splits"))
             records.add(f"b1_floor/{label.replace(' ', '_')}/B1_ctx{ctx}", row[label], "us",
                         {"B": 1, "ctx": ctx, "Hq": c["Hq"], "Hkv": c["Hkv"], "D": c["D"],
-                         "page": 16, "impl": label, "splits": S, "wall_us_per_call": wall,
+                         "page": 16, "impl": label, "options": str(opts), "splits": S,
+                         "steps_per_split": pps // bp, "wall_us_per_call": wall,
                          "cupti_kernel_us_per_call": k_us, "kernels_per_call": k_n,
                          "kernel_names": names, "kv_bytes_per_call": c["kv_bytes_per_call"]})
-            log(f"ctx {ctx:6d} {label:8s} CUPTI {k_us:6.2f} us ({k_n:.2f} kernels/call "
-                f"{names}) wall {wall:7.2f} us")
+            log(f"ctx {ctx:6d} {label:16s} S={S:3d} CUPTI {k_us:6.2f} us ({k_n:.2f} "
+                f"kernels/call {names}) wall {wall:7.2f} us")
         rows.append((ctx, row))
     labels = [*MODES, "ours", "ours u0", "stock"]
     print(f"\nB1 paged decode: CUPTI kernel us per call (wall if no CUPTI) on "
@@ -202,6 +230,13 @@ def main(argv: list[str] | None = None) -> None:
     for ctx, row in rows:
         cells = " ".join(f"{row.get(x, float('nan')):8.2f}" for x in labels)
         print(f"{ctx:6d} {cells}   {row.get('stock', float('nan')) / 2:7.2f}")
+    if args.sweep_splits:
+        print("\nSweep (fastest first, CUPTI us): the 'bt' probe | ours")
+        for ctx, row in rows:
+            for kind in ("bt ", "ours "):
+                got = sorted((v, k[len(kind):]) for k, v in row.items()
+                             if k.startswith(kind) and k != "ours u0")
+                print(f"{ctx:6d} {kind:5s}" + "  ".join(f"{k} {v:.2f}" for v, k in got[:8]))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ and drop the attention, to split the call into launch, reads and the rest:
           [G, D] = the column sums, log2-sum-exp 0, barrier, arrival atomic, the last split
           merges): all of ours but the attention arithmetic
 
-each beside ours (the default, and ``unroll=0``) and stock in the same process, on the
+each beside ours (the default; ``unroll=0``; the merge's partial loads after its reductions,
+``decode_merge.MERGE_PRELOAD_CHUNKS = 0``) and stock in the same process, on the
 chained harness of bench_paged_attention.py (dependent calls over rotating layers). Every
 probe writes its f32 column sums (so no read is dead) and copies q (the chain's
 dependency); ``--cpu-smoke`` checks the sums against numpy in interpret mode.
@@ -225,7 +226,9 @@ def main(argv: list[str] | None = None) -> None:
         interp = {"interpret": True} if smoke else {}
         impls = [(m, {}, lambda m=m: runner(c, m, smoke)) for m in MODES]
         impls += [("ours", {}, lambda: bpa.ours_runner(c, **interp)),
-                  ("ours u0", {"unroll": 0}, lambda: bpa.ours_runner(c, unroll=0, **interp))]
+                  ("ours u0", {"unroll": 0}, lambda: bpa.ours_runner(c, unroll=0, **interp)),
+                  ("ours pre0", {"MERGE_PRELOAD_CHUNKS": 0},
+                   lambda: bpa.ours_runner(c, **interp))]
         if not smoke:
             impls.append(("stock", None, lambda: bpa.stock_runner(c)))
         for S in args.sweep_splits:
@@ -240,10 +243,15 @@ def main(argv: list[str] | None = None) -> None:
             if time.time() - T0 > args.deadline_s:
                 log("deadline: skipping", ctx, label)
                 continue
-            run, a = make()
-            calls = bpa.calls_for(c)
-            wall = time_fn(run, a, 1 if smoke else args.repeats) / calls * 1e6
-            k_us, k_n, names = cupti(run, a[0], calls)
+            preload = decode_merge.MERGE_PRELOAD_CHUNKS  # "ours pre0": traced without
+            decode_merge.MERGE_PRELOAD_CHUNKS = (opts or {}).get("MERGE_PRELOAD_CHUNKS", preload)
+            try:
+                run, a = make()
+                calls = bpa.calls_for(c)
+                wall = time_fn(run, a, 1 if smoke else args.repeats) / calls * 1e6
+                k_us, k_n, names = cupti(run, a[0], calls)
+            finally:
+                decode_merge.MERGE_PRELOAD_CHUNKS = preload
             row[label] = k_us if k_us == k_us else wall
             bp = max(1, (opts or {}).get("block_tokens", 64) // 16)
             S, pps = grid_of(1, c["Hkv"], maxp, bp, (opts or {}).get("num_splits"))
@@ -256,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
             log(f"ctx {ctx:6d} {label:16s} S={S:3d} CUPTI {k_us:6.2f} us ({k_n:.2f} "
                 f"kernels/call {names}) wall {wall:7.2f} us")
         rows.append((ctx, row))
-    labels = [*MODES, "ours", "ours u0", "stock"]
+    labels = [*MODES, "ours", "ours u0", "ours pre0", "stock"]
     print(f"\nB1 paged decode: CUPTI kernel us per call (wall if no CUPTI) on "
           f"{jax.devices()[0].device_kind}; 8B heads unless --cpu-smoke")
     print(f"{'ctx':>6} " + " ".join(f"{x:>8}" for x in labels) + "   stock/2")

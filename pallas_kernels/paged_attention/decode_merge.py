@@ -83,6 +83,10 @@ MERGE_KERNEL_MAX_GROUPS = 64
 # Chunks the merging program adds straight-line; above, a fori_loop (G * D * S large: e.g.
 # G = 8 with 64 splits), which "auto" leaves to the XLA merge (not run on a GPU yet).
 MERGE_MAX_UNROLLED_CHUNKS = 4
+# Chunks of partials whose loads the merging program issues with the lse load, before the
+# reductions over splits (0: after them, the form measured up to session 18). 2 chunks of
+# 8192 f32 is 128 registers a thread at 4 warps (the main loop's registers are dead by then).
+MERGE_PRELOAD_CHUNKS = 2
 # f32 elements of one chunk of partials [C, G, D] the merging program loads at once: 8192 is
 # 64 registers a thread at 4 warps (after the main loop, whose registers are free by then);
 # 16 splits a chunk for G = 4, D = 128.
@@ -168,24 +172,36 @@ def _merge_group(o_ref, part_ref, lse_ref, b, h, *, S: int, G: int, D: int) -> N
         m = (s < S)[:, None] & gmask[None, :]
         return plgpu.load(lse_ref.at[b, h, s[:, None], g[None, :]], mask=m, other=-jnp.inf)
 
+    def load_chunk(c0):  # the log2-sum-exps [C, Gm] and partials [C, Gm, D] of c0 ..
+        s = c0 + jnp.arange(C, dtype=jnp.int32)
+        m = ((s < S)[:, None] & gmask[None, :])[:, :, None]
+        o = plgpu.load(part_ref.at[b, h, s[:, None, None], g[None, :, None], col[None, None, :]],
+                       mask=m, other=0.0)
+        return lse_of(s), o
+
+    n_chunks = -(-S // C)
+    straight = n_chunks <= MERGE_MAX_UNROLLED_CHUNKS
+    # the first chunks' loads leave with the all-splits lse load, before the max / sum
+    # reductions (whose barriers would otherwise hold them back one more round trip)
+    early = [load_chunk(i * C) for i in range(min(n_chunks, MERGE_PRELOAD_CHUNKS))
+             ] if straight else []
     lse = lse_of(jnp.arange(Sp, dtype=jnp.int32))
     mx = lse.max(axis=0)
     mx = jnp.where(mx == -jnp.inf, 0.0, mx)  # an all-empty group (seq_len 0)
     den = jnp.exp2(lse - mx[None, :]).sum(axis=0)  # [Gm]; empty splits weigh 0
 
-    def chunk(c0, num):  # adds splits c0 .. c0 + C - 1
-        s = c0 + jnp.arange(C, dtype=jnp.int32)
-        w = jnp.exp2(lse_of(s) - mx[None, :])  # [C, Gm]
-        m = ((s < S)[:, None] & gmask[None, :])[:, :, None]
-        o = plgpu.load(part_ref.at[b, h, s[:, None, None], g[None, :, None], col[None, None, :]],
-                       mask=m, other=0.0)  # [C, Gm, D]
+    def add(loaded, num):
+        lse_c, o = loaded
+        w = jnp.exp2(lse_c - mx[None, :])  # [C, Gm]; 0 for empty splits
         return num + (w[:, :, None] * o).sum(axis=0)
 
-    n_chunks = -(-S // C)
+    def chunk(c0, num):  # adds splits c0 .. c0 + C - 1
+        return add(load_chunk(c0), num)
+
     num = jnp.zeros((Gm, D), jnp.float32)
-    if n_chunks <= MERGE_MAX_UNROLLED_CHUNKS:  # straight-line: all chunks' loads in flight
+    if straight:  # straight-line: all chunks' loads in flight
         for i in range(n_chunks):
-            num = chunk(i * C, num)
+            num = add(early[i], num) if i < len(early) else chunk(i * C, num)
     else:
         num = jax.lax.fori_loop(0, n_chunks, lambda i, n: chunk(i * C, n), num)
     has = den > 0

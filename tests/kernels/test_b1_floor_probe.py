@@ -29,7 +29,8 @@ def test_cpu_smoke_records_every_probe(tmp_path):
              "--out", str(tmp_path)])
     recs = json.loads((tmp_path / "b1_floor_probe.json").read_text())
     impls = {r["config"]["impl"] for r in recs}
-    assert impls == {*fp.MODES, "ours", "ours u0", "bt S2w4b32", "ours S2w4b32"}, impls
+    assert impls == {*fp.MODES, "ours", "ours u0", "ours pre0", "bt S2w4b32",
+                     "ours S2w4b32"}, impls
     swept = [r for r in recs if r["config"]["impl"] == "bt S2w4b32"]
     assert {r["config"]["splits"] for r in swept} == {2}, swept  # ctx 256 / 200: 2 splits
     assert all(r["value"] > 0 and r["unit"] == "us" for r in recs)

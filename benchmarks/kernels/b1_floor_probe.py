@@ -116,8 +116,9 @@ def probe(q, k_cache, v_cache, layer, block_tables, seq_lens, *, mode: str,
                 v_cache]
     if mode == "bt_merge":
         return decode_merge.merged_call(kernel, operands, B=B, Hkv=Hkv, S=S, G=G, D=D,
-                                        dtype=q.dtype, name="b1_probe_bt_merge", interpret=interpret,
-                                        compiler_params=params, counters=None)
+                                        dtype=q.dtype, name="b1_probe_bt_merge",
+                                        interpret=interpret, compiler_params=params,
+                                        counters=None)
     return pl.pallas_call(
         kernel, grid=(B, Hkv, S), interpret=interpret, name=f"b1_probe_{mode}",
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),

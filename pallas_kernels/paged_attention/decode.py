@@ -211,7 +211,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            fp8_widen: str | None = None, fp8_dots: str | None = None,
                            layout: str | None = None, group_rows: int | None = None,
                            fp8_v_stage: bool | None = None, fp8_variant: str | None = None,
-                           unroll: int | None = None, merge: str = "auto", merge_counters: jax.Array | None = None
+                           unroll: int | None = None, merge: str = "auto",
+                           merge_counters: jax.Array | None = None
                            ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
@@ -252,9 +253,9 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         power of two (default and minimum: 16 with "qk", 8 with "kq").
       unroll: splits of at most this many steps run as straight-line code over the split's
         fixed page range (None: :data:`decode_options.DEFAULT_UNROLL`, 2, measured on the
-        H200; 0: always the loop): the block-table read is issued
-        before ``seq_lens`` arrives, one dependent memory round trip less per program;
-        steps outside the sequence (or window) are computed on masked loads and discarded.
+        H200; 0: always the loop): the block-table read is issued before ``seq_lens``
+        arrives, one dependent memory round trip less per program; steps outside the
+        sequence (or window) are computed on masked loads and discarded.
       fp8_variant: name in :data:`fp8.FP8_DECODE_VARIANTS` (FP8 caches only), or "mgpu"
         (:data:`fp8.FP8_DECODE_OTHER`): the Mosaic GPU kernel of decode_mgpu.py (Hopper;
         ``num_splits`` / ``target_programs`` pass through, the other tuning options do not
@@ -277,7 +278,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       PagedAttentionUnsupportedError: shapes the kernel does not handle (see
         :func:`paged_decode_attention_supported`).
       ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant`` /
-        ``merge``, a bad ``group_rows``, "bits" with a bf16 compute dtype, or
+        ``merge``, a bad ``group_rows``, a negative or non-int ``unroll``, "bits" with a
+        bf16 compute dtype, or
         ``merge_counters`` without merge="kernel".
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)

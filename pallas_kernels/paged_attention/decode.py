@@ -279,8 +279,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         :func:`paged_decode_attention_supported`).
       ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant`` /
         ``merge``, a bad ``group_rows``, a negative or non-int ``unroll``, "bits" with a
-        bf16 compute dtype, or
-        ``merge_counters`` without merge="kernel".
+        bf16 compute dtype, or ``merge_counters`` without merge="kernel".
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     decode_merge.check_merge(merge, merge_counters, q.shape[0], k_cache.shape[1])

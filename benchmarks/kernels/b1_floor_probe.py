@@ -194,6 +194,8 @@ def _ints(v: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global T0
+    T0 = time.time()  # deadlines and log stamps count from this run, not the import
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", ""))
     p.add_argument("--ctx", default="1024,2048,4096,8192")

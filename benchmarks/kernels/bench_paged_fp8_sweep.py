@@ -199,6 +199,8 @@ def preflight(configs: list) -> set:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global T0
+    T0 = time.time()  # deadlines and log stamps count from this run, not the import
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", ""))
     p.add_argument("--repeats", type=int, default=2)

@@ -186,6 +186,8 @@ def matmul_rate() -> float:
 
 
 def main() -> None:
+    global T0
+    T0 = time.time()  # deadlines and log stamps count from this run, not the import
     global ARGS
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", ""))

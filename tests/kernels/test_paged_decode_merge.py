@@ -226,11 +226,13 @@ def test_lowers_for_cuda_as_one_launch(B, maxp, kv, window, kw):
 
 def test_bench_cpu_smoke(tmp_path):
     """bench_paged_small_batch.py's CPU mode (tiny heads, interpreter): the device check of
-    both merges passes and every implementation is timed and recorded."""
+    both merges passes and every implementation is timed and recorded (also when the module
+    was imported long before, as by test_b1_floor_probe.py: the deadline is the run's)."""
     import json
 
     from benchmarks.kernels import bench_paged_attention, bench_paged_small_batch
     calls_for = bench_paged_attention.calls_for
+    bench_paged_small_batch.T0 = 0.0  # imported long ago: the deadline counts from main()
     bench_paged_small_batch.main(["--cpu-smoke", "--tunes", "w2", "--out", str(tmp_path)])
     assert bench_paged_attention.calls_for is calls_for  # the smoke's patch is undone
     recs = json.loads((tmp_path / "paged_small_batch.json").read_text())

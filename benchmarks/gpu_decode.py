@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import apply_patches  # noqa: E402  (after the repo root is on the path)
 
 
 def median_time(fn, n: int = 10, warm: int = 2) -> float:
@@ -215,30 +216,6 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
     return res
 
 
-def apply_patches(specs: list[str]) -> dict[str, object]:
-    """Set ``module.NAME = literal`` for each "module.NAME=VALUE" spec; returns {spec target:
-    value}. Raises SystemExit naming the spec for a missing module or constant or a VALUE
-    that is not a Python literal."""
-    import ast
-    import importlib
-
-    done = {}
-    for spec in specs:
-        target, sep, value = spec.partition("=")
-        mod_name, _, const = target.rpartition(".")
-        try:
-            if not (sep and mod_name):
-                raise ValueError("expected MODULE.NAME=VALUE")
-            mod = importlib.import_module(mod_name)
-            if not hasattr(mod, const):
-                raise AttributeError(f"{mod_name} has no {const}")
-            setattr(mod, const, ast.literal_eval(value))
-        except (ValueError, SyntaxError, ImportError, AttributeError) as e:
-            raise SystemExit(f"gpu_decode: --patch {spec!r}: {e}") from None
-        done[target] = getattr(mod, const)
-    return done
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/gpu")
@@ -258,7 +235,7 @@ def main() -> None:
                          "matmul.fp8_plan.FP8_GATE_UP_EPILOGUE_MAX_M=32; VALUE is a Python "
                          "literal; recorded in the summary")
     ns = ap.parse_args()
-    patches = apply_patches(ns.patch)
+    patches = apply_patches(ns.patch, "gpu_decode")
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + ns.budget_s

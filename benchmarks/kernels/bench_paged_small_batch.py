@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.common import apply_patches
 from benchmarks.kernels import bench_paged_attention as bpa
 from benchmarks.kernels.kernel_bench import RunRecords, rel_err, time_fn
 from pallas_kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref
@@ -264,11 +265,18 @@ def main(argv: list[str] | None = None) -> None:
                    help="launch options to time at the default split count and merge, e.g. "
                         "'w2,w8s3,bt32,sp64u1' (w = num_warps, s = num_stages, bt = "
                         "block_tokens, u = unroll, sp = num_splits)")
+    p.add_argument("--patch", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                   help="set a module constant first (an A/B across runs of a plan constant "
+                        "with no option, e.g. pallas_kernels.paged_attention.decode_merge."
+                        "MERGE_PRELOAD_CHUNKS=0); recorded in every record's config")
     args = p.parse_args(argv)
+    patches = apply_patches(args.patch, "bench_paged_small_batch")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     records = RunRecords("benchmarks/kernels/bench_paged_small_batch.py", args.out or None,
                          "paged_small_batch.json")
+    if patches:
+        records.common_config["patches"] = patches
     smoke = args.cpu_smoke
     grid, fp8_grid = (SMOKE["grid"], SMOKE["fp8"]) if smoke else (GRID, FP8_GRID)
     heads = SMOKE["heads"] if smoke else {}

@@ -43,15 +43,18 @@ def rel_err(o, r) -> float:
 
 class RunRecords(list):
     """The records of one benchmark run, rewritten as one JSON list to ``out_dir/file_name``
-    (if ``out_dir``) after each :meth:`add`."""
+    (if ``out_dir``) after each :meth:`add`; ``common_config`` (e.g. the run's --patch
+    values) joins every record's config."""
 
     def __init__(self, script: str, out_dir: str | None = None,
                  file_name: str = "results.json"):
         super().__init__()
         self.command = f"PYTHONPATH=. python3 {script} " + " ".join(sys.argv[1:])
         self.out_dir, self.file_name = out_dir, file_name
+        self.common_config: dict[str, Any] = {}
 
     def add(self, name: str, value: Any, unit: str, config: dict[str, Any]) -> None:
+        config = {**config, **self.common_config}
         self.append(make_record(name, value, unit, config, self.command))
         self.dump()
 

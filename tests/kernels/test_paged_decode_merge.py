@@ -224,7 +224,7 @@ def test_lowers_for_cuda_as_one_launch(B, maxp, kv, window, kw):
     assert "_kmerge" in text and "output_operand_aliases" in text
 
 
-def test_bench_cpu_smoke(tmp_path):
+def test_bench_cpu_smoke(tmp_path, monkeypatch):
     """bench_paged_small_batch.py's CPU mode (tiny heads, interpreter): the device check of
     both merges passes and every implementation is timed and recorded (also when the module
     was imported long before, as by test_b1_floor_probe.py: the deadline is the run's)."""
@@ -233,13 +233,18 @@ def test_bench_cpu_smoke(tmp_path):
     from benchmarks.kernels import bench_paged_attention, bench_paged_small_batch
     calls_for = bench_paged_attention.calls_for
     bench_paged_small_batch.T0 = 0.0  # imported long ago: the deadline counts from main()
-    bench_paged_small_batch.main(["--cpu-smoke", "--tunes", "w2", "--out", str(tmp_path)])
+    monkeypatch.setattr(decode_merge, "MERGE_PRELOAD_CHUNKS", 2)  # restored after the --patch
+    target = "pallas_kernels.paged_attention.decode_merge.MERGE_PRELOAD_CHUNKS"
+    bench_paged_small_batch.main(["--cpu-smoke", "--tunes", "w2", "--patch", f"{target}=0",
+                                  "--out", str(tmp_path)])
     assert bench_paged_attention.calls_for is calls_for  # the smoke's patch is undone
     recs = json.loads((tmp_path / "paged_small_batch.json").read_text())
     checks = [r for r in recs if "/check_rel_err/" in r["name"]]
     assert len(checks) == 3 and all(r["config"]["ok"] for r in checks), checks
     timed = {r["config"]["impl"] for r in recs if "/check_rel_err/" not in r["name"]}
     assert timed == {"stock", "xla", "kfresh", "kcarry S2", "tune w2"}, timed
+    assert all(r["config"]["patches"] == {target: 0} for r in recs)
+    assert decode_merge.MERGE_PRELOAD_CHUNKS == 0
     tuned = [r for r in recs if r["config"].get("impl") == "tune w2"]
     assert tuned[0]["config"]["tune"] == str({"num_warps": 2}), tuned
     assert all(r["config"]["chain_rel_err_vs_xla"] == 0.0 for r in recs
@@ -260,3 +265,19 @@ def test_bench_tunes_parse_launch_options_and_reject_unknown_keys():
     for bad in ("x3", "w", "w2q", "bt-1"):
         with pytest.raises(ValueError, match="--tunes"):
             parse_tunes(bad)
+
+
+def test_bench_patch_sets_constants_and_names_bad_specs(monkeypatch):
+    """benchmarks.common.apply_patches (--patch of bench_paged_small_batch.py and
+    gpu_decode.py): sets a module constant to a Python literal; a spec it cannot apply stops
+    the run with a message naming it, rather than timing the unpatched code."""
+    from benchmarks.common import apply_patches
+
+    monkeypatch.setattr(decode_merge, "MERGE_CHUNK_ELEMS", decode_merge.MERGE_CHUNK_ELEMS)
+    target = "pallas_kernels.paged_attention.decode_merge.MERGE_CHUNK_ELEMS"
+    assert apply_patches([f"{target}=4096"], "bench") == {target: 4096}
+    assert decode_merge.MERGE_CHUNK_ELEMS == 4096
+    for bad in (target, f"{target}=four", "no_such_module.X=1",
+                "pallas_kernels.paged_attention.decode_merge.NO_SUCH=1"):
+        with pytest.raises(SystemExit, match="bench: --patch"):
+            apply_patches([bad], "bench")

@@ -42,7 +42,7 @@ from benchmarks.kernels import bench_paged_attention as bpa
 from benchmarks.kernels.bench_paged_small_batch import Cupti
 from benchmarks.kernels.kernel_bench import RunRecords, time_fn
 from pallas_kernels.paged_attention import decode_merge
-from pallas_kernels.paged_attention.decode_options import choose_num_splits
+from pallas_kernels.paged_attention.decode_options import split_grid
 
 warnings.filterwarnings("ignore")
 MODES = ("none", "direct", "bt", "len_bt", "bt_merge")
@@ -51,15 +51,6 @@ T0 = time.time()
 
 def log(*a) -> None:
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
-
-
-def grid_of(B: int, Hkv: int, maxp: int, bp: int, num_splits: int | None = None
-            ) -> tuple[int, int]:
-    """(splits, pages a split) as paged_decode_attention picks them (decode.py)."""
-    n_blocks = -(-maxp // bp)
-    S = max(1, min(num_splits or choose_num_splits(B, Hkv, n_blocks), n_blocks))
-    pps = -(-n_blocks // S) * bp
-    return -(-maxp // pps), pps
 
 
 def _probe_kernel(layer_ref, bt_ref, len_ref, q_ref, k_ref, v_ref, o_ref, sum_ref, *,
@@ -108,7 +99,7 @@ def probe(q, k_cache, v_cache, layer, block_tables, seq_lens, *, mode: str,
     B, Hq, D = q.shape
     _, Hkv, _, ps, _ = k_cache.shape
     G, bp, maxp = Hq // Hkv, max(1, block_tokens // ps), block_tables.shape[1]
-    S, pps = grid_of(B, Hkv, maxp, bp, num_splits)
+    S, pps = split_grid(B, Hkv, maxp, bp, num_splits)
     kernel = functools.partial(_probe_kernel, mode=mode, ps=ps, bp=bp, pps=pps, G=G,
                                Gp=max(16, G), D=D)
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
@@ -133,7 +124,7 @@ def expected_sums(c, mode: str, layer: int, block_tokens: int = 64) -> np.ndarra
     bt, lens = np.asarray(c["bt"]), np.asarray(c["lens"])
     B, W = bt.shape
     Hkv, ps = kc.shape[0], kc.shape[2]
-    S, pps = grid_of(B, Hkv, W, max(1, block_tokens // ps))
+    S, pps = split_grid(B, Hkv, W, max(1, block_tokens // ps))
     out = np.zeros((B, Hkv, S))
     for b in range(B):
         for s in range(S):
@@ -152,11 +143,7 @@ def runner(c, mode: str, interpret: bool = False, **opts):
     def step(q, i, kc, vc, bt, lens, *layers):
         return probe(q, kc, vc, layers[i], bt, lens, mode=mode, interpret=interpret,
                      **opts)[0]
-    n = bpa.calls_for(c)
-    L = c["L"]
-    args = [(c["q"], c["kc"], c["vc"], c["bt"], c["lens"],
-             *[jnp.int32((r * n + i) % L) for i in range(n)]) for r in range(L)]
-    return bpa.chain(step, n), args
+    return bpa.layer_chain(c, step)
 
 
 TOLERANCE = {"bt_merge": 2e-2}  # its merged output is bf16 (q.dtype); the others f32
@@ -257,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
                 decode_merge.MERGE_PRELOAD_CHUNKS = preload
             row[label] = k_us if k_us == k_us else wall
             bp = max(1, (opts or {}).get("block_tokens", 64) // 16)
-            S, pps = grid_of(1, c["Hkv"], maxp, bp, (opts or {}).get("num_splits"))
+            S, pps = split_grid(1, c["Hkv"], maxp, bp, (opts or {}).get("num_splits"))
             records.add(f"b1_floor/{label.replace(' ', '_')}/B1_ctx{ctx}", row[label], "us",
                         {"B": 1, "ctx": ctx, "Hq": c["Hq"], "Hkv": c["Hkv"], "D": c["D"],
                          "page": 16, "impl": label, "options": str(opts), "splits": S,

@@ -88,6 +88,18 @@ def chain(step, calls=CALLS):
     return jax.jit(f)
 
 
+def layer_chain(c, step, state=None):
+    """(run, args list) of ``calls_for(c)`` dependent ``step(state, i, kc, vc, bt, lens,
+    *layers)`` calls over rotating layers (layer is a traced argument); the chain starts from
+    ``state`` (default q), one args tuple per starting layer."""
+    n = calls_for(c)
+    L = c["L"]
+    state = c["q"] if state is None else state
+    args = [(state, c["kc"], c["vc"], c["bt"], c["lens"],
+             *[jnp.int32((r * n + i) % L) for i in range(n)]) for r in range(L)]
+    return chain(step, n), args
+
+
 def ours_runner(c, window=0, **tune):
     """Runs of CALLS calls over rotating layers (layer is a traced argument)."""
     scale = 1.0 / math.sqrt(c["D"])
@@ -95,12 +107,7 @@ def ours_runner(c, window=0, **tune):
     def step(q, i, kc, vc, bt, lens, *layers):
         return paged_decode_attention(q, kc, vc, layers[i], bt, lens, scale=scale,
                                       window=window, **c["scales"], **tune)
-    n = calls_for(c)
-    run = chain(step, n)
-    L = c["L"]
-    args = [(c["q"], c["kc"], c["vc"], c["bt"], c["lens"],
-             *[jnp.int32((r * n + i) % L) for i in range(n)]) for r in range(L)]
-    return run, args
+    return layer_chain(c, step)
 
 
 def stock_runner(c, interpret=False):

@@ -101,13 +101,7 @@ def carried_runner(c, **tune):
         return paged_decode_attention(q, kc, vc, layers[i], bt, lens, scale=scale,
                                       merge="kernel", merge_counters=ctr, **c["scales"],
                                       **tune)
-    n = bpa.calls_for(c)
-    run = bpa.chain(step, n)
-    ctr = jnp.zeros((c["B"], c["Hkv"]), jnp.int32)
-    L = c["L"]
-    args = [((c["q"], ctr), c["kc"], c["vc"], c["bt"], c["lens"],
-             *[jnp.int32((r * n + i) % L) for i in range(n)]) for r in range(L)]
-    return run, args
+    return bpa.layer_chain(c, step, (c["q"], jnp.zeros((c["B"], c["Hkv"]), jnp.int32)))
 
 
 class Cupti:

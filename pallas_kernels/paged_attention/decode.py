@@ -38,8 +38,8 @@ from pallas_kernels.paged_attention.decode_options import (
     _next_pow2,
     _pow2,
     _resolve_options,
-    choose_num_splits,
     default_block_tokens,
+    split_grid,
 )
 from pallas_kernels.paged_attention.errors import PagedAttentionUnsupportedError, scalar_operands
 from pallas_kernels.paged_attention.fp8 import (
@@ -56,7 +56,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
                    scale_log2: float, static_window: int | None, has_kscale: bool,
                    has_vscale: bool, split_out: bool, compute_dtype, fp8_widen: str = "cvt",
                    fp8_dots: str = "none", layout: str = "qk", v_stage: bool = False,
-                   unroll: int = 0, split_of=None, interpret: bool = False) -> None:
+                   straight: bool = False, split_of=None, interpret: bool = False) -> None:
     it = iter(refs)
     layer_ref = next(it)
     window_ref = next(it) if static_window is None else None
@@ -75,11 +75,9 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
     start = jnp.maximum(s * pps, first_tok // ps)  # first page (block-table column)
     end = jnp.minimum((s + 1) * pps, n_pages)  # one past the last page of this split
     n_iter = (jnp.maximum(end - start, 0) + bp - 1) // bp
-    # Straight-line splits (at most `unroll` steps): each step covers a fixed slice of the
-    # split's static page range, so the block-table read does not wait for seq_len (one
-    # dependent round trip less); steps with no valid token are computed and discarded.
-    n_steps = pps // bp
-    straight = 0 < n_steps <= unroll
+    # Straight-line splits (`unroll`): each step covers a fixed slice of the split's static
+    # page range, so the block-table read does not wait for seq_len (one dependent round
+    # trip less); steps with no valid token are computed and discarded.
 
     N = bp * ps
     t = jnp.arange(N, dtype=jnp.int32)
@@ -174,7 +172,7 @@ def _decode_kernel(*refs, ps: int, bp: int, pps: int, G: int, Gp: int, D: int,
     body = body_kq if layout == "kq" else body_qk
     carry = (jnp.zeros((D, Gp) if layout == "kq" else (Gp, D), jnp.float32), m0, l0)
     if straight:
-        for i in range(n_steps):  # a step is taken iff its pages meet [start, end)
+        for i in range(pps // bp):  # a step is taken iff its pages meet [start, end)
             lo = s * pps + i * bp
             take = (lo < end) & (lo + bp > start)
             carry = tuple(jnp.where(take, n, c) for n, c in zip(body(i, carry), carry))
@@ -318,12 +316,9 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         raise PagedAttentionUnsupportedError(
             f"paged_decode_attention: block_tokens={block_tokens} must be a power of two")
     bp = bt // ps
-    maxp = block_tables.shape[1]
-    n_blocks = -(-maxp // bp)
-    S = o["num_splits"] or choose_num_splits(B, Hkv, n_blocks, o["target_programs"])
-    S = max(1, min(S, n_blocks))
-    pps = -(-n_blocks // S) * bp  # pages per split, a multiple of bp
-    S = -(-maxp // pps)
+    S, pps = split_grid(B, Hkv, block_tables.shape[1], bp, o["num_splits"],
+                        o["target_programs"])
+    straight = pps // bp <= o["unroll"]  # steps a split takes (>= 1) within the unroll
 
     operands, static_window, compute_dtype = scalar_operands(
         layer, window, k_scale, v_scale, k_cache.dtype, fp8_compute_dtype)
@@ -340,13 +335,13 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     v_stage = fp8 and bool(o["fp8_v_stage"])
     name = (f"paged_decode_bt{bt}_s{S}" + (f"_{o['fp8_widen']}_{o['fp8_dots']}" if fp8 else "")
             + (f"_kq{Gp}" if o["layout"] == "kq" else "") + ("_vs" if v_stage else "")
-            + ("_u" if 0 < pps // bp <= o["unroll"] else ""))
+            + ("_u" if straight else ""))
     kernel = functools.partial(
         _decode_kernel, ps=ps, bp=bp, pps=pps, G=G, Gp=Gp, D=D, scale_log2=scale * LOG2E,
         static_window=static_window, has_kscale=k_scale is not None,
         has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype,
         fp8_widen=o["fp8_widen"], fp8_dots=o["fp8_dots"], layout=o["layout"],
-        v_stage=v_stage, unroll=o["unroll"], interpret=interpret)
+        v_stage=v_stage, straight=straight, interpret=interpret)
     params = plgpu.CompilerParams(num_warps=o["num_warps"], num_stages=o["num_stages"])
     if split_out and merge == "kernel":
         return ret(*decode_merge.merged_call(

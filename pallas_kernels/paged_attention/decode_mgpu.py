@@ -46,7 +46,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.paged_attention.decode_options import _check, _merge_splits, choose_num_splits
+from pallas_kernels.paged_attention.decode_options import _check, _merge_splits, split_grid
 from pallas_kernels.paged_attention.errors import PagedAttentionUnsupportedError
 from pallas_kernels.paged_attention.fp8 import quantize_rows_e4m3
 
@@ -304,11 +304,7 @@ def paged_decode_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.A
     T = cfg.block_tokens
     bp = T // ps
     maxp = block_tables.shape[1]
-    n_blocks = -(-maxp // bp)
-    S = cfg.num_splits or choose_num_splits(B, Hkv, n_blocks, cfg.target_programs)
-    S = max(1, min(S, n_blocks))
-    pps = -(-n_blocks // S) * bp  # pages per split, a multiple of bp
-    S = -(-maxp // pps)
+    S, pps = split_grid(B, Hkv, maxp, bp, cfg.num_splits, cfg.target_programs)
 
     qk, row_scale = _q_terms(q, Hkv, scale, k_scale, cfg.q_terms if fp8 else 0)
     nq = qk.shape[2]

@@ -71,6 +71,22 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
     return max(1, min(want, num_blocks))
 
 
+def split_grid(batch: int, num_kv_heads: int, max_pages: int, pages_per_step: int,
+               num_splits: int | None = None, target_programs: int | None = None
+               ) -> tuple[int, int]:
+    """(splits, pages a split) of a decode launch over a ``max_pages``-wide block table.
+
+    The split count is ``num_splits`` or :func:`choose_num_splits` over the table's steps of
+    ``pages_per_step`` pages, at most one step a split; each split then takes a whole number
+    of steps (pages a split, a multiple of ``pages_per_step``), and the count is what that
+    leaves (ceil(max_pages / pages a split): it can drop, e.g. 33 wanted -> 32).
+    """
+    n_blocks = -(-max_pages // pages_per_step)
+    S = num_splits or choose_num_splits(batch, num_kv_heads, n_blocks, target_programs)
+    pps = -(-n_blocks // max(1, min(S, n_blocks))) * pages_per_step
+    return -(-max_pages // pps), pps
+
+
 def default_block_tokens(head_dim: int, kv_dtype) -> int:
     """Tokens per loop step: K and V tiles of about 16 KB each (64 tokens of bf16 at
     D = 128 measured best on an H200), at least 64 tokens for 2-byte caches, at most 128."""

@@ -210,6 +210,19 @@ def test_split_count_two_programs_an_sm():
     assert choose_num_splits(8, 8, 256, target_programs=132) == 3  # explicit target: ceil
 
 
+def test_split_grid_whole_steps_a_split():
+    """split_grid (the decode kernels' launch, and the B1 probes'): each split takes whole
+    steps, so the count can fall below the pick (B1 ctx4096: 33 wanted, 32 of 2 steps)."""
+    from pallas_kernels.paged_attention.decode_options import split_grid
+
+    assert split_grid(1, 8, 64, 4) == (16, 4)      # ctx1024, 64-token steps: one a split
+    assert split_grid(1, 8, 128, 4) == (32, 4)     # ctx2048
+    assert split_grid(1, 8, 256, 4) == (32, 8)     # ctx4096: two steps a split
+    assert split_grid(8, 8, 256, 4) == (4, 64)     # B8: two programs an SM
+    assert split_grid(1, 8, 256, 4, num_splits=64) == (64, 4)
+    assert split_grid(1, 8, 10, 4, num_splits=64) == (3, 4)  # ragged table: 4 + 4 + 2 pages
+
+
 @pytest.mark.parametrize("B,maxp,kv,window,kw", [
     (1, 128, jnp.bfloat16, 0, {}),                         # B1 ctx2048: 32 splits
     (1, 2048, jnp.bfloat16, 0, {"num_splits": 64}),        # B1 ctx32k, 4 chunks in the merge

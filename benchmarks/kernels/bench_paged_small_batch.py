@@ -297,7 +297,8 @@ def _run(args, records, smoke: bool, grid, fp8_grid, heads: dict) -> None:
 
     # 1. correctness on this device before any timing
     checks = [((1, 2048), {}), ((1, 4096), {"window": 1000}), ((8, 1024), {}),
-              ((32, 2048), {"kernel_splits": (2,)}), ((1, 2048), {"kv": F8})]
+              ((32, 2048), {"kernel_splits": (2,)}), ((1, 2048), {"kv": F8}),
+              ((128, 1024), {}), ((8, 2048), {"kv": F8})]  # 4 stages; FP8 at 4 programs an SM
     if smoke:
         checks = [((2, 256), {"kv": F8, "window": 100, "kernel_splits": (2,)})]
     if args.no_checks:

@@ -59,11 +59,15 @@ def capture(args) -> None:
             lower_paged_kernel(paged_decode_attention, avals, kv, 0, **kw)
             with open(os.path.join(args.dir, f"{name}.ttir"), "w") as f:
                 f.write(seen[0])
-            from pallas_kernels.paged_attention.decode_options import _resolve_options
+            from pallas_kernels.paged_attention.decode_options import (
+                _resolve_options,
+                launch_grid,
+            )
             o = _resolve_options(kv, kw.get("fp8_variant"), B, **{k: kw.get(k) for k in (
                 "block_tokens", "num_splits", "target_programs", "num_warps", "num_stages",
                 "fp8_widen", "fp8_dots", "layout", "group_rows", "fp8_v_stage")})
-            index.append({"name": name, "num_warps": o["num_warps"], "num_stages": o["num_stages"]})
+            *_, stages = launch_grid(o, kv, B, Hkv, maxp, ps, D)
+            index.append({"name": name, "num_warps": o["num_warps"], "num_stages": stages})
             print("captured", name, flush=True)
         with open(os.path.join(args.dir, "index.json"), "w") as f:
             json.dump({"shape": args.shape, "configs": index}, f, indent=1)

@@ -36,10 +36,8 @@ from pallas_kernels.paged_attention.decode_options import (
     _kernel_accepts,
     _merge_splits,
     _next_pow2,
-    _pow2,
     _resolve_options,
-    default_block_tokens,
-    split_grid,
+    launch_grid,
 )
 from pallas_kernels.paged_attention.errors import PagedAttentionUnsupportedError, scalar_operands
 from pallas_kernels.paged_attention.fp8 import (
@@ -228,13 +226,14 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       k_scale, v_scale: FP8 dequantisation scales (read = stored * scale), or None.
       interpret: run the Pallas interpreter (CPU tests).
       block_tokens: tokens per inner-loop step (pages per step = block_tokens / ps), a power
-        of two (None: measured default, :func:`default_block_tokens`); raised to the page
+        of two (None: measured default, :func:`decode_options.default_block_tokens`); raised to the page
         size if smaller (and to 16 with ``layout="kq"``).
       num_splits: split-K count, how many programs share one sequence's pages (None:
         :func:`choose_num_splits` with ``target_programs`` programs in the grid).
-      num_warps / num_stages: Triton launch / software-pipelining parameters (default 4 / 5;
-        stages 5 prefetches the K/V tiles two steps ahead with Triton 3.x's pipeliner,
-        stages 3-4 one buffer, no prefetch).
+      num_warps / num_stages: Triton launch / software-pipelining parameters (default 4 and
+        :func:`decode_options.default_num_stages`: 5, or 4 for a 16-bit cache at D 128 whose
+        grid exceeds three programs an SM; stages 5 prefetches the K/V tiles a step ahead
+        with Triton 3.x's pipeliner, stages 3-4 keep one buffer, no prefetch).
       fp8_compute_dtype: dtype FP8 K/V are widened to for the dots (f16: one instruction
         per two values from e4m3; q is clipped to the f16 range).
       fp8_widen: "cvt" (``astype``, default) or "bits" (exact bit placement into f16,
@@ -310,14 +309,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
             f"{k_cache.dtype}; use paged_decode_attention_ref")
     G = Hq // Hkv
     Gp = max(o["group_rows"], _next_pow2(G))
-    block_tokens = o["block_tokens"] or default_block_tokens(D, k_cache.dtype)
-    bt = max(block_tokens, ps, 16 if o["layout"] == "kq" else 1)
-    if not _pow2(bt):
-        raise PagedAttentionUnsupportedError(
-            f"paged_decode_attention: block_tokens={block_tokens} must be a power of two")
-    bp = bt // ps
-    S, pps = split_grid(B, Hkv, block_tables.shape[1], bp, o["num_splits"],
-                        o["target_programs"])
+    bt, bp, S, pps, num_stages = launch_grid(o, k_cache.dtype, B, Hkv, block_tables.shape[1],
+                                             ps, D)
     straight = pps // bp <= o["unroll"]  # steps a split takes (>= 1) within the unroll
 
     operands, static_window, compute_dtype = scalar_operands(
@@ -342,7 +335,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         has_vscale=v_scale is not None, split_out=split_out, compute_dtype=compute_dtype,
         fp8_widen=o["fp8_widen"], fp8_dots=o["fp8_dots"], layout=o["layout"],
         v_stage=v_stage, straight=straight, interpret=interpret)
-    params = plgpu.CompilerParams(num_warps=o["num_warps"], num_stages=o["num_stages"])
+    params = plgpu.CompilerParams(num_warps=o["num_warps"], num_stages=num_stages)
     if split_out and merge == "kernel":
         return ret(*decode_merge.merged_call(
             kernel, operands, B=B, Hkv=Hkv, S=S, G=G, D=D, dtype=q.dtype, name=name,

@@ -12,7 +12,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.paged_attention.errors import PagedAttentionShapeError, check_q_and_cache
+from pallas_kernels.paged_attention.errors import (
+    PagedAttentionShapeError,
+    PagedAttentionUnsupportedError,
+    check_q_and_cache,
+)
 from pallas_kernels.paged_attention.fp8 import check_variant, fp8_decode_config
 
 LOG2E = math.log2(math.e)
@@ -25,6 +29,19 @@ LAYOUTS = ("qk", "kq")
 # FP8 ctx 2048 6.3 -> 6.1, ctx 4096 9.4 -> 9.1); 4 steps straight-line were slower (B1
 # ctx 8192 14.2 -> 15.6, B8 ctx 1024 13.2 -> 15.0), so 2.
 DEFAULT_UNROLL = 2
+# Triton software-pipelining depth for 16-bit KV: 5 stages keep two K/V buffers a program
+# (the block-table load is stage 0, K/V stage 1: NOTES_paged_attention "Design"; ~72 KB of
+# shared memory at D 128, 3 programs an SM), 4 keep one (the load of step i+1 waits for step
+# i's math, but more programs share an SM). H200, session 19 (8B heads, D 128, CUPTI us a
+# call, records paged_small_batch_h200_s19call{1,2}): once the grid exceeds the 3 x 132
+# programs that two buffers leave resident, one buffer wins -- B64 ctx2048 / 4096 143.7 /
+# 283.6 -> 123.8 / 241.2, B128 ctx1024 / 2048 / 4096 128.6 / 249.8 / 493.3 -> 125.3 / 242.4
+# / 477.1, B256 ctx2048 475.5 / 477.4 (even); within it two buffers win (B32 ctx2048 64.8 vs
+# 70.3, B48 95.0 / 95.1). FP8 caches keep 5 (kq8_bt64_w2 at B128: 155 vs 223 with 4).
+# Measured at D 128 only: other head dims keep 5.
+STAGES_TWO_BUFFERS = 5
+STAGES_MANY_PROGRAMS = 4
+RESIDENT_TWO_BUFFERS = 3  # programs an SM with two K/V buffers (D 128, 4 warps)
 
 
 def _pow2(n: int) -> bool:
@@ -71,6 +88,17 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
     return max(1, min(want, num_blocks))
 
 
+def default_num_stages(kv_dtype, head_dim: int, programs: int) -> int:
+    """Triton ``num_stages`` of a decode launch whose caller left it unset: 
+    :data:`STAGES_MANY_PROGRAMS` for a 16-bit cache at D 128 whose grid (``programs`` =
+    batch x KV heads x splits) exceeds :data:`RESIDENT_TWO_BUFFERS` programs an SM, else
+    :data:`STAGES_TWO_BUFFERS` (the measurements are in the constants' comment)."""
+    if (jnp.dtype(kv_dtype).itemsize == 2 and head_dim == 128
+            and programs > RESIDENT_TWO_BUFFERS * NUM_SMS_H200):
+        return STAGES_MANY_PROGRAMS
+    return STAGES_TWO_BUFFERS
+
+
 def split_grid(batch: int, num_kv_heads: int, max_pages: int, pages_per_step: int,
                num_splits: int | None = None, target_programs: int | None = None
                ) -> tuple[int, int]:
@@ -93,6 +121,26 @@ def default_block_tokens(head_dim: int, kv_dtype) -> int:
     isz = jnp.dtype(kv_dtype).itemsize
     bt = 16384 // (head_dim * isz)
     return min(128, max(bt, 64 if isz <= 2 else 32))
+
+
+def launch_grid(o: dict, kv_dtype, B: int, Hkv: int, max_pages: int, ps: int,
+                D: int) -> tuple[int, int, int, int, int]:
+    """(tokens a step, pages a step, splits, pages a split, num_stages) of a decode launch with
+    the resolved options ``o`` (:func:`_resolve_options`) over a ``max_pages``-wide block
+    table of ``ps``-token pages.
+
+    Raises:
+      PagedAttentionUnsupportedError: tokens a step not a power of two.
+    """
+    block_tokens = o["block_tokens"] or default_block_tokens(D, kv_dtype)
+    bt = max(block_tokens, ps, 16 if o["layout"] == "kq" else 1)
+    if not _pow2(bt):
+        raise PagedAttentionUnsupportedError(
+            f"paged_decode_attention: block_tokens={block_tokens} must be a power of two")
+    bp = bt // ps
+    S, pps = split_grid(B, Hkv, max_pages, bp, o["num_splits"], o["target_programs"])
+    stages = o["num_stages"] or default_num_stages(kv_dtype, D, B * Hkv * S)
+    return bt, bp, S, pps, stages
 
 
 def _check(q, k_cache, v_cache, block_tables, seq_lens) -> None:
@@ -142,7 +190,7 @@ def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, **opts) -> d
                 raise ValueError(f"paged_decode_attention: variant option {k!r} unknown")
             if opts[k] is None:
                 opts[k] = v
-    defaults = {"num_warps": 4, "num_stages": 5, "fp8_widen": "cvt", "fp8_dots": "none",
+    defaults = {"num_warps": 4, "num_stages": None, "fp8_widen": "cvt", "fp8_dots": "none",
                 "layout": "qk", "fp8_v_stage": False, "unroll": DEFAULT_UNROLL}
     opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}
     check_variant(opts["fp8_widen"], opts["fp8_dots"])

@@ -73,6 +73,10 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     "kq8_bt32": dict(KQ8, block_tokens=32),
     "kq16": {"layout": "kq", "group_rows": 16, "fp8_v_stage": True, "block_tokens": 128},
     "kq8_bt64_w2": dict(KQ8, block_tokens=64, num_warps=2),
+    # kq8_bt64_w2 split to about 4 programs an SM (its 2-warp programs fit 4 an SM where the
+    # default split count aims at 2): session 19, H200, B = 6-8 (NOTES_paged_attention
+    # "Session 19").
+    "kq8_bt64_w2_tp512": dict(KQ8, block_tokens=64, num_warps=2, target_programs=512),
     # Session 13 (static analysis only, not yet run on a GPU): the transposed layout with both
     # dots FP8 and the group padded to 16 rows, so the dots ask for wgmma
     # (matmul/fp8_fast_accum.py): Sᵀ = K qᵀ (tokens on M = 64 / 128, N = 16) and Oᵀ = Vᵀ P
@@ -95,7 +99,8 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
 # batch nearest to it -- B1 ctx32k kq8 0.718x bf16's time (cvt 0.774), B32 ctx2048 cvt 0.707
 # (kq8 0.716), B128 ctx1024 / 2048 kq8_bt64_w2 0.626 / 0.610 (cvt 0.720 / 0.671). Boundaries:
 # the geometric midpoints of the measured batches, rounded to the decode buckets.
-FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((64, "kq8_bt64_w2"), (8, "cvt"), (1, "kq8"))
+FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((64, "kq8_bt64_w2"), (4, "kq8_bt64_w2_tp512"),
+                                                    (1, "kq8"))
 FP8_DECODE_DEFAULT = "by_batch"
 # Variants served by another kernel than decode.py's: names valid wherever a variant name is
 # (``fp8_variant=``, ``$JAXINFER_FP8_DECODE``), opt-in until an H200 run measures them.

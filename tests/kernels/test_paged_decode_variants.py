@@ -178,17 +178,43 @@ def test_variant_fills_only_unset_options(monkeypatch):
 
 
 def test_default_fp8_variant_follows_the_batch(monkeypatch):
-    """FP8_DECODE_DEFAULT "by_batch": the H200 sweep's fastest variant at the nearest measured
-    batch (1 -> kq8, 32 -> cvt, 128 -> kq8_bt64_w2); $JAXINFER_FP8_DECODE still overrides."""
+    """FP8_DECODE_DEFAULT "by_batch": the H200 sweeps' fastest variant at the nearest measured
+    batch (1-3 -> kq8, 4-63 -> kq8_bt64_w2 split to ~4 programs an SM, 64+ -> kq8_bt64_w2);
+    $JAXINFER_FP8_DECODE still overrides."""
     from pallas_kernels.paged_attention import fp8
 
     monkeypatch.delenv(fp8.ENV_VARIANT, raising=False)
     assert fp8.FP8_DECODE_DEFAULT == "by_batch"
-    got = {b: fp8.variant_for_batch(b) for b in (1, 4, 8, 16, 32, 63, 64, 128, 256)}
-    assert got == {1: "kq8", 4: "kq8", 8: "cvt", 16: "cvt", 32: "cvt", 63: "cvt",
+    got = {b: fp8.variant_for_batch(b) for b in (1, 3, 4, 8, 16, 32, 63, 64, 128, 256)}
+    mid = "kq8_bt64_w2_tp512"
+    assert got == {1: "kq8", 3: "kq8", 4: mid, 8: mid, 16: mid, 32: mid, 63: mid,
                    64: "kq8_bt64_w2", 128: "kq8_bt64_w2", 256: "kq8_bt64_w2"}
+    assert fp8.fp8_decode_config(None, 8)["target_programs"] == 512
     assert fp8.fp8_decode_config(None, 128) == fp8.FP8_DECODE_VARIANTS["kq8_bt64_w2"]
     assert fp8.fp8_decode_config(None, 1) == fp8.FP8_DECODE_VARIANTS["kq8"]
     assert fp8.fp8_decode_config("cvt", 128) == {}
     monkeypatch.setenv(fp8.ENV_VARIANT, "cvt")
     assert fp8.fp8_decode_config(None, 128) == {}
+
+
+def test_num_stages_follow_the_grid():
+    """bf16 / f16 at D 128: 5 stages (two K/V buffers) while the grid fits three programs an
+    SM, 4 (one buffer, more programs an SM) past it; FP8 and other head dims keep 5; a
+    caller's num_stages wins. launch_grid applies it to the split grid it computes."""
+    from pallas_kernels.paged_attention import decode_options as do
+
+    lim = do.RESIDENT_TWO_BUFFERS * do.NUM_SMS_H200
+    assert do.default_num_stages(jnp.bfloat16, 128, lim) == 5
+    assert do.default_num_stages(jnp.bfloat16, 128, lim + 1) == 4
+    assert do.default_num_stages(jnp.float16, 128, 1024) == 4
+    assert do.default_num_stages(jnp.float8_e4m3fn, 128, 1024) == 5
+    assert do.default_num_stages(jnp.bfloat16, 64, 1024) == 5
+    assert do.default_num_stages(jnp.bfloat16, 256, 1024) == 5
+    o = do._resolve_options(jnp.bfloat16, None, 128, block_tokens=None, num_splits=None,
+                            target_programs=None, num_warps=None, num_stages=None,
+                            fp8_widen=None, fp8_dots=None, layout=None, group_rows=None,
+                            fp8_v_stage=None, unroll=None)
+    # B128 ctx1024, 8 KV heads: 1024 programs of one split -> 4 stages; B32: 256 -> 5
+    assert do.launch_grid(o, jnp.bfloat16, 128, 8, 64, 16, 128) == (64, 4, 1, 64, 4)
+    assert do.launch_grid(o, jnp.bfloat16, 32, 8, 64, 16, 128)[-1] == 5
+    assert do.launch_grid(dict(o, num_stages=3), jnp.bfloat16, 128, 8, 64, 16, 128)[-1] == 3

@@ -74,8 +74,7 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     "kq16": {"layout": "kq", "group_rows": 16, "fp8_v_stage": True, "block_tokens": 128},
     "kq8_bt64_w2": dict(KQ8, block_tokens=64, num_warps=2),
     # kq8_bt64_w2 split to about 4 programs an SM (its 2-warp programs fit 4 an SM where the
-    # default split count aims at 2): session 19, H200, B = 6-8 (NOTES_paged_attention
-    # "Session 19").
+    # default split count aims at 2): session 19, H200 (NOTES_paged_attention "Session 19").
     "kq8_bt64_w2_tp512": dict(KQ8, block_tokens=64, num_warps=2, target_programs=512),
     # Session 13 (static analysis only, not yet run on a GPU): the transposed layout with both
     # dots FP8 and the group padded to 16 rows, so the dots ask for wgmma
@@ -99,6 +98,11 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
 # batch nearest to it -- B1 ctx32k kq8 0.718x bf16's time (cvt 0.774), B32 ctx2048 cvt 0.707
 # (kq8 0.716), B128 ctx1024 / 2048 kq8_bt64_w2 0.626 / 0.610 (cvt 0.720 / 0.671). Boundaries:
 # the geometric midpoints of the measured batches, rounded to the decode buckets.
+# Session 19 (H200, CUPTI us a call, new vs old default in two processes of one call, record
+# paged_small_batch_h200_s19call3): from 4 rows kq8_bt64_w2 split to ~4 programs an SM
+# replaces cvt / kq8 at the default two-programs split -- B6 / B8 ctx4096 21.3 / 26.9 vs 24.4
+# / 28.6, B8 ctx2048 16.6 vs 18.0, B16 / B32 ctx2048 26.5 / 44.6 vs 28.2-30.0 / 46.8; even at
+# B4 ctx4096 (16.9 vs 16.7), B8 ctx1024 (11.8 vs 11.5) and B48 (81.9 vs 81.8).
 FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((64, "kq8_bt64_w2"), (4, "kq8_bt64_w2_tp512"),
                                                     (1, "kq8"))
 FP8_DECODE_DEFAULT = "by_batch"

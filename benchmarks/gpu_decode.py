@@ -158,11 +158,14 @@ def add_step_shape_args(ap) -> None:
 
 def make_engine(model, backend: str, batches: list[int], ctx: int, steps: int,
                 scan_layers: bool | None = None, **engine_args):
-    """An LLMEngine for decode timing: backend "attention[:quantization]", e.g. "pallas:fp8"."""
+    """An LLMEngine for decode timing: backend "attention[:quantization[:kv_cache_dtype]]",
+    e.g. "pallas:fp8" (FP8 weights), "pallas::fp8" (bf16 weights, FP8 KV cache)."""
     from jaxinfer.engine import LLMEngine
 
-    backend, _, quant = backend.partition(":")
+    backend, _, rest = backend.partition(":")
+    quant, _, kv = rest.partition(":")
     args = dict(dtype="bfloat16", attention_backend=backend, quantization=quant or None,
+                kv_cache_dtype=kv or "auto",
                 scan_layers=scan_layers, max_model_len=ctx + steps + max(batches) + 16,
                 max_num_seqs=max(batches), decode_buckets=tuple(batches),
                 max_num_batched_tokens=ctx, prefill_buckets=(ctx,), max_prefill_seqs=1)
@@ -225,7 +228,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--peer", default=".peers/torch_compile_llama.py")
     ap.add_argument("--backends", nargs="+", default=["pallas", "reference", "pallas:fp8"],
-                    help="attention backend[:quantization] variants, run in this order")
+                    help="attention backend[:quantization[:kv_cache_dtype]] variants, run in "
+                         "this order (e.g. pallas:fp8, pallas::fp8 for an FP8 KV cache)")
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--quick", action="store_true", help="skip the ceilings and tiny check")
     ap.add_argument("--scan-layers", choices=["auto", "true", "false"], default="auto")
@@ -260,7 +264,7 @@ def main() -> None:
     t0 = time.perf_counter()
     # once for all variants; FP8 projections made as FP8 directly when every variant is FP8
     # (a 70B dummy in bf16 would need 140 GB of host memory)
-    quant = "fp8" if all(b.endswith(":fp8") for b in ns.backends) else None
+    quant = "fp8" if all(b.split(":")[1:2] == ["fp8"] for b in ns.backends) else None
     model = load_model(ns.model, dtype="bfloat16", quantization=quant, progress=False)
     summary["dummy_build_s"] = time.perf_counter() - t0
     scan = {"auto": None, "true": True, "false": False}[ns.scan_layers]

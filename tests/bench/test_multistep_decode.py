@@ -33,3 +33,11 @@ def test_step_inputs_refuses_pages_beyond_the_bucket():
     eng = make_engine("dummy:tiny-llama", "reference", [1], 40, 8, dtype="float32")
     with pytest.raises(SystemExit, match="do not fit"):
         step_inputs(eng, 1, 40, 10_000)
+
+
+def test_make_engine_backend_fields():
+    """gpu_decode's backend string "attention[:quantization[:kv_cache_dtype]]"."""
+    eng = make_engine("dummy:tiny-llama", "reference::fp8", [1], 40, 8, dtype="float32")
+    assert eng.config.kv_cache_dtype == "fp8" and eng.config.quantization is None
+    assert make_engine("dummy:tiny-llama", "reference", [1], 40, 8,
+                       dtype="float32").config.kv_cache_dtype == "auto"

@@ -99,8 +99,8 @@ def _body(layer_ref, bt_ref, q_ref, k_ref, v_ref, qo_ref, sum_ref, k_smem, v_sme
     layout = plgpu.Layout.WG_STRIDED(part.shape, vec_size=4)
     acc = None
     for j in range(pps):
-        kv = (plgpu.load(k_smem.at[j], (), layout=layout, optimized=False).astype(jnp.float32)
-              + plgpu.load(v_smem.at[j], (), layout=layout, optimized=False)
+        kv = (plgpu.load(k_smem.at[j], layout=layout, optimized=False).astype(jnp.float32)
+              + plgpu.load(v_smem.at[j], layout=layout, optimized=False)
               .astype(jnp.float32))
         acc = kv if acc is None else acc + kv
     part[...] = acc
@@ -113,7 +113,7 @@ def _body(layer_ref, bt_ref, q_ref, k_ref, v_ref, qo_ref, sum_ref, k_smem, v_sme
         def _():
             tot = None
             for i in range(C):
-                t = plgpu.load(plgpu.cluster_ref(part, {"c": i}), (), layout=layout,
+                t = plgpu.load(plgpu.cluster_ref(part, {"c": i}), layout=layout,
                                optimized=False)
                 tot = t if tot is None else tot + t
             part[...] = tot

@@ -54,7 +54,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from benchmarks.kernels import b1_floor_probe as fp
 from benchmarks.kernels import bench_paged_attention as bpa
 from benchmarks.kernels.bench_paged_small_batch import Cupti
-from benchmarks.kernels.kernel_bench import RunRecords, time_fn
+from benchmarks.kernels.kernel_bench import RunRecords
 
 warnings.filterwarnings("ignore")
 MODES = ("mg_read", "mg_cluster")
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> None:
                          "b1_cluster_probe.json")
     smoke = args.cpu_smoke
     heads = {"Hq": 8, "Hkv": 2, "D": 64, "L": 2} if smoke else {}
-    ctxs = [int(x) for x in args.ctx.split(",")] if not smoke else [256]
-    sizes = [int(x) for x in args.clusters.split(",")] if not smoke else [2]
+    ctxs = fp._ints(args.ctx) if not smoke else [256]
+    sizes = fp._ints(args.clusters) if not smoke else [2]
     cupti = Cupti(not smoke)
     log("devices", jax.devices(), "jax", jax.__version__)
     rows = []
@@ -255,10 +255,8 @@ def main(argv: list[str] | None = None) -> None:
                 log("deadline: skipping", ctx, label)
                 continue
             try:
-                run, a = make()
-                calls = bpa.calls_for(c)
-                wall = time_fn(run, a, 1 if smoke else args.repeats) / calls * 1e6
-                k_us, k_n, names = cupti(run, a[0], calls)
+                wall, k_us, k_n, names = fp.time_chain(make, c, 1 if smoke else args.repeats,
+                                                       cupti)
             except Exception as e:  # noqa: BLE001  one failing variant must not lose the run
                 log(f"ctx {ctx} {label}: FAILED {type(e).__name__}: {str(e)[:300]}")
                 continue

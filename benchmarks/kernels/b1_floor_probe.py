@@ -176,6 +176,15 @@ def check(c, interpret: bool) -> dict[str, float]:
     return errs
 
 
+def time_chain(make, c, repeats: int, cupti) -> tuple[float, float, float, str]:
+    """(wall us, CUPTI kernel us, kernels, kernel names) per call of the chained runner
+    ``make()`` returns for case ``c`` (CUPTI figures nan without CUPTI)."""
+    run, a = make()
+    calls = bpa.calls_for(c)
+    wall = time_fn(run, a, repeats) / calls * 1e6
+    return (wall, *cupti(run, a[0], calls))
+
+
 def _ints(v: str) -> list[int]:
     return [int(x) for x in v.split(",") if x]
 
@@ -236,10 +245,8 @@ def main(argv: list[str] | None = None) -> None:
             preload = decode_merge.MERGE_PRELOAD_CHUNKS  # "ours pre0": traced without
             decode_merge.MERGE_PRELOAD_CHUNKS = (opts or {}).get("MERGE_PRELOAD_CHUNKS", preload)
             try:
-                run, a = make()
-                calls = bpa.calls_for(c)
-                wall = time_fn(run, a, 1 if smoke else args.repeats) / calls * 1e6
-                k_us, k_n, names = cupti(run, a[0], calls)
+                wall, k_us, k_n, names = time_chain(make, c, 1 if smoke else args.repeats,
+                                                    cupti)
             finally:
                 decode_merge.MERGE_PRELOAD_CHUNKS = preload
             row[label] = k_us if k_us == k_us else wall

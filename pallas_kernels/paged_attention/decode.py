@@ -226,8 +226,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       k_scale, v_scale: FP8 dequantisation scales (read = stored * scale), or None.
       interpret: run the Pallas interpreter (CPU tests).
       block_tokens: tokens per inner-loop step (pages per step = block_tokens / ps), a power
-        of two (None: measured default, :func:`decode_options.default_block_tokens`); raised to the page
-        size if smaller (and to 16 with ``layout="kq"``).
+        of two (None: measured default, :func:`decode_options.default_block_tokens`);
+        raised to the page size if smaller (and to 16 with ``layout="kq"``).
       num_splits: split-K count, how many programs share one sequence's pages (None:
         :func:`choose_num_splits` with ``target_programs`` programs in the grid).
       num_warps / num_stages: Triton launch / software-pipelining parameters (default 4 and

@@ -89,7 +89,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
 
 
 def default_num_stages(kv_dtype, head_dim: int, programs: int) -> int:
-    """Triton ``num_stages`` of a decode launch whose caller left it unset: 
+    """Triton ``num_stages`` of a decode launch whose caller left it unset:
     :data:`STAGES_MANY_PROGRAMS` for a 16-bit cache at D 128 whose grid (``programs`` =
     batch x KV heads x splits) exceeds :data:`RESIDENT_TWO_BUFFERS` programs an SM, else
     :data:`STAGES_TWO_BUFFERS` (the measurements are in the constants' comment)."""

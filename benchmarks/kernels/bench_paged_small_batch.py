@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--points", default="",
                    help="subset to time, e.g. '1x1024,fp8:1x2048' (default: all)")
     p.add_argument("--no-checks", action="store_true", help="skip the device checks")
+    p.add_argument("--heads", default="", help="Hq/Hkv/D of the timed points (default the "
+                   "8B's 32/8/128), e.g. 32/8/64 or 16/8/256 for the other head dims")
     p.add_argument("--splits", default="", type=lambda v: [int(x) for x in v.split(",") if x],
                    help="more split counts to time at every point, both merges, e.g. '4,5,8'")
     p.add_argument("--tunes", default="", type=parse_tunes,
@@ -274,6 +276,14 @@ def main(argv: list[str] | None = None) -> None:
     smoke = args.cpu_smoke
     grid, fp8_grid = (SMOKE["grid"], SMOKE["fp8"]) if smoke else (GRID, FP8_GRID)
     heads = SMOKE["heads"] if smoke else {}
+    if args.heads and not smoke:
+        try:
+            heads = dict(zip(("Hq", "Hkv", "D"), (int(v) for v in args.heads.split("/"))))
+        except ValueError:
+            heads = {}
+        if len(heads) != 3 or heads["Hq"] % heads["Hkv"]:
+            p.error(f"--heads {args.heads!r}: give Hq/Hkv/D with Hq a multiple of Hkv")
+        records.common_config["heads"] = heads
     if args.points:
         pts = args.points.split(",")
         pick = lambda pre: [tuple(int(v) for v in x[len(pre):].split("x")) for x in pts

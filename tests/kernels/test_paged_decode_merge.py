@@ -294,3 +294,14 @@ def test_bench_patch_sets_constants_and_names_bad_specs(monkeypatch):
                 "pallas_kernels.paged_attention.decode_merge.NO_SUCH=1"):
         with pytest.raises(SystemExit, match="bench: --patch"):
             apply_patches([bad], "bench")
+
+
+@pytest.mark.parametrize("heads", ["32/7/128", "32/8", "a/b/c"])
+def test_bench_heads_option_rejects_what_it_cannot_use(heads, capsys):
+    """--heads of bench_paged_small_batch.py (the timed points' Hq/Hkv/D): a value that is
+    not three integers with Hq a multiple of Hkv stops the run with a usage error."""
+    from benchmarks.kernels import bench_paged_small_batch
+    with pytest.raises(SystemExit) as e:
+        bench_paged_small_batch.main(["--heads", heads, "--no-checks", "--points", "1x256"])
+    assert e.value.code == 2
+    assert "--heads" in capsys.readouterr().err

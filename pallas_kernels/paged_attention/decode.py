@@ -202,7 +202,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            k_scale: jax.Array | float | None = None,
                            v_scale: jax.Array | float | None = None, interpret: bool = False,
                            block_tokens: int | None = None, num_splits: int | None = None,
-                           target_programs: int | None = None, num_warps: int | None = None,
+                           target_programs: int | None = None, wave_slots: int | None = None,
+                           num_warps: int | None = None,
                            num_stages: int | None = None, fp8_compute_dtype=jnp.float16,
                            fp8_widen: str | None = None, fp8_dots: str | None = None,
                            layout: str | None = None, group_rows: int | None = None,
@@ -229,7 +230,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         of two (None: measured default, :func:`decode_options.default_block_tokens`);
         raised to the page size if smaller (and to 16 with ``layout="kq"``).
       num_splits: split-K count, how many programs share one sequence's pages (None:
-        :func:`choose_num_splits` with ``target_programs`` programs in the grid).
+        :func:`choose_num_splits` with ``target_programs`` programs in the grid, or with
+        ``wave_slots`` -- programs that run at once -- by wave efficiency).
       num_warps / num_stages: Triton launch / software-pipelining parameters (default 4 and
         :func:`decode_options.default_num_stages`: 5, or 4 for a 16-bit cache at D 128 whose
         grid exceeds three programs an SM; stages 5 prefetches the K/V tiles a step ahead
@@ -296,8 +298,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         fp8_variant = "by_batch"  # shapes the Mosaic kernel does not take: Triton's default
     o = _resolve_options(k_cache.dtype, fp8_variant, q.shape[0], block_tokens=block_tokens,
                          num_splits=num_splits, target_programs=target_programs,
-                         num_warps=num_warps, num_stages=num_stages, fp8_widen=fp8_widen,
-                         fp8_dots=fp8_dots, layout=layout, group_rows=group_rows,
+                         wave_slots=wave_slots, num_warps=num_warps, num_stages=num_stages,
+                         fp8_widen=fp8_widen, fp8_dots=fp8_dots, layout=layout, group_rows=group_rows,
                          fp8_v_stage=fp8_v_stage, unroll=unroll)
     if o["fp8_widen"] == "bits" and jnp.dtype(fp8_compute_dtype) != jnp.float16:
         raise ValueError("paged_decode_attention: fp8_widen='bits' widens to f16 only")

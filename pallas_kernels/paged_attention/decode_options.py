@@ -38,7 +38,11 @@ DEFAULT_UNROLL = 2
 # 283.6 -> 123.8 / 241.2, B128 ctx1024 / 2048 / 4096 128.6 / 249.8 / 493.3 -> 125.3 / 242.4
 # / 477.1, B256 ctx2048 475.5 / 477.4 (even); within it two buffers win (B32 ctx2048 64.8 vs
 # 70.3, B48 95.0 / 95.1). FP8 caches keep 5 (kq8_bt64_w2 at B128: 155 vs 223 with 4).
-# Measured at D 128 only: other head dims keep 5.
+# Session 20 (records paged_small_batch_h200_s20call1: psb_d64 / psb_d256): at D 64 (Hq 32,
+# Hkv 8) the same crossing -- B64 ctx2048 (512 programs) 75.8 -> 66.0 with 4 stages, B128 130.0
+# -> 127.4, B32 (256) 35.1 vs 39.6 -- so D 64 follows the rule; at D 256 (Hq 16, Hkv 8) 4
+# stages never paid (B16 65.2 vs 76.6, B32 / B64 within 1 %): D 256 and the rest keep 5.
+STAGES_HEAD_DIMS = (64, 128)
 STAGES_TWO_BUFFERS = 5
 STAGES_MANY_PROGRAMS = 4
 RESIDENT_TWO_BUFFERS = 3  # programs an SM with two K/V buffers (D 128, 4 warps)
@@ -64,9 +68,36 @@ def _merge_splits(o_part: jax.Array, lse: jax.Array, dtype) -> jax.Array:
     return o.reshape(B, Hkv * G, D).astype(dtype)
 
 
+# wave_num_splits' tolerance: FlashAttention's 0.85 (session 20 measures 0.85 / 0.95 on the H200)
+WAVE_KEEP = 0.85
+
+
+def wave_num_splits(groups: int, num_blocks: int, slots: int, max_splits: int = 64,
+                    keep: float | None = None) -> int:
+    """Split-K count by wave efficiency, FlashAttention's ``num_splits_heuristic``
+    (flash-attention, csrc/flash_attn/flash_api.cpp): with ``groups`` programs a split
+    (batch x KV heads) and ``slots`` programs running at once (resident an SM x SMs), a split
+    count ``s`` fills ``w = groups * s / slots`` waves at efficiency ``w / ceil(w)``; the
+    smallest ``s`` within ``keep`` (default :data:`WAVE_KEEP`) of the best efficiency wins (fewer splits, less merging).
+    Only counts that change the steps a split (``ceil(num_blocks / s)``) are eligible; no
+    split once the groups alone fill 80 % of the slots. E.g. 528 slots (4 programs an SM):
+    48 rows x 8 KV heads -> 4 splits (1536 programs, 2.9 waves; 2 splits would be 1.45)."""
+    if groups >= 0.8 * slots:
+        return 1
+    top = max(1, min(max_splits, num_blocks))
+    eligible = [s for s in range(1, top + 1)
+                if s == 1 or -(-num_blocks // s) != -(-num_blocks // (s - 1))]
+    eff = {s: groups * s / slots / math.ceil(groups * s / slots) for s in eligible}
+    best = max(eff.values())
+    keep = WAVE_KEEP if keep is None else keep
+    return next(s for s in eligible if eff[s] >= keep * best)
+
+
 def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
-                      target_programs: int | None = None) -> int:
-    """Split-K count so that ``batch * Hkv * splits`` reaches ``target_programs``.
+                      target_programs: int | None = None, wave_slots: int | None = None
+                      ) -> int:
+    """Split-K count so that ``batch * Hkv * splits`` reaches ``target_programs``, or (with
+    ``wave_slots``, programs that run at once) by :func:`wave_num_splits`.
 
     Default (measured on an H200, see the notes): no split once ``batch * Hkv`` programs
     fill about one wave of the 132 SMs (the merge costs more than it gains); for mid-size
@@ -77,6 +108,8 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
     """
     programs = batch * num_kv_heads
     two_waves = 2 * NUM_SMS_H200
+    if target_programs is None and wave_slots is not None:
+        return wave_num_splits(programs, num_blocks, wave_slots)
     if target_programs is not None:
         want = -(-target_programs // programs)
     elif programs >= 0.9 * NUM_SMS_H200:
@@ -90,18 +123,19 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
 
 def default_num_stages(kv_dtype, head_dim: int, programs: int) -> int:
     """Triton ``num_stages`` of a decode launch whose caller left it unset:
-    :data:`STAGES_MANY_PROGRAMS` for a 16-bit cache at D 128 whose grid (``programs`` =
-    batch x KV heads x splits) exceeds :data:`RESIDENT_TWO_BUFFERS` programs an SM, else
-    :data:`STAGES_TWO_BUFFERS` (the measurements are in the constants' comment)."""
-    if (jnp.dtype(kv_dtype).itemsize == 2 and head_dim == 128
+    :data:`STAGES_MANY_PROGRAMS` for a 16-bit cache at a head dim in
+    :data:`STAGES_HEAD_DIMS` whose grid (``programs`` = batch x KV heads x splits) exceeds
+    :data:`RESIDENT_TWO_BUFFERS` programs an SM, else :data:`STAGES_TWO_BUFFERS` (the
+    measurements are in the constants' comment)."""
+    if (jnp.dtype(kv_dtype).itemsize == 2 and head_dim in STAGES_HEAD_DIMS
             and programs > RESIDENT_TWO_BUFFERS * NUM_SMS_H200):
         return STAGES_MANY_PROGRAMS
     return STAGES_TWO_BUFFERS
 
 
 def split_grid(batch: int, num_kv_heads: int, max_pages: int, pages_per_step: int,
-               num_splits: int | None = None, target_programs: int | None = None
-               ) -> tuple[int, int]:
+               num_splits: int | None = None, target_programs: int | None = None,
+               wave_slots: int | None = None) -> tuple[int, int]:
     """(splits, pages a split) of a decode launch over a ``max_pages``-wide block table.
 
     The split count is ``num_splits`` or :func:`choose_num_splits` over the table's steps of
@@ -110,7 +144,8 @@ def split_grid(batch: int, num_kv_heads: int, max_pages: int, pages_per_step: in
     leaves (ceil(max_pages / pages a split): it can drop, e.g. 33 wanted -> 32).
     """
     n_blocks = -(-max_pages // pages_per_step)
-    S = num_splits or choose_num_splits(batch, num_kv_heads, n_blocks, target_programs)
+    S = num_splits or choose_num_splits(batch, num_kv_heads, n_blocks, target_programs,
+                                        wave_slots)
     pps = -(-n_blocks // max(1, min(S, n_blocks))) * pages_per_step
     return -(-max_pages // pps), pps
 
@@ -138,7 +173,8 @@ def launch_grid(o: dict, kv_dtype, B: int, Hkv: int, max_pages: int, ps: int,
         raise PagedAttentionUnsupportedError(
             f"paged_decode_attention: block_tokens={block_tokens} must be a power of two")
     bp = bt // ps
-    S, pps = split_grid(B, Hkv, max_pages, bp, o["num_splits"], o["target_programs"])
+    S, pps = split_grid(B, Hkv, max_pages, bp, o["num_splits"], o["target_programs"],
+                        o.get("wave_slots"))
     stages = o["num_stages"] or default_num_stages(kv_dtype, D, B * Hkv * S)
     return bt, bp, S, pps, stages
 

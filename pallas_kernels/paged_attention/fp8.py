@@ -76,6 +76,11 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     # kq8_bt64_w2 split to about 4 programs an SM (its 2-warp programs fit 4 an SM where the
     # default split count aims at 2): session 19, H200 (NOTES_paged_attention "Session 19").
     "kq8_bt64_w2_tp512": dict(KQ8, block_tokens=64, num_warps=2, target_programs=512),
+    # kq8_bt64_w2 split by wave efficiency over its 4 programs an SM (decode_options.
+    # wave_num_splits, FlashAttention's rule): session 20, H200 (NOTES_paged_attention
+    # "Session 20") -- B48 ctx2048 4 splits 69.8 us vs 81.2 at tp512's 2; the other measured
+    # batches (4-32, 64-128) get tp512's / kq8_bt64_w2's own counts.
+    "kq8_bt64_w2_waves": dict(KQ8, block_tokens=64, num_warps=2, wave_slots=4 * 132),
     # Session 13 (static analysis only, not yet run on a GPU): the transposed layout with both
     # dots FP8 and the group padded to 16 rows, so the dots ask for wgmma
     # (matmul/fp8_fast_accum.py): Sᵀ = K qᵀ (tokens on M = 64 / 128, N = 16) and Oᵀ = Vᵀ P

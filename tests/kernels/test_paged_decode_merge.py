@@ -223,6 +223,28 @@ def test_split_grid_whole_steps_a_split():
     assert split_grid(1, 8, 10, 4, num_splits=64) == (3, 4)  # ragged table: 4 + 4 + 2 pages
 
 
+def test_wave_num_splits_follows_flash_attention_rule():
+    """wave_num_splits (FlashAttention's num_splits_heuristic) with 528 slots (4 programs an
+    SM), 8 KV heads, 32 steps: the session-19/20 H200 winners -- B48 4 splits (2.9 waves, 1.45
+    at 2), B32 2, B16 4, B64 / B128 one -- and the eligibility / 80 % rules."""
+    from pallas_kernels.paged_attention import decode_options as do
+
+    got = {B: do.wave_num_splits(8 * B, 32, 528) for B in (4, 16, 32, 48, 64, 128)}
+    assert got == {4: 16, 16: 4, 32: 2, 48: 4, 64: 1, 128: 1}
+    # 24 rows: 5 splits (960 programs, 1.82 waves: efficiency 0.91) -- the smallest within
+    # 0.85 of the best (11 splits: exactly 4 waves); with keep 0.95 the first >= 0.95: 8
+    assert do.wave_num_splits(192, 32, 528) == 5
+    assert do.wave_num_splits(192, 32, 528, keep=0.95) == 8
+    # never more splits than steps; only counts that change the steps a split count: B8 (64
+    # groups) would fill 4 waves exactly at 33 splits, but of 64 steps 33 splits take 2 steps
+    # each, as 32 do -- not eligible, so 8 (0.97) stays the best and 7 (0.85) is picked
+    assert do.wave_num_splits(1, 3, 528) == 3
+    assert do.wave_num_splits(64, 64, 528) == 7
+    assert do.choose_num_splits(48, 8, 32, wave_slots=528) == 4
+    assert do.choose_num_splits(48, 8, 32, target_programs=512, wave_slots=528) == 2
+    assert do.split_grid(48, 8, 128, 4, wave_slots=528) == (4, 32)  # 8 steps of 4 pages
+
+
 @pytest.mark.parametrize("B,maxp,kv,window,kw", [
     (1, 128, jnp.bfloat16, 0, {}),                         # B1 ctx2048: 32 splits
     (1, 2048, jnp.bfloat16, 0, {"num_splits": 64}),        # B1 ctx32k, 4 chunks in the merge

@@ -79,7 +79,7 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     # kq8_bt64_w2 split by wave efficiency over its 4 programs an SM (decode_options.
     # wave_num_splits, FlashAttention's rule): session 20, H200 (NOTES_paged_attention
     # "Session 20") -- B48 ctx2048 4 splits 69.8 us vs 81.2 at tp512's 2; the other measured
-    # batches (4-32, 64-128) get tp512's / kq8_bt64_w2's own counts.
+    # batches 16, 32, 64+ get tp512's / kq8_bt64_w2's own counts; below 16 rows it loses.
     "kq8_bt64_w2_waves": dict(KQ8, block_tokens=64, num_warps=2, wave_slots=4 * 132),
     # Session 13 (static analysis only, not yet run on a GPU): the transposed layout with both
     # dots FP8 and the group padded to 16 rows, so the dots ask for wgmma
@@ -108,8 +108,13 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
 # replaces cvt / kq8 at the default two-programs split -- B6 / B8 ctx4096 21.3 / 26.9 vs 24.4
 # / 28.6, B8 ctx2048 16.6 vs 18.0, B16 / B32 ctx2048 26.5 / 44.6 vs 28.2-30.0 / 46.8; even at
 # B4 ctx4096 (16.9 vs 16.7), B8 ctx1024 (11.8 vs 11.5) and B48 (81.9 vs 81.8).
-FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((64, "kq8_bt64_w2"), (4, "kq8_bt64_w2_tp512"),
-                                                    (1, "kq8"))
+# Session 20 (records paged_small_batch_h200_s20call2_{new,old,new95}): from 16 rows the
+# split count by wave efficiency (kq8_bt64_w2_waves) -- B24 / B40 / B48 / B56 ctx2048 40.5 /
+# 59.4 / 69.5 / 81.7 us vs 47.7 / 78.3 / 82.5 / 83.8, B16 / B32 / B64+ the same counts as
+# before; below 16 rows it picked fewer splits and lost (B6 / B8 / B12 23.5 / 17.5 / 22.5 vs
+# 21.5 / 16.6 / 21.3), so tp512 stays there.
+FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((16, "kq8_bt64_w2_waves"),
+                                                    (4, "kq8_bt64_w2_tp512"), (1, "kq8"))
 FP8_DECODE_DEFAULT = "by_batch"
 # Variants served by another kernel than decode.py's: names valid wherever a variant name is
 # (``fp8_variant=``, ``$JAXINFER_FP8_DECODE``), opt-in until an H200 run measures them.

@@ -179,18 +179,19 @@ def test_variant_fills_only_unset_options(monkeypatch):
 
 def test_default_fp8_variant_follows_the_batch(monkeypatch):
     """FP8_DECODE_DEFAULT "by_batch": the H200 sweeps' fastest variant at the nearest measured
-    batch (1-3 -> kq8, 4-63 -> kq8_bt64_w2 split to ~4 programs an SM, 64+ -> kq8_bt64_w2);
+    batch (1-3 -> kq8, 4-15 -> kq8_bt64_w2 split to ~4 programs an SM, 16+ -> kq8_bt64_w2
+    split by wave efficiency);
     $JAXINFER_FP8_DECODE still overrides."""
     from pallas_kernels.paged_attention import fp8
 
     monkeypatch.delenv(fp8.ENV_VARIANT, raising=False)
     assert fp8.FP8_DECODE_DEFAULT == "by_batch"
     got = {b: fp8.variant_for_batch(b) for b in (1, 3, 4, 8, 16, 32, 63, 64, 128, 256)}
-    mid = "kq8_bt64_w2_tp512"
-    assert got == {1: "kq8", 3: "kq8", 4: mid, 8: mid, 16: mid, 32: mid, 63: mid,
-                   64: "kq8_bt64_w2", 128: "kq8_bt64_w2", 256: "kq8_bt64_w2"}
+    mid, waves = "kq8_bt64_w2_tp512", "kq8_bt64_w2_waves"
+    assert got == {1: "kq8", 3: "kq8", 4: mid, 8: mid, 16: waves, 32: waves, 63: waves,
+                   64: waves, 128: waves, 256: waves}
     assert fp8.fp8_decode_config(None, 8)["target_programs"] == 512
-    assert fp8.fp8_decode_config(None, 128) == fp8.FP8_DECODE_VARIANTS["kq8_bt64_w2"]
+    assert fp8.fp8_decode_config(None, 128)["wave_slots"] == 4 * 132
     assert fp8.fp8_decode_config(None, 1) == fp8.FP8_DECODE_VARIANTS["kq8"]
     assert fp8.fp8_decode_config("cvt", 128) == {}
     monkeypatch.setenv(fp8.ENV_VARIANT, "cvt")

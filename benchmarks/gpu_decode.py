@@ -91,10 +91,11 @@ def check_tiny() -> dict:
 
 
 def run_peer(path: str, batches: list[int], ctx: int, steps: int, out: Path) -> list[dict]:
-    if not path or not Path(path).exists():
+    peer_batches = [b for b in batches if b <= 1]  # the peer runs batch 1 only
+    if not path or not Path(path).exists() or not peer_batches:
         return []
     j = out / "peer.json"
-    cmd = [sys.executable, path, "--batch", *map(str, [b for b in batches if b <= 1]),
+    cmd = [sys.executable, path, "--batch", *map(str, peer_batches),
            "--ctx", str(ctx),
            "--steps", str(steps), "--json", str(j)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -108,11 +108,13 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
 # replaces cvt / kq8 at the default two-programs split -- B6 / B8 ctx4096 21.3 / 26.9 vs 24.4
 # / 28.6, B8 ctx2048 16.6 vs 18.0, B16 / B32 ctx2048 26.5 / 44.6 vs 28.2-30.0 / 46.8; even at
 # B4 ctx4096 (16.9 vs 16.7), B8 ctx1024 (11.8 vs 11.5) and B48 (81.9 vs 81.8).
-# Session 20 (records paged_small_batch_h200_s20call2_{new,old,new95}): from 16 rows the
-# split count by wave efficiency (kq8_bt64_w2_waves) -- B24 / B40 / B48 / B56 ctx2048 40.5 /
-# 59.4 / 69.5 / 81.7 us vs 47.7 / 78.3 / 82.5 / 83.8, B16 / B32 / B64+ the same counts as
-# before; below 16 rows it picked fewer splits and lost (B6 / B8 / B12 23.5 / 17.5 / 22.5 vs
-# 21.5 / 16.6 / 21.3), so tp512 stays there.
+# Session 20 (H200, CUPTI us a call, the default merge, record
+# paged_small_batch_h200_s20call2): from 16 rows the split count by wave efficiency
+# (kq8_bt64_w2_waves) -- B24 / B40 / B48 / B56 ctx2048 41.2 / 59.6 / 69.5 / 81.7 vs 48.2 /
+# 77.6 / 82.5 / 84.8; the engine at a 48-row bucket 6.76 vs 7.17 ms a step back to back (record
+# gpu_decode_records_h200_s20call3); B16 / B32 / B64+ keep their counts. Below 16 rows it
+# picked fewer splits and lost (B6 / B8 / B12 23.5 / 17.5 / 23.3 vs 21.5 / 16.6 / 22.3):
+# tp512 stays there.
 FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((16, "kq8_bt64_w2_waves"),
                                                     (4, "kq8_bt64_w2_tp512"), (1, "kq8"))
 FP8_DECODE_DEFAULT = "by_batch"

@@ -79,7 +79,10 @@ MERGES = ("auto", "xla", "kernel")
 # less time), where the XLA merge of 4+ splits is two fusions. Above 64 groups (B * Hkv of
 # 65-118, two splits) unmeasured. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides the
 # default at trace time.
-MERGE_KERNEL_MAX_GROUPS = 64
+# Session 20 (record paged_small_batch_h200_s20call4): at 96 groups (B12, 2 splits) 29.9
+# in the kernel vs 30.3 in XLA; at 128 (B16, 2 splits since session 20) 36.4-37.0 vs 37.6
+# (XLA at one split): the bound moves to 128.
+MERGE_KERNEL_MAX_GROUPS = 128
 # Chunks the merging program adds straight-line; above, a fori_loop (G * D * S large: e.g.
 # G = 8 with 64 splits), which "auto" leaves to the XLA merge (not run on a GPU yet).
 MERGE_MAX_UNROLLED_CHUNKS = 4

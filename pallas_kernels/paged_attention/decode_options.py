@@ -68,6 +68,12 @@ def _merge_splits(o_part: jax.Array, lse: jax.Array, dtype) -> jax.Array:
     return o.reshape(B, Hkv * G, D).astype(dtype)
 
 
+# choose_num_splits splits (B x Hkv) groups up to this many; one split above. Session 16 set
+# ~0.9 of the SMs (118); session 20 (H200, record paged_small_batch_h200_s20call4, CUPTI us a
+# call) measured B16 x 8 KV heads (128 groups, one program an SM) with 2 splits and the merge
+# in the kernel: ctx2048 36.4-37.0 vs 37.6 at one split, ctx4096 66.3-66.8 vs 69.3 (1.96x ->
+# 2.04x stock); B24 (192 groups) is best at one split (51.9 vs 52.1-53.9).
+SPLIT_MAX_GROUPS = NUM_SMS_H200
 # wave_num_splits' tolerance: FlashAttention's 0.85 (session 20 measures 0.85 / 0.95 on the H200)
 WAVE_KEEP = 0.85
 
@@ -100,8 +106,8 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
     ``wave_slots``, programs that run at once) by :func:`wave_num_splits`.
 
     Default (measured on an H200, see the notes): no split once ``batch * Hkv`` programs
-    fill about one wave of the 132 SMs (the merge costs more than it gains); for mid-size
-    batches (32 <= B * Hkv < 119) as many splits as keep the grid within two programs an SM
+    exceed one wave of the 132 SMs (:data:`SPLIT_MAX_GROUPS`; the merge costs more than it
+    gains); for mid-size batches (32 <= B * Hkv <= 132) as many splits as keep the grid within two programs an SM
     (``floor(264 / (B * Hkv))``: 4 at B = 8, 5 at B = 6, 8 at B = 4 with 8 KV heads; session
     16 measured 3-25 % less time than the one-wave count it replaced, which left 60 SMs with
     two programs and 72 with one at B = 8); two waves' worth below that (B = 1).
@@ -112,7 +118,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
         return wave_num_splits(programs, num_blocks, wave_slots)
     if target_programs is not None:
         want = -(-target_programs // programs)
-    elif programs >= 0.9 * NUM_SMS_H200:
+    elif programs > SPLIT_MAX_GROUPS:
         return 1
     elif programs >= 32:
         want = two_waves // programs

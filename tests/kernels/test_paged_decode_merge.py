@@ -173,15 +173,16 @@ def test_options_checked():
 
 def test_auto_merge_by_groups_and_env(monkeypatch):
     """merge="auto" (the default): in the kernel for B * Hkv <= MERGE_KERNEL_MAX_GROUPS (batch
-    1-8 with 8 KV heads, measured faster on the H200), in XLA above; $JAXINFER_DECODE_MERGE
+    1-16 with 8 KV heads, measured faster on the H200), in XLA above; $JAXINFER_DECODE_MERGE
     overrides; lowered for an H200 the default call has one Triton launch at B = 1."""
     monkeypatch.delenv("JAXINFER_DECODE_MERGE", raising=False)
-    assert decode_merge.MERGE_KERNEL_MAX_GROUPS == 64
+    assert decode_merge.MERGE_KERNEL_MAX_GROUPS == 128
     r = functools.partial(decode_merge.resolve_merge, splits=32, group=4, head_dim=128)
     assert r("auto", 1, 8) == "kernel"
     assert r("auto", 2, 8) == "kernel"
     assert r("auto", 8, 8) == "kernel"
-    assert r("auto", 9, 8) == "xla"
+    assert r("auto", 16, 8) == "kernel"
+    assert r("auto", 17, 8) == "xla"
     assert r("xla", 1, 8) == "xla"
     monkeypatch.setenv("JAXINFER_DECODE_MERGE", "xla")
     assert r("auto", 1, 8) == "xla"
@@ -190,7 +191,7 @@ def test_auto_merge_by_groups_and_env(monkeypatch):
     with pytest.raises(ValueError, match="JAXINFER_DECODE_MERGE"):
         r("auto", 1, 8)
     monkeypatch.delenv("JAXINFER_DECODE_MERGE")
-    for B, in_kernel in ((1, True), (8, True), (16, False)):  # ctx 2048; B16: one split
+    for B, in_kernel in ((1, True), (8, True), (16, True), (24, False)):  # ctx 2048; B24: 1 split
         args = decode_avals(B, 128, jnp.bfloat16)
         text = lower_paged_kernel(paged_decode_attention, args, jnp.bfloat16, 0)
         assert text.count("xla.gpu.triton") == 1
@@ -199,13 +200,14 @@ def test_auto_merge_by_groups_and_env(monkeypatch):
 
 def test_split_count_two_programs_an_sm():
     """choose_num_splits (8 KV heads, 256 blocks): two waves' worth of programs at B = 1,
-    at most two programs an SM for 32-118 (batch, KV head) groups (floor(264 / groups):
-    B = 4 / 6 / 8 measured best on the H200 in session 16), one split from ~a wave on; the
-    count never exceeds the blocks to split."""
+    at most two programs an SM for 32-132 (batch, KV head) groups (floor(264 / groups):
+    B = 4 / 6 / 8 measured best on the H200 in session 16, B = 16 in session 20), one split
+    past a wave; the count never exceeds the blocks to split."""
     from pallas_kernels.paged_attention.decode_options import choose_num_splits
 
     got = [choose_num_splits(B, 8, 256) for B in (1, 2, 4, 6, 8, 12, 14, 15, 16, 64)]
-    assert got == [33, 17, 8, 5, 4, 2, 2, 1, 1, 1]
+    assert got == [33, 17, 8, 5, 4, 2, 2, 2, 2, 1]
+    assert choose_num_splits(17, 8, 256) == 1  # 136 groups: past one wave
     assert choose_num_splits(4, 8, 3) == 3 and choose_num_splits(1, 8, 5) == 5
     assert choose_num_splits(8, 8, 256, target_programs=132) == 3  # explicit target: ceil
 

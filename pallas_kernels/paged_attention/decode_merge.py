@@ -76,12 +76,12 @@ MERGES = ("auto", "xla", "kernel")
 # vs 491 / 617 / 1439 / 3361 GB/s; FP8 ctx 2048 423 vs 227). Session 16 (NOTES "Split counts
 # at B = 4-8"): with choose_num_splits' two-programs-an-SM count, the kernel merge with fresh
 # counters beat the XLA merge at B = 4 / 6 / 8 (32-64 groups; bf16 3-13 %, FP8 15-25 %
-# less time), where the XLA merge of 4+ splits is two fusions. Above 64 groups (B * Hkv of
-# 65-118, two splits) unmeasured. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides the
+# less time), where the XLA merge of 4+ splits is two fusions. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides the
 # default at trace time.
 # Session 20 (record paged_small_batch_h200_s20call4): at 96 groups (B12, 2 splits) 29.9
 # in the kernel vs 30.3 in XLA; at 128 (B16, 2 splits since session 20) 36.4-37.0 vs 37.6
-# (XLA at one split): the bound moves to 128.
+# (XLA at one split): the bound moves to 128. Call 5 (call5 record), new vs old default: bf16
+# B12 29.9 vs 30.4, FP8 B12 / B16 ctx2048 21.2 / 26.6 vs 22.3 / 27.3.
 MERGE_KERNEL_MAX_GROUPS = 128
 # Chunks the merging program adds straight-line; above, a fori_loop (G * D * S large: e.g.
 # G = 8 with 64 splits), which "auto" leaves to the XLA merge (not run on a GPU yet).

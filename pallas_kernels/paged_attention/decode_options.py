@@ -72,7 +72,8 @@ def _merge_splits(o_part: jax.Array, lse: jax.Array, dtype) -> jax.Array:
 # ~0.9 of the SMs (118); session 20 (H200, record paged_small_batch_h200_s20call4, CUPTI us a
 # call) measured B16 x 8 KV heads (128 groups, one program an SM) with 2 splits and the merge
 # in the kernel: ctx2048 36.4-37.0 vs 37.6 at one split, ctx4096 66.3-66.8 vs 69.3 (1.96x ->
-# 2.04x stock); B24 (192 groups) is best at one split (51.9 vs 52.1-53.9).
+# 2.04x stock); B24 (192 groups) is best at one split (51.9 vs 52.1-53.9). Call 5, new vs
+# old default in two processes: B16 ctx4096 66.0 vs 69.6 (2.06x stock), ctx2048 37.1 vs 37.5.
 SPLIT_MAX_GROUPS = NUM_SMS_H200
 # wave_num_splits' tolerance: FlashAttention's 0.85 (session 20 measures 0.85 / 0.95 on the H200)
 WAVE_KEEP = 0.85

@@ -76,8 +76,8 @@ MERGES = ("auto", "xla", "kernel")
 # vs 491 / 617 / 1439 / 3361 GB/s; FP8 ctx 2048 423 vs 227). Session 16 (NOTES "Split counts
 # at B = 4-8"): with choose_num_splits' two-programs-an-SM count, the kernel merge with fresh
 # counters beat the XLA merge at B = 4 / 6 / 8 (32-64 groups; bf16 3-13 %, FP8 15-25 %
-# less time), where the XLA merge of 4+ splits is two fusions. $JAXINFER_DECODE_MERGE (auto / xla / kernel) overrides the
-# default at trace time.
+# less time), where the XLA merge of 4+ splits is two fusions. $JAXINFER_DECODE_MERGE (auto /
+# xla / kernel) overrides the default at trace time.
 # Session 20 (record paged_small_batch_h200_s20call4): at 96 groups (B12, 2 splits) 29.9
 # in the kernel vs 30.3 in XLA; at 128 (B16, 2 splits since session 20) 36.4-37.0 vs 37.6
 # (XLA at one split): the bound moves to 128. Call 5 (call5 record), new vs old default: bf16

@@ -85,7 +85,8 @@ def wave_num_splits(groups: int, num_blocks: int, slots: int, max_splits: int = 
     (flash-attention, csrc/flash_attn/flash_api.cpp): with ``groups`` programs a split
     (batch x KV heads) and ``slots`` programs running at once (resident an SM x SMs), a split
     count ``s`` fills ``w = groups * s / slots`` waves at efficiency ``w / ceil(w)``; the
-    smallest ``s`` within ``keep`` (default :data:`WAVE_KEEP`) of the best efficiency wins (fewer splits, less merging).
+    smallest ``s`` within ``keep`` (default :data:`WAVE_KEEP`) of the best efficiency wins
+    (fewer splits, less merging).
     Only counts that change the steps a split (``ceil(num_blocks / s)``) are eligible; no
     split once the groups alone fill 80 % of the slots. E.g. 528 slots (4 programs an SM):
     48 rows x 8 KV heads -> 4 splits (1536 programs, 2.9 waves; 2 splits would be 1.45)."""
@@ -108,10 +109,11 @@ def choose_num_splits(batch: int, num_kv_heads: int, num_blocks: int,
 
     Default (measured on an H200, see the notes): no split once ``batch * Hkv`` programs
     exceed one wave of the 132 SMs (:data:`SPLIT_MAX_GROUPS`; the merge costs more than it
-    gains); for mid-size batches (32 <= B * Hkv <= 132) as many splits as keep the grid within two programs an SM
-    (``floor(264 / (B * Hkv))``: 4 at B = 8, 5 at B = 6, 8 at B = 4 with 8 KV heads; session
-    16 measured 3-25 % less time than the one-wave count it replaced, which left 60 SMs with
-    two programs and 72 with one at B = 8); two waves' worth below that (B = 1).
+    gains); for mid-size batches (32 <= B * Hkv <= 132) as many splits as keep the grid
+    within two programs an SM (``floor(264 / (B * Hkv))``: 2 at B = 16, 4 at B = 8, 5 at
+    B = 6, 8 at B = 4 with 8 KV heads; session 16 measured 3-25 % less time than the one-wave
+    count it replaced, which left 60 SMs with two programs and 72 with one at B = 8; session
+    20 measured B = 16); two waves' worth below that (B = 1).
     """
     programs = batch * num_kv_heads
     two_waves = 2 * NUM_SMS_H200

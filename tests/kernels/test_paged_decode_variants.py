@@ -201,7 +201,8 @@ def test_default_fp8_variant_follows_the_batch(monkeypatch):
 def test_num_stages_follow_the_grid():
     """bf16 / f16 at D 64 / 128: 5 stages (two K/V buffers) while the grid fits three programs
     an SM, 4 (one buffer, more programs an SM) past it; FP8 and other head dims (256: measured
-    no gain) keep 5; a caller's num_stages wins. launch_grid applies it to the split grid it computes."""
+    no gain) keep 5; a caller's num_stages wins. launch_grid applies it to the split grid it
+    computes."""
     from pallas_kernels.paged_attention import decode_options as do
 
     lim = do.RESIDENT_TWO_BUFFERS * do.NUM_SMS_H200

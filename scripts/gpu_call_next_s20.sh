@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Next session, first call (H200, ~5 min; prepared in session 19, not run). Two questions
-# (Session 20 ran its FP8 part inside scripts/gpu_call_s20_a.sh; the B128 tunes were not run.)
+# Next session, first call (H200, ~5 min; prepared in session 19; session 20 ran its FP8 part
+# inside gpu_call_s20_a.sh, not the B128 tunes). Two questions
 # session 19 left (NOTES_paged_attention "Session 19"):
 # (1) a wave-aware split count for FP8 KV: kq8_bt64_w2 fits 4 programs an SM (528 slots);
 #     B48 ctx2048 read in 70.2 us at 4 splits (1536 programs, 2.9 waves) against 81.9 at the

@@ -3,7 +3,8 @@
 # counters of the FP8 and bf16 decode kernels at B64 ctx2048 (where FP8 takes 0.63 of bf16's
 # time instead of 0.5). Session 20's two tries gave no counters: a segfault in XLA's GEMM
 # autotuning under ncu, then (autotuning and command buffers off) no kernel reached within
-# 110 s -- ncu intercepts every CUDA call of JAX's start-up. This try gives it 540 s, one
+# 110 s -- ncu intercepts every CUDA call of JAX's start-up. This try profiles only the final
+# launches (--profile-from-start off + cuProfilerStart/Stop in the probe), gives it 540 s, one
 # launch a case, and only the two cases. ncu works on Firecracker machines only (uname -r
 # shows "-fc"); on gVisor the script stops at once.
 #   OUT=... bash scripts/gpu_call_next_s21.sh

@@ -57,9 +57,36 @@ def parse_cases(text: str) -> list[tuple[str, int, int, dict]]:
     return out
 
 
+class ProfilerRange:
+    """``cuProfilerStart`` / ``cuProfilerStop`` of the CUDA driver (libcuda.so.1, by ctypes)
+    around the launches to profile, for ``ncu --profile-from-start off``: JAX's start-up,
+    compiles and the checked warm-up run outside ncu's range. Disabled: does nothing.
+
+    Raises:
+      OSError: enabled where the CUDA driver library cannot be loaded.
+    """
+
+    def __init__(self, enabled: bool):
+        self.lib = None
+        if enabled:
+            import ctypes
+            self.lib = ctypes.CDLL("libcuda.so.1")
+
+    def __enter__(self):
+        if self.lib is not None:
+            self.lib.cuProfilerStart()
+        return self
+
+    def __exit__(self, *exc):
+        if self.lib is not None:
+            self.lib.cuProfilerStop()
+        return False
+
+
 def run_case(kind: str, B: int, ctx: int, extra: dict, launches: int, heads: dict,
-             interpret: bool) -> dict:
-    """Checks one case against the reference, then launches it ``launches`` more times."""
+             interpret: bool, profiler: ProfilerRange | None = None) -> dict:
+    """Checks one case against the reference, then launches it ``launches`` more times
+    (inside ``profiler``'s range when given)."""
     c = bpa.make_case(B, ctx, kv_dtype=F8 if kind == "fp8" else jnp.bfloat16, L=2,
                       tiny=interpret, **heads)
     scale = 1.0 / math.sqrt(c["D"])
@@ -70,9 +97,11 @@ def run_case(kind: str, B: int, ctx: int, extra: dict, launches: int, heads: dic
     out = f(*args)
     err = rel_err(out, ref(*args))
     ok = bool(err < CHECK_LIMIT and np.isfinite(np.asarray(out, np.float32)).all())
-    for _ in range(launches):
-        out = f(*args)
     out.block_until_ready()
+    with profiler or ProfilerRange(False):
+        for _ in range(launches):
+            out = f(*args)
+        out.block_until_ready()
     return {"case": f"{kind}:{B}x{ctx}", **extra, "rel_err": err, "ok": ok,
             "kv_bytes": c["kv_bytes_per_call"]}
 
@@ -136,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--launches", type=int, default=2, help="launches after the checked one")
     p.add_argument("--heads", default="32/8/128", help="Hq/Hkv/D")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny heads, interpret mode")
+    p.add_argument("--profiler-range", action="store_true",
+                   help="cuProfilerStart/Stop around the launches (ncu --profile-from-start off)")
     p.add_argument("--summarize", metavar="CSV", help="print the table of an ncu CSV; exit")
     p.add_argument("--out", default="", help="JSON of the checks (and of --summarize)")
     args = p.parse_args(argv)
@@ -156,8 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     cases = parse_cases(args.cases)
     if args.cpu_smoke:
         cases = [(k, 2, 256, e) for k, _, _, e in cases]
-    res = [run_case(*cs, launches=args.launches, heads=heads, interpret=args.cpu_smoke)
-           for cs in cases]
+    profiler = ProfilerRange(args.profiler_range)
+    res = [run_case(*cs, launches=args.launches, heads=heads, interpret=args.cpu_smoke,
+                    profiler=profiler) for cs in cases]
     for r in res:
         print(json.dumps(r), flush=True)
     if args.out:

@@ -65,3 +65,27 @@ def test_cpu_smoke_checks_every_case(tmp_path, capsys) -> None:
     assert [r["case"] for r in res] == ["bf16:2x256", "fp8:2x256"]
     assert all(r["ok"] and r["rel_err"] < probe.CHECK_LIMIT for r in res)
     assert res[1]["fp8_variant"] == "kq8_bt64_w2"
+
+
+def test_profiler_range_wraps_only_the_final_launches(monkeypatch, tmp_path) -> None:
+    """--profiler-range: cuProfilerStart / Stop (the CUDA driver through ctypes, faked here)
+    bracket each case's final launches -- one start and one stop a case, the checked warm-up
+    outside; disabled, the driver is never loaded."""
+    import ctypes
+
+    calls = []
+
+    class FakeDriver:
+        def cuProfilerStart(self):
+            calls.append("start")
+
+        def cuProfilerStop(self):
+            calls.append("stop")
+
+    loaded = []
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: loaded.append(name) or FakeDriver())
+    assert probe.ProfilerRange(False).lib is None and loaded == []
+    probe.main(["--cpu-smoke", "--launches", "1", "--profiler-range", "--cases",
+                "bf16:1x16,fp8:1x16", "--out", str(tmp_path / "c.json")])
+    assert loaded == ["libcuda.so.1"]
+    assert calls == ["start", "stop", "start", "stop"]

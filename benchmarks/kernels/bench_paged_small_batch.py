@@ -76,7 +76,7 @@ def splits_of(c, **tune) -> int:
 
 
 TUNE_KEYS = {"w": "num_warps", "s": "num_stages", "bt": "block_tokens", "u": "unroll",
-             "sp": "num_splits"}
+             "sp": "num_splits", "ws": "wave_slots"}
 
 
 def parse_tunes(text: str) -> list[tuple[str, dict]]:
@@ -259,8 +259,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="more split counts to time at every point, both merges, e.g. '4,5,8'")
     p.add_argument("--tunes", default="", type=parse_tunes,
                    help="launch options to time at the default split count and merge, e.g. "
-                        "'w2,w8s3,bt32,sp64u1' (w = num_warps, s = num_stages, bt = "
-                        "block_tokens, u = unroll, sp = num_splits)")
+                        "'w2,w8s3,bt32,sp64u1,ws264' (w = num_warps, s = num_stages, bt = "
+                        "block_tokens, u = unroll, sp = num_splits, ws = wave_slots)")
     p.add_argument("--patch", action="append", default=[], metavar="MODULE.NAME=VALUE",
                    help="set a module constant first (an A/B across runs of a plan constant "
                         "with no option, e.g. pallas_kernels.paged_attention.decode_merge."

@@ -41,7 +41,8 @@ def capture(args) -> None:
 
     with triton_ir() as seen:
         B, ctx = (int(x) for x in args.shape.split(","))
-        Hq, Hkv, D, ps, L = 32, 8, 128, args.page, 2
+        Hq, Hkv, D = (int(x) for x in args.heads.split("/"))
+        ps, L = args.page, 2
         maxp = ctx // ps
         configs = CONFIGS + [("bf16_default", {"kv": "bf16"}, None)]
         if args.configs:
@@ -182,6 +183,7 @@ def main() -> None:
     p.add_argument("--shape", default="32,2048", help="B,ctx (capture)")
     p.add_argument("--configs", default="", help="comma list of sweep names (capture)")
     p.add_argument("--page", type=int, default=16, help="page size in tokens (capture)")
+    p.add_argument("--heads", default="32/8/128", help="Hq/Hkv/D (capture)")
     p.add_argument("--gemm", default="8192,28672", help="K,N (capture-gemm)")
     args = p.parse_args()
     {"capture": capture, "capture-gemm": capture_gemm, "compile": compile_all}[args.step](args)

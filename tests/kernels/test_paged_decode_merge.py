@@ -290,7 +290,7 @@ def test_bench_cpu_smoke(tmp_path, monkeypatch):
 
 def test_bench_tunes_parse_launch_options_and_reject_unknown_keys():
     """--tunes of bench_paged_small_batch.py: each token names num_warps / num_stages /
-    block_tokens / unroll / num_splits values; a token it cannot read is an error, not a
+    block_tokens / unroll / num_splits / wave_slots values; a token it cannot read is an error, not a
     silently default run."""
     from benchmarks.kernels.bench_paged_small_batch import parse_tunes
     assert parse_tunes("w2,w8s3,bt32") == [
@@ -298,6 +298,8 @@ def test_bench_tunes_parse_launch_options_and_reject_unknown_keys():
         ("bt32", {"block_tokens": 32})]
     assert parse_tunes("u1,sp64u2") == [("u1", {"unroll": 1}),
                                         ("sp64u2", {"num_splits": 64, "unroll": 2})]
+    assert parse_tunes("ws264,w4ws1056") == [
+        ("ws264", {"wave_slots": 264}), ("w4ws1056", {"num_warps": 4, "wave_slots": 1056})]
     assert parse_tunes("") == []
     for bad in ("x3", "w", "w2q", "bt-1"):
         with pytest.raises(ValueError, match="--tunes"):

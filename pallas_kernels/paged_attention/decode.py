@@ -233,8 +233,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         :func:`choose_num_splits` with ``target_programs`` programs in the grid, or with
         ``wave_slots`` -- programs that run at once -- by wave efficiency).
       num_warps / num_stages: Triton launch / software-pipelining parameters (default 4 and
-        :func:`decode_options.default_num_stages`: 5, or 4 for a 16-bit cache at D 128 whose
-        grid exceeds three programs an SM; stages 5 prefetches the K/V tiles a step ahead
+        :func:`decode_options.default_num_stages`: 5, or 4 for a 16-bit cache at D 64 / 128
+        whose grid exceeds three programs an SM; stages 5 prefetches the K/V tiles a step ahead
         with Triton 3.x's pipeliner, stages 3-4 keep one buffer, no prefetch).
       fp8_compute_dtype: dtype FP8 K/V are widened to for the dots (f16: one instruction
         per two values from e4m3; q is clipped to the f16 range).

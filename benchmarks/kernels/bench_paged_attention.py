@@ -49,6 +49,18 @@ def log(*a) -> None:
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
+def parse_heads(text: str) -> dict[str, int]:
+    """'32/8/128' -> {"Hq": 32, "Hkv": 8, "D": 128} (:func:`make_case`'s keywords). Raises
+    ValueError naming the text unless it is three integers with Hq a multiple of Hkv."""
+    try:
+        Hq, Hkv, D = (int(v) for v in text.split("/"))
+        if Hkv <= 0 or Hq % Hkv:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"heads {text!r}: give Hq/Hkv/D with Hq a multiple of Hkv") from None
+    return {"Hq": Hq, "Hkv": Hkv, "D": D}
+
+
 def make_case(B, ctx, Hq=32, Hkv=8, D=128, ps=16, kv_dtype=jnp.bfloat16, L=None, seed=0,
               tiny=False):
     """Random q, stacked caches [L, Hkv, P, ps, D], permuted block tables, lengths = ctx."""

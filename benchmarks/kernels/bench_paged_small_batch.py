@@ -278,11 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     heads = SMOKE["heads"] if smoke else {}
     if args.heads and not smoke:
         try:
-            heads = dict(zip(("Hq", "Hkv", "D"), (int(v) for v in args.heads.split("/"))))
-        except ValueError:
-            heads = {}
-        if len(heads) != 3 or heads["Hq"] % heads["Hkv"]:
-            p.error(f"--heads {args.heads!r}: give Hq/Hkv/D with Hq a multiple of Hkv")
+            heads = bpa.parse_heads(args.heads)
+        except ValueError as e:
+            p.error(f"--heads: {e}")
         records.common_config["heads"] = heads
     if args.points:
         pts = args.points.split(",")

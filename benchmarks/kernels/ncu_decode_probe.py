@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:
             json.dump(rows, open(args.out, "w"), indent=1)
         return
-    Hq, Hkv, D = (int(v) for v in args.heads.split("/"))
-    heads = {"Hq": 8, "Hkv": 2, "D": 64} if args.cpu_smoke else {"Hq": Hq, "Hkv": Hkv, "D": D}
+    heads = {"Hq": 8, "Hkv": 2, "D": 64} if args.cpu_smoke else bpa.parse_heads(args.heads)
     cases = parse_cases(args.cases)
     if args.cpu_smoke:
         cases = [(k, 2, 256, e) for k, _, _, e in cases]

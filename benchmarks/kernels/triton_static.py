@@ -35,13 +35,14 @@ def capture(args) -> None:
     import jax
     import jax.numpy as jnp
 
+    from benchmarks.kernels.bench_paged_attention import parse_heads
     from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS
     from pallas_kernels.paged_attention import paged_decode_attention
     from tests.kernels.cuda_lowering import lower_paged_kernel, triton_ir
 
     with triton_ir() as seen:
         B, ctx = (int(x) for x in args.shape.split(","))
-        Hq, Hkv, D = (int(x) for x in args.heads.split("/"))
+        Hq, Hkv, D = parse_heads(args.heads).values()
         ps, L = args.page, 2
         maxp = ctx // ps
         configs = CONFIGS + [("bf16_default", {"kv": "bf16"}, None)]
@@ -66,8 +67,7 @@ def capture(args) -> None:
             )
             o = _resolve_options(kv, kw.get("fp8_variant"), B, **{k: kw.get(k) for k in (
                 "block_tokens", "num_splits", "target_programs", "wave_slots", "num_warps",
-                "num_stages",
-                "fp8_widen", "fp8_dots", "layout", "group_rows", "fp8_v_stage")})
+                "num_stages", "fp8_widen", "fp8_dots", "layout", "group_rows", "fp8_v_stage")})
             *_, stages = launch_grid(o, kv, B, Hkv, maxp, ps, D)
             index.append({"name": name, "num_warps": o["num_warps"], "num_stages": stages})
             print("captured", name, flush=True)

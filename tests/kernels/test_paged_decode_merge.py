@@ -331,3 +331,7 @@ def test_bench_heads_option_rejects_what_it_cannot_use(heads, capsys):
         bench_paged_small_batch.main(["--heads", heads, "--no-checks", "--points", "1x256"])
     assert e.value.code == 2
     assert "--heads" in capsys.readouterr().err
+    from benchmarks.kernels.bench_paged_attention import parse_heads
+    assert parse_heads("16/8/256") == {"Hq": 16, "Hkv": 8, "D": 256}
+    with pytest.raises(ValueError, match=f"heads '{heads}'"):
+        parse_heads(heads)

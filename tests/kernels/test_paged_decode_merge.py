@@ -290,8 +290,8 @@ def test_bench_cpu_smoke(tmp_path, monkeypatch):
 
 def test_bench_tunes_parse_launch_options_and_reject_unknown_keys():
     """--tunes of bench_paged_small_batch.py: each token names num_warps / num_stages /
-    block_tokens / unroll / num_splits / wave_slots values; a token it cannot read is an error, not a
-    silently default run."""
+    block_tokens / unroll / num_splits / wave_slots values; a token it cannot read is an
+    error, not a silently default run."""
     from benchmarks.kernels.bench_paged_small_batch import parse_tunes
     assert parse_tunes("w2,w8s3,bt32") == [
         ("w2", {"num_warps": 2}), ("w8s3", {"num_warps": 8, "num_stages": 3}),

@@ -91,6 +91,14 @@ def parse_tunes(text: str) -> list[tuple[str, dict]]:
     return out
 
 
+def split_points(text: str) -> tuple[list, list]:
+    """'1x1024,fp8:8x2048' -> ([(1, 1024)], [(8, 2048)]): (bf16 points, FP8 points)."""
+    pts = [x for x in text.split(",") if x]
+    pick = lambda pre: [tuple(int(v) for v in x[len(pre):].split("x")) for x in pts
+                        if x.startswith(pre) and (pre or ":" not in x)]
+    return pick(""), pick("fp8:")
+
+
 def carried_runner(c, **tune):
     """bench_paged_attention's chain with (q, counters) as the carried value: merge='kernel',
     the counters of one call passed to the next (one launch per call)."""
@@ -252,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-cupti", action="store_true")
     p.add_argument("--points", default="",
                    help="subset to time, e.g. '1x1024,fp8:1x2048' (default: all)")
+    p.add_argument("--checks", default="",
+                   help="device checks at these points instead of the built-in ones (the "
+                   "--points syntax), at the --heads shape, both merges")
     p.add_argument("--no-checks", action="store_true", help="skip the device checks")
     p.add_argument("--heads", default="", help="Hq/Hkv/D of the timed points (default the "
                    "8B's 32/8/128), e.g. 32/8/64 or 16/8/256 for the other head dims")
@@ -283,10 +294,12 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--heads: {e}")
         records.common_config["heads"] = heads
     if args.points:
-        pts = args.points.split(",")
-        pick = lambda pre: [tuple(int(v) for v in x[len(pre):].split("x")) for x in pts
-                            if x.startswith(pre) and (pre or ":" not in x)]
-        grid, fp8_grid = pick(""), pick("fp8:")
+        grid, fp8_grid = split_points(args.points)
+    args.check_points = None
+    if args.checks:
+        bf16_checks, fp8_checks = split_points(args.checks)
+        args.check_points = ([(bc, {}) for bc in bf16_checks]
+                             + [(bc, {"kv": F8}) for bc in fp8_checks])
     if smoke:
         args.repeats = 1
     calls_for = bpa.calls_for
@@ -309,6 +322,8 @@ def _run(args, records, smoke: bool, grid, fp8_grid, heads: dict) -> None:
               ((128, 1024), {}), ((8, 2048), {"kv": F8})]  # 4 stages; FP8 at 4 programs an SM
     if smoke:
         checks = [((2, 256), {"kv": F8, "window": 100, "kernel_splits": (2,)})]
+    if args.check_points is not None:
+        checks = args.check_points
     if args.no_checks:
         checks = []
     bad = []

@@ -65,7 +65,7 @@ def capture(args) -> None:
                 _resolve_options,
                 launch_grid,
             )
-            o = _resolve_options(kv, kw.get("fp8_variant"), B, **{k: kw.get(k) for k in (
+            o = _resolve_options(kv, kw.get("fp8_variant"), B, Hkv, D, **{k: kw.get(k) for k in (
                 "block_tokens", "num_splits", "target_programs", "wave_slots", "num_warps",
                 "num_stages", "fp8_widen", "fp8_dots", "layout", "group_rows", "fp8_v_stage")})
             *_, stages = launch_grid(o, kv, B, Hkv, maxp, ps, D)

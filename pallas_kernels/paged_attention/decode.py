@@ -296,9 +296,10 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                 window=window, k_scale=k_scale, v_scale=v_scale, config=cfg,
                 interpret=interpret))
         fp8_variant = "by_batch"  # shapes the Mosaic kernel does not take: Triton's default
-    o = _resolve_options(k_cache.dtype, fp8_variant, q.shape[0], block_tokens=block_tokens,
-                         num_splits=num_splits, target_programs=target_programs,
-                         wave_slots=wave_slots, num_warps=num_warps, num_stages=num_stages,
+    o = _resolve_options(k_cache.dtype, fp8_variant, q.shape[0], k_cache.shape[1], q.shape[2],
+                         block_tokens=block_tokens, num_splits=num_splits,
+                         target_programs=target_programs, wave_slots=wave_slots,
+                         num_warps=num_warps, num_stages=num_stages,
                          fp8_widen=fp8_widen, fp8_dots=fp8_dots, layout=layout,
                          group_rows=group_rows, fp8_v_stage=fp8_v_stage, unroll=unroll)
     if o["fp8_widen"] == "bits" and jnp.dtype(fp8_compute_dtype) != jnp.float16:

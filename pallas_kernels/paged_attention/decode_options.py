@@ -224,13 +224,14 @@ def paged_decode_attention_supported(q_shape: tuple[int, ...], k_cache_shape: tu
             and jnp.dtype(kv_dtype) != jnp.dtype(jnp.float32))
 
 
-def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, **opts) -> dict:
+def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, num_kv_heads: int = 1,
+                     head_dim: int | None = None, **opts) -> dict:
     """The caller's options, FP8 caches' unset ones filled from the named variant
-    (:func:`fp8.fp8_decode_config`, by ``batch`` rows for the default), then the defaults;
-    checked."""
+    (:func:`fp8.fp8_decode_config`, by ``batch`` rows, KV heads and head dim for the
+    default), then the defaults; checked."""
     fp8 = jnp.dtype(kv_dtype) == jnp.dtype(jnp.float8_e4m3fn)
     if fp8:
-        for k, v in fp8_decode_config(variant, batch).items():
+        for k, v in fp8_decode_config(variant, batch, num_kv_heads, head_dim).items():
             if k not in opts:
                 raise ValueError(f"paged_decode_attention: variant option {k!r} unknown")
             if opts[k] is None:

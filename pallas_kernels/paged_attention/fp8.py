@@ -81,6 +81,9 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
     # "Session 20") -- B48 ctx2048 4 splits 69.8 us vs 81.2 at tp512's 2; the other measured
     # batches 16, 32, 64+ get tp512's / kq8_bt64_w2's own counts; below 16 rows it loses.
     "kq8_bt64_w2_waves": dict(KQ8, block_tokens=64, num_warps=2, wave_slots=4 * 132),
+    # The two above at 32-token steps: the head-dim-256 default (FP8_WIDE_VARIANTS).
+    "kq8_bt32_w2_tp512": dict(KQ8, block_tokens=32, num_warps=2, target_programs=512),
+    "kq8_bt32_w2_waves": dict(KQ8, block_tokens=32, num_warps=2, wave_slots=4 * 132),
     # Session 13 (static analysis only, not yet run on a GPU): the transposed layout with both
     # dots FP8 and the group padded to 16 rows, so the dots ask for wgmma
     # (matmul/fp8_fast_accum.py): Sᵀ = K qᵀ (tokens on M = 64 / 128, N = 16) and Oᵀ = Vᵀ P
@@ -117,6 +120,18 @@ FP8_DECODE_VARIANTS: dict[str, dict] = {
 # tp512 stays there.
 FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((16, "kq8_bt64_w2_waves"),
                                                     (4, "kq8_bt64_w2_tp512"), (1, "kq8"))
+# Head dim 256 (Gemma 3), session 21 (H200, CUPTI us a call, records
+# paged_small_batch_h200_s21call{1,2}): the table's 2-warp, 64-token programs hold a 256-wide
+# row in 255 registers and spill (Triton 3.6: 9 at Hq/Hkv 16/8, 129 at Gemma 3's 4/1). From 32
+# (row, KV head) groups the same split rules at 32-token steps win -- 16/8/256 ctx2048 B4 / B8 /
+# B16 / B32 / B48 / B64 17.6 / 26.7 / 46.3 / 82.0 / 123.7 / 150.9 vs 18.7 / 31.6 / 50.5 / 87.7 /
+# 138.6 / 168.9, 4/1/256 B32 19.0 vs 22.4; below 32 groups kq8 (4 warps, 128 tokens) -- 4/1/256
+# B4 / B8 / B16 8.0 / 9.5 / 12.0 vs 10.7 / 13.4 / 16.3 (B1 is kq8 already: 7.3).
+FP8_WIDE_HEAD_DIM = 256
+FP8_WIDE_MIN_GROUPS = 32
+FP8_WIDE_VARIANTS = {"kq8_bt64_w2_waves": "kq8_bt32_w2_waves",
+                     "kq8_bt64_w2_tp512": "kq8_bt32_w2_tp512"}
+FP8_WIDE_FEW_GROUPS = "kq8"
 FP8_DECODE_DEFAULT = "by_batch"
 # Variants served by another kernel than decode.py's: names valid wherever a variant name is
 # (``fp8_variant=``, ``$JAXINFER_FP8_DECODE``), opt-in until an H200 run measures them.
@@ -137,19 +152,26 @@ def env_variant() -> str:
     return name
 
 
-def variant_for_batch(batch: int) -> str:
+def variant_for_batch(batch: int, num_kv_heads: int = 1, head_dim: int | None = None) -> str:
     """The :data:`FP8_DECODE_BY_BATCH` variant for ``batch`` rows (the first with
-    ``batch >= min_rows``)."""
-    for min_rows, name in FP8_DECODE_BY_BATCH:
-        if batch >= min_rows:
-            return name
-    return FP8_DECODE_BY_BATCH[-1][1]
+    ``batch >= min_rows``); at head dims from :data:`FP8_WIDE_HEAD_DIM`,
+    :data:`FP8_WIDE_FEW_GROUPS` below :data:`FP8_WIDE_MIN_GROUPS` (row, KV head) groups
+    (``batch * num_kv_heads``), else the table's variant at 32-token steps
+    (:data:`FP8_WIDE_VARIANTS`). ``head_dim`` None: the table alone."""
+    name = next((n for min_rows, n in FP8_DECODE_BY_BATCH if batch >= min_rows),
+                FP8_DECODE_BY_BATCH[-1][1])
+    if head_dim is None or head_dim < FP8_WIDE_HEAD_DIM:
+        return name
+    if batch * num_kv_heads < FP8_WIDE_MIN_GROUPS:
+        return FP8_WIDE_FEW_GROUPS
+    return FP8_WIDE_VARIANTS.get(name, name)
 
 
-def fp8_decode_config(variant: str | None = None, batch: int = 1) -> dict:
+def fp8_decode_config(variant: str | None = None, batch: int = 1, num_kv_heads: int = 1,
+                      head_dim: int | None = None) -> dict:
     """Kernel keyword arguments of the named variant (a copy); None: ``$JAXINFER_FP8_DECODE``
     if set, else :data:`FP8_DECODE_DEFAULT`; ``"by_batch"``: :func:`variant_for_batch` of
-    ``batch`` (the decode call's rows). The decode kernel fills the options its caller left
+    ``batch`` (the decode call's rows), ``num_kv_heads`` and ``head_dim``. The decode kernel fills the options its caller left
     None (the engine's fp8-KV decode path leaves all) from this. Names of
     :data:`FP8_DECODE_OTHER` return ``{"backend": ...}``: the kernel that serves them.
 
@@ -158,7 +180,7 @@ def fp8_decode_config(variant: str | None = None, batch: int = 1) -> dict:
     """
     name = variant or env_variant()
     if name == "by_batch":
-        name = variant_for_batch(batch)
+        name = variant_for_batch(batch, num_kv_heads, head_dim)
     if name in FP8_DECODE_OTHER:
         return dict(FP8_DECODE_OTHER[name])
     if name not in FP8_DECODE_VARIANTS:

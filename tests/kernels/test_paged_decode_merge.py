@@ -306,6 +306,14 @@ def test_bench_tunes_parse_launch_options_and_reject_unknown_keys():
             parse_tunes(bad)
 
 
+def test_bench_points_split_bf16_and_fp8():
+    """--points / --checks of bench_paged_small_batch.py: bf16 'BxC' and FP8 'fp8:BxC'."""
+    from benchmarks.kernels.bench_paged_small_batch import split_points
+    assert split_points("1x1024,fp8:8x2048,32x2048,fp8:4x512") == (
+        [(1, 1024), (32, 2048)], [(8, 2048), (4, 512)])
+    assert split_points("") == ([], [])
+
+
 def test_bench_patch_sets_constants_and_names_bad_specs(monkeypatch):
     """benchmarks.common.apply_patches (--patch of bench_paged_small_batch.py and
     gpu_decode.py): sets a module constant to a Python literal; a spec it cannot apply stops

@@ -196,6 +196,38 @@ def test_default_fp8_variant_follows_the_batch(monkeypatch):
     assert fp8.fp8_decode_config("cvt", 128) == {}
     monkeypatch.setenv(fp8.ENV_VARIANT, "cvt")
     assert fp8.fp8_decode_config(None, 128) == {}
+    assert fp8.fp8_decode_config(None, 128, 1, 256) == {}
+
+
+@pytest.mark.parametrize("batch,kv_heads,want", [
+    (1, 8, "kq8"), (3, 8, "kq8"), (4, 8, "kq8_bt32_w2_tp512"), (15, 8, "kq8_bt32_w2_tp512"),
+    (16, 8, "kq8_bt32_w2_waves"), (64, 8, "kq8_bt32_w2_waves"),
+    (4, 1, "kq8"), (16, 1, "kq8"), (31, 1, "kq8"), (32, 1, "kq8_bt32_w2_waves"),
+    (8, 4, "kq8_bt32_w2_tp512"), (4, 4, "kq8")])
+def test_default_fp8_variant_at_head_dim_256(monkeypatch, batch, kv_heads, want):
+    """Head dim 256 (Gemma 3): kq8 below 32 (row, KV head) groups, else the batch table's
+    variant at 32-token steps; head dims below 256 keep the table."""
+    from pallas_kernels.paged_attention import fp8
+
+    monkeypatch.delenv(fp8.ENV_VARIANT, raising=False)
+    assert fp8.variant_for_batch(batch, kv_heads, 256) == want
+    assert fp8.fp8_decode_config(None, batch, kv_heads, 256) == fp8.FP8_DECODE_VARIANTS[want]
+    for d in (None, 64, 128):
+        assert fp8.variant_for_batch(batch, kv_heads, d) == fp8.variant_for_batch(batch)
+
+
+@pytest.mark.parametrize("kv_heads,want_tokens", [(1, 128), (8, 32)])
+def test_default_fp8_at_head_dim_256_matches_reference(monkeypatch, kv_heads, want_tokens):
+    """The default FP8 launch at D 256 as the engine runs it (no options): 5 rows x 1 KV head
+    take kq8 (128-token steps), x 8 KV heads the 32-token variant; both against the
+    reference (poisoned slots, permuted pages, ragged lengths)."""
+    from pallas_kernels.paged_attention import fp8
+
+    monkeypatch.delenv(fp8.ENV_VARIANT, raising=False)
+    c = case(700 + kv_heads, 1, 256, Hkv=kv_heads)
+    assert fp8.fp8_decode_config(None, 5, kv_heads, 256)["block_tokens"] == want_tokens
+    out, ref = run_both(c, scale=256 ** -0.5, **SCALES)
+    assert_close(out, ref, tight=False)
 
 
 def test_num_stages_follow_the_grid():

@@ -48,6 +48,18 @@ STAGES_MANY_PROGRAMS = 4
 RESIDENT_TWO_BUFFERS = 3  # programs an SM with two K/V buffers (D 128, 4 warps)
 
 
+# 16-bit caches at head dim 256 (Gemma 3), session 21 (H200, CUPTI us a call, record
+# paged_small_batch_h200_s21call4, stock / default / candidate): while the grid splits (16 to
+# SPLIT_MAX_GROUPS (row, KV head) groups), 32-token steps -- 4/1/256 ctx2048 B16 / B64 / B128
+# 28.6 / 15.4 / 14.4, 88.1 / 41.6 / 38.0, 158.0 / 72.0 / 68.2, B16 ctx8192 77.9 / 42.9 / 38.9;
+# 16/8/256 B4 / B16 50.8 / 25.1 / 21.8, 153.9 / 71.6 / 67.6 -- but not past it (16/8/256 B64
+# 250.3 vs 303.2) nor below 16 groups (4/1/256 B1 / B4 6.8 vs 7.9, 8.7 vs 10.9). Below 16
+# groups 8 warps: 4/1/256 B1 12.6 / 6.8 / 6.2 (B4 8.7 either way).
+WIDE_HEAD_DIM = 256
+WIDE_BT32_MIN_GROUPS = 16
+WIDE_W8_BELOW_GROUPS = 16
+
+
 def _pow2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
@@ -228,7 +240,9 @@ def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, num_kv_heads
                      head_dim: int | None = None, **opts) -> dict:
     """The caller's options, FP8 caches' unset ones filled from the named variant
     (:func:`fp8.fp8_decode_config`, by ``batch`` rows, KV heads and head dim for the
-    default), then the defaults; checked."""
+    default), 16-bit caches' at head dims from :data:`WIDE_HEAD_DIM` by the (row, KV head)
+    groups (8 warps below :data:`WIDE_W8_BELOW_GROUPS`, 32-token steps from
+    :data:`WIDE_BT32_MIN_GROUPS` to :data:`SPLIT_MAX_GROUPS`), then the defaults; checked."""
     fp8 = jnp.dtype(kv_dtype) == jnp.dtype(jnp.float8_e4m3fn)
     if fp8:
         for k, v in fp8_decode_config(variant, batch, num_kv_heads, head_dim).items():
@@ -236,6 +250,13 @@ def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, num_kv_heads
                 raise ValueError(f"paged_decode_attention: variant option {k!r} unknown")
             if opts[k] is None:
                 opts[k] = v
+    elif head_dim is not None and head_dim >= WIDE_HEAD_DIM and jnp.dtype(kv_dtype).itemsize == 2:
+        groups = batch * num_kv_heads
+        if opts.get("num_warps") is None and groups < WIDE_W8_BELOW_GROUPS:
+            opts["num_warps"] = 8
+        if (opts.get("block_tokens") is None
+                and WIDE_BT32_MIN_GROUPS <= groups <= SPLIT_MAX_GROUPS):
+            opts["block_tokens"] = 32
     defaults = {"num_warps": 4, "num_stages": None, "fp8_widen": "cvt", "fp8_dots": "none",
                 "layout": "qk", "fp8_v_stage": False, "unroll": DEFAULT_UNROLL}
     opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}

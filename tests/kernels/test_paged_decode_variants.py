@@ -253,3 +253,33 @@ def test_num_stages_follow_the_grid():
     assert do.launch_grid(o, jnp.bfloat16, 128, 8, 64, 16, 128) == (64, 4, 1, 64, 4)
     assert do.launch_grid(o, jnp.bfloat16, 32, 8, 64, 16, 128)[-1] == 5
     assert do.launch_grid(dict(o, num_stages=3), jnp.bfloat16, 128, 8, 64, 16, 128)[-1] == 3
+
+
+@pytest.mark.parametrize("batch,kv_heads,warps,tokens", [
+    (1, 1, 8, None), (15, 1, 8, None), (16, 1, 4, 32), (4, 8, 4, 32), (16, 8, 4, 32),
+    (128, 1, 4, 32), (17, 8, 4, None), (64, 8, 4, None)])
+def test_16bit_options_at_head_dim_256(batch, kv_heads, warps, tokens):
+    """16-bit caches at D 256 (Gemma 3): 8 warps below 16 (row, KV head) groups, 32-token
+    steps from 16 groups while the grid splits (SPLIT_MAX_GROUPS), the defaults elsewhere;
+    a caller's options win; D 128 and FP8 are not touched by this rule."""
+    from pallas_kernels.paged_attention import decode_options as do
+
+    unset = dict.fromkeys(("block_tokens", "num_splits", "target_programs", "num_warps",
+                           "num_stages", "fp8_widen", "fp8_dots", "layout", "group_rows",
+                           "fp8_v_stage", "unroll"))
+    o = do._resolve_options(jnp.bfloat16, None, batch, kv_heads, 256, **unset)
+    assert (o["num_warps"], o["block_tokens"]) == (warps, tokens)
+    o = do._resolve_options(jnp.bfloat16, None, batch, kv_heads, 128, **unset)
+    assert (o["num_warps"], o["block_tokens"]) == (4, None)
+    mine = dict(unset, num_warps=2, block_tokens=128)
+    o = do._resolve_options(jnp.float16, None, batch, kv_heads, 256, **mine)
+    assert (o["num_warps"], o["block_tokens"]) == (2, 128)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_bf16_default_at_head_dim_256_matches_reference(kv_heads):
+    """The default bf16 launch at D 256 (5 rows: 5 groups at 8 warps, 20 groups at 32-token
+    steps) against the reference (poisoned slots, permuted pages, ragged lengths)."""
+    c = case(800 + kv_heads, 2, 256, kv=jnp.bfloat16, Hkv=kv_heads)
+    out, ref = run_both(c, scale=256 ** -0.5)
+    assert_close(out, ref, tight=False)

@@ -51,17 +51,37 @@ def small_model(seed: int = 0):
     return LoadedModel(cfg, dummy_params(cfg, "bfloat16", seed), None, "random:check-d128")
 
 
-def compare_backends(loaded, kv: str, prompts: list[list[int]], max_tokens: int) -> dict:
+def small_gemma3(seed: int = 0):
+    """A random bf16 Gemma 3 with Gemma 3 270M's head geometry (4 q heads / 1 KV head, head
+    dim 256), sliding-window layers (window 64) and a global one."""
+    import dataclasses
+
+    from jaxinfer.loading.base import LoadedModel
+    from jaxinfer.loading.dummy import DUMMY_CONFIGS, dummy_params
+
+    cfg = dataclasses.replace(DUMMY_CONFIGS["tiny-gemma3"], vocab_size=1024, hidden_size=512,
+                              intermediate_size=1024, head_dim=256, sliding_window=64,
+                              query_pre_attn_scalar=256.0, embed_scale=512 ** 0.5,
+                              name="check-gemma3-d256")
+    return LoadedModel(cfg, dummy_params(cfg, "bfloat16", seed), None, "random:check-gemma3")
+
+
+SMALL_MODELS = {"llama-d128": small_model, "gemma3-d256": small_gemma3}
+
+
+def compare_backends(loaded, kv: str, prompts: list[list[int]], max_tokens: int,
+                     rows: int = 8) -> dict:
     """Pallas vs reference on one KV dtype: identical greedy sequences, logits difference on
-    the reference's tokens, and the nature of each divergence."""
+    the reference's tokens, and the nature of each divergence. ``rows``: the decode bucket."""
     from jaxinfer import LLM, SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     # One bucket per mode (prefill, decode, logits): three programs per engine.
     kw = {"dtype": "bfloat16", "kv_cache_dtype": kv, "max_model_len": 256, "block_size": PAGE,
-          "max_num_seqs": 8, "num_kv_pages": 8 * 256 // PAGE + 1,
+          "max_num_seqs": rows, "num_kv_pages": rows * 256 // PAGE + 1,
           "max_num_batched_tokens": 256, "prefill_buckets": (256,), "max_prefill_seqs": 8,
-          "prefill_seq_buckets": (8,), "decode_buckets": (8,), "page_buckets": (256 // PAGE,)}
+          "prefill_seq_buckets": (8,), "decode_buckets": (rows,),
+          "page_buckets": (256 // PAGE,)}
     toks, logits, names = {}, {}, {}
     for backend in ("reference", "pallas"):
         llm = LLM(loaded, attention_backend=backend, **kw)
@@ -160,6 +180,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 1])
     ap.add_argument("--ctx", type=int, default=4096, help="context tokens per row (timing)")
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--small", default="llama-d128", choices=sorted(SMALL_MODELS),
+                    help="the random model of the end-to-end check")
+    ap.add_argument("--rows", type=int, default=8, help="decode bucket of the check")
     ns = ap.parse_args()
     t_start = time.perf_counter()
     out = Path(ns.out)
@@ -169,12 +192,13 @@ def main() -> None:
 
     summary: dict = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
     rng = np.random.default_rng(0)
-    lens = [1, 15, 16, 17, 40, 100, 130, 200][: ns.prompts]
-    prompts = [rng.integers(3, 1024, n).tolist() for n in lens]
-    loaded = small_model()
+    lens = [1, 15, 16, 17, 40, 100, 130, 200] + rng.integers(1, 200, 256).tolist()
+    prompts = [rng.integers(3, 1024, n).tolist() for n in lens[: ns.prompts]]
+    loaded = SMALL_MODELS[ns.small]()
+    summary["small_model"], summary["rows"] = ns.small, ns.rows
     for kv in ("fp8", "auto"):
         try:
-            summary[f"e2e_{kv}"] = compare_backends(loaded, kv, prompts, ns.max_tokens)
+            summary[f"e2e_{kv}"] = compare_backends(loaded, kv, prompts, ns.max_tokens, ns.rows)
         except Exception as e:  # noqa: BLE001 - report and go on
             traceback.print_exc()
             summary[f"e2e_{kv}"] = {"verdict": f"error: {e!r}"}

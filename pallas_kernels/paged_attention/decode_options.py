@@ -53,11 +53,15 @@ RESIDENT_TWO_BUFFERS = 3  # programs an SM with two K/V buffers (D 128, 4 warps)
 # SPLIT_MAX_GROUPS (row, KV head) groups), 32-token steps -- 4/1/256 ctx2048 B16 / B64 / B128
 # 28.6 / 15.4 / 14.4, 88.1 / 41.6 / 38.0, 158.0 / 72.0 / 68.2, B16 ctx8192 77.9 / 42.9 / 38.9;
 # 16/8/256 B4 / B16 50.8 / 25.1 / 21.8, 153.9 / 71.6 / 67.6 -- but not past it (16/8/256 B64
-# 250.3 vs 303.2) nor below 16 groups (4/1/256 B1 / B4 6.8 vs 7.9, 8.7 vs 10.9). Below 16
-# groups 8 warps: 4/1/256 B1 12.6 / 6.8 / 6.2 (B4 8.7 either way).
+# 250.3 vs 303.2) nor below 16 groups (4/1/256 B1 / B4 6.8 vs 7.9, 8.7 vs 10.9). Below 8
+# groups 8 warps: 4/1/256 B1 12.6 / 6.8 / 6.2 (B4 8.7 either way). Call 5, new vs old in two
+# processes (record paged_small_batch_h200_s21call5): 4/1/256 B16 / B64 / B128 14.3 / 37.5 /
+# 68.1 vs 15.4 / 42.0 / 71.7 (2.00x / 2.34x / 2.33x stock), B1 6.4 vs 6.6 (2.02x), B4 8.7 =
+# 8.7; 16/8/256 B2 / B4 / B16 13.7 / 21.8 / 68.0 vs 14.6 / 25.3 / 70.6; 8 warps at 8 groups
+# split (4/1/256 B8 11.2 vs 11.5, 16/8/256 B1 10.6 vs 10.0), so 8 warps only below 8.
 WIDE_HEAD_DIM = 256
 WIDE_BT32_MIN_GROUPS = 16
-WIDE_W8_BELOW_GROUPS = 16
+WIDE_W8_BELOW_GROUPS = 8
 
 
 def _pow2(n: int) -> bool:

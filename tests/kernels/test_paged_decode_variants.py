@@ -256,10 +256,11 @@ def test_num_stages_follow_the_grid():
 
 
 @pytest.mark.parametrize("batch,kv_heads,warps,tokens", [
-    (1, 1, 8, None), (15, 1, 8, None), (16, 1, 4, 32), (4, 8, 4, 32), (16, 8, 4, 32),
-    (128, 1, 4, 32), (17, 8, 4, None), (64, 8, 4, None)])
+    (1, 1, 8, None), (7, 1, 8, None), (8, 1, 4, None), (1, 8, 4, None), (15, 1, 4, None),
+    (16, 1, 4, 32), (2, 8, 4, 32), (4, 8, 4, 32), (16, 8, 4, 32), (128, 1, 4, 32),
+    (17, 8, 4, None), (64, 8, 4, None)])
 def test_16bit_options_at_head_dim_256(batch, kv_heads, warps, tokens):
-    """16-bit caches at D 256 (Gemma 3): 8 warps below 16 (row, KV head) groups, 32-token
+    """16-bit caches at D 256 (Gemma 3): 8 warps below 8 (row, KV head) groups, 32-token
     steps from 16 groups while the grid splits (SPLIT_MAX_GROUPS), the defaults elsewhere;
     a caller's options win; D 128 and FP8 are not touched by this rule."""
     from pallas_kernels.paged_attention import decode_options as do

@@ -45,7 +45,8 @@ def capture(args) -> None:
         Hq, Hkv, D = parse_heads(args.heads).values()
         ps, L = args.page, 2
         maxp = ctx // ps
-        configs = CONFIGS + [("bf16_default", {"kv": "bf16"}, None)]
+        configs = CONFIGS + [("bf16_default", {"kv": "bf16"}, None),
+                             ("fp8_default", {"kv": "fp8"}, None)]
         if args.configs:
             configs = [c for c in configs if c[0] in args.configs.split(",")]
         os.makedirs(args.dir, exist_ok=True)

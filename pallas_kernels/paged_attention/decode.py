@@ -227,12 +227,14 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       k_scale, v_scale: FP8 dequantisation scales (read = stored * scale), or None.
       interpret: run the Pallas interpreter (CPU tests).
       block_tokens: tokens per inner-loop step (pages per step = block_tokens / ps), a power
-        of two (None: measured default, :func:`decode_options.default_block_tokens`);
-        raised to the page size if smaller (and to 16 with ``layout="kq"``).
+        of two (None: measured default, :func:`decode_options.default_block_tokens`; 32 for
+        a 16-bit cache at D 256 with 16-132 (row, KV head) groups); raised to the page size
+        if smaller (and to 16 with ``layout="kq"``).
       num_splits: split-K count, how many programs share one sequence's pages (None:
         :func:`choose_num_splits` with ``target_programs`` programs in the grid, or with
         ``wave_slots`` -- programs that run at once -- by wave efficiency).
-      num_warps / num_stages: Triton launch / software-pipelining parameters (default 4 and
+      num_warps / num_stages: Triton launch / software-pipelining parameters (default 4 --
+        8 for a 16-bit cache at D 256 below 8 (row, KV head) groups -- and
         :func:`decode_options.default_num_stages`: 5, or 4 for a 16-bit cache at D 64 / 128
         whose grid exceeds three programs an SM; stages 5 prefetches the K/V tiles a step ahead
         with Triton 3.x's pipeliner, stages 3-4 keep one buffer, no prefetch).

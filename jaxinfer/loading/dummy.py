@@ -42,6 +42,19 @@ DUMMY_CONFIGS: dict[str, ModelConfig] = {
     "llama-3.1-70b": ModelConfig(**_LLAMA31, hidden_size=8192, intermediate_size=28672,
                                  num_layers=80, num_heads=64, num_kv_heads=8,
                                  name="dummy:llama-3.1-70b"),
+    # Gemma 3 270M (shared/models.md; the config the real GGUF gives, test_loading.py):
+    # 4 q heads / 1 KV head of 256, 5 sliding-window layers (512) to each global one.
+    "gemma-3-270m": ModelConfig(family="gemma3", vocab_size=262144, hidden_size=640,
+                                intermediate_size=2048, num_layers=18, num_heads=4,
+                                num_kv_heads=1, head_dim=256, rms_norm_eps=1e-6,
+                                rope_theta=1e6, rope_local_base_freq=1e4,
+                                max_position_embeddings=32768, tie_word_embeddings=True,
+                                qk_norm=True, post_norms=True, hidden_act="gelu_pytorch_tanh",
+                                layer_types=(("sliding_attention",) * 5
+                                             + ("full_attention",)) * 3,
+                                sliding_window=512, query_pre_attn_scalar=256.0,
+                                embed_scale=640 ** 0.5, bos_token_id=2, eos_token_ids=(1,),
+                                name="dummy:gemma-3-270m"),
     "tiny-llama": ModelConfig(family="llama", vocab_size=256, hidden_size=64,
                               intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, max_position_embeddings=512, bos_token_id=1,

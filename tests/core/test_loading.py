@@ -4,6 +4,7 @@ conversion and its cache, named models, dummy weights, and the errors for bad in
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib.util
 import json
 import math
@@ -293,6 +294,12 @@ def test_gemma3_gguf_config_tensor_types_and_params() -> None:
     assert c.qk_norm and c.post_norms and c.hidden_act == "gelu_pytorch_tanh"
     assert c.tie_word_embeddings and c.rms_norm_eps == 1e-6 and c.max_position_embeddings == 32768
     assert c.bos_token_id == 2 and 1 in c.eos_token_ids
+    # dummy:gemma-3-270m (device benchmarks, no package there) is this config
+    dummy = DUMMY_CONFIGS["gemma-3-270m"]
+    mine = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name != "name"}
+    assert {k: getattr(dummy, k) for k in mine if k != "eos_token_ids"} == {
+        k: v for k, v in mine.items() if k != "eos_token_ids"}
+    assert set(dummy.eos_token_ids) <= set(c.eos_token_ids)
     types = collections.Counter(t.tensor_type.name for t in reader.tensors)
     assert set(types) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K", "F32"}
     assert {k: v.shape for k, v in params.items()} == param_shapes(c)

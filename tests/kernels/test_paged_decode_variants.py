@@ -284,3 +284,12 @@ def test_bf16_default_at_head_dim_256_matches_reference(kv_heads):
     c = case(800 + kv_heads, 2, 256, kv=jnp.bfloat16, Hkv=kv_heads)
     out, ref = run_both(c, scale=256 ** -0.5)
     assert_close(out, ref, tight=False)
+
+
+@pytest.mark.parametrize("kv", [F8, jnp.bfloat16])
+def test_default_at_smollm2_heads_matches_reference(kv):
+    """SmolLM2's geometry (9 q heads over 3 KV heads: a group of 3, padded; D 64) through the
+    default launch of each cache dtype, against the reference."""
+    c = case(900 + jnp.dtype(kv).itemsize, 3, 64, kv=kv, Hkv=3)
+    out, ref = run_both(c, scale=64 ** -0.5, **(SCALES if kv == F8 else {}))
+    assert_close(out, ref, tight=False)

@@ -126,7 +126,9 @@ FP8_DECODE_BY_BATCH: tuple[tuple[int, str], ...] = ((16, "kq8_bt64_w2_waves"),
 # (row, KV head) groups the same split rules at 32-token steps win -- 16/8/256 ctx2048 B4 / B8 /
 # B16 / B32 / B48 / B64 17.6 / 26.7 / 46.3 / 82.0 / 123.7 / 150.9 vs 18.7 / 31.6 / 50.5 / 87.7 /
 # 138.6 / 168.9, 4/1/256 B32 19.0 vs 22.4; below 32 groups kq8 (4 warps, 128 tokens) -- 4/1/256
-# B4 / B8 / B16 8.0 / 9.5 / 12.0 vs 10.7 / 13.4 / 16.3 (B1 is kq8 already: 7.3).
+# B4 / B8 / B16 8.0 / 9.5 / 12.0 vs 10.7 / 13.4 / 16.3 (B1 is kq8 already: 7.3). Call 3, new
+# vs old default in two processes (paged_small_batch_h200_s21call3): 4/1/256 B4-B128 -9 to -29
+# %, 16/8/256 B4 / B16 / B64 / B128 17.5 / 46.6 / 152.3 / 299.7 vs 18.7 / 50.3 / 170.0 / 328.1.
 FP8_WIDE_HEAD_DIM = 256
 FP8_WIDE_MIN_GROUPS = 32
 FP8_WIDE_VARIANTS = {"kq8_bt64_w2_waves": "kq8_bt32_w2_waves",
@@ -171,8 +173,9 @@ def fp8_decode_config(variant: str | None = None, batch: int = 1, num_kv_heads: 
                       head_dim: int | None = None) -> dict:
     """Kernel keyword arguments of the named variant (a copy); None: ``$JAXINFER_FP8_DECODE``
     if set, else :data:`FP8_DECODE_DEFAULT`; ``"by_batch"``: :func:`variant_for_batch` of
-    ``batch`` (the decode call's rows), ``num_kv_heads`` and ``head_dim``. The decode kernel fills the options its caller left
-    None (the engine's fp8-KV decode path leaves all) from this. Names of
+    ``batch`` (the decode call's rows), ``num_kv_heads`` and ``head_dim``. The decode kernel
+    fills the options its caller left None (the engine's fp8-KV decode path leaves all) from
+    this. Names of
     :data:`FP8_DECODE_OTHER` return ``{"backend": ...}``: the kernel that serves them.
 
     Raises:

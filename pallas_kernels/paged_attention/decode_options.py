@@ -175,12 +175,32 @@ def split_grid(batch: int, num_kv_heads: int, max_pages: int, pages_per_step: in
     return -(-max_pages // pps), pps
 
 
-def default_block_tokens(head_dim: int, kv_dtype) -> int:
+def _wide_16bit(kv_dtype, head_dim: int) -> bool:
+    """A 16-bit cache at a head dim from :data:`WIDE_HEAD_DIM` (the WIDE_* rules)."""
+    return jnp.dtype(kv_dtype).itemsize == 2 and head_dim >= WIDE_HEAD_DIM
+
+
+def default_block_tokens(head_dim: int, kv_dtype, groups: int | None = None) -> int:
     """Tokens per loop step: K and V tiles of about 16 KB each (64 tokens of bf16 at
-    D = 128 measured best on an H200), at least 64 tokens for 2-byte caches, at most 128."""
+    D = 128 measured best on an H200), at least 64 tokens for 2-byte caches, at most 128;
+    32 for a 16-bit cache at D >= :data:`WIDE_HEAD_DIM` with :data:`WIDE_BT32_MIN_GROUPS` to
+    :data:`SPLIT_MAX_GROUPS` (row, KV head) ``groups`` (the measurements are in the WIDE_*
+    constants' comment)."""
+    if (groups is not None and _wide_16bit(kv_dtype, head_dim)
+            and WIDE_BT32_MIN_GROUPS <= groups <= SPLIT_MAX_GROUPS):
+        return 32
     isz = jnp.dtype(kv_dtype).itemsize
     bt = 16384 // (head_dim * isz)
     return min(128, max(bt, 64 if isz <= 2 else 32))
+
+
+def default_num_warps(kv_dtype, head_dim: int | None, groups: int) -> int:
+    """Triton ``num_warps`` of a decode launch whose caller (and FP8 variant) left it unset:
+    8 for a 16-bit cache at D >= :data:`WIDE_HEAD_DIM` below :data:`WIDE_W8_BELOW_GROUPS`
+    (row, KV head) ``groups``, else 4."""
+    if head_dim is not None and _wide_16bit(kv_dtype, head_dim) and groups < WIDE_W8_BELOW_GROUPS:
+        return 8
+    return 4
 
 
 def launch_grid(o: dict, kv_dtype, B: int, Hkv: int, max_pages: int, ps: int,
@@ -192,7 +212,7 @@ def launch_grid(o: dict, kv_dtype, B: int, Hkv: int, max_pages: int, ps: int,
     Raises:
       PagedAttentionUnsupportedError: tokens a step not a power of two.
     """
-    block_tokens = o["block_tokens"] or default_block_tokens(D, kv_dtype)
+    block_tokens = o["block_tokens"] or default_block_tokens(D, kv_dtype, B * Hkv)
     bt = max(block_tokens, ps, 16 if o["layout"] == "kq" else 1)
     if not _pow2(bt):
         raise PagedAttentionUnsupportedError(
@@ -244,9 +264,8 @@ def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, num_kv_heads
                      head_dim: int | None = None, **opts) -> dict:
     """The caller's options, FP8 caches' unset ones filled from the named variant
     (:func:`fp8.fp8_decode_config`, by ``batch`` rows, KV heads and head dim for the
-    default), 16-bit caches' at head dims from :data:`WIDE_HEAD_DIM` by the (row, KV head)
-    groups (8 warps below :data:`WIDE_W8_BELOW_GROUPS`, 32-token steps from
-    :data:`WIDE_BT32_MIN_GROUPS` to :data:`SPLIT_MAX_GROUPS`), then the defaults; checked."""
+    default), then the defaults (:func:`default_num_warps`; tokens a step stay None for
+    :func:`launch_grid`); checked."""
     fp8 = jnp.dtype(kv_dtype) == jnp.dtype(jnp.float8_e4m3fn)
     if fp8:
         for k, v in fp8_decode_config(variant, batch, num_kv_heads, head_dim).items():
@@ -254,14 +273,8 @@ def _resolve_options(kv_dtype, variant: str | None, batch: int = 1, num_kv_heads
                 raise ValueError(f"paged_decode_attention: variant option {k!r} unknown")
             if opts[k] is None:
                 opts[k] = v
-    elif head_dim is not None and head_dim >= WIDE_HEAD_DIM and jnp.dtype(kv_dtype).itemsize == 2:
-        groups = batch * num_kv_heads
-        if opts.get("num_warps") is None and groups < WIDE_W8_BELOW_GROUPS:
-            opts["num_warps"] = 8
-        if (opts.get("block_tokens") is None
-                and WIDE_BT32_MIN_GROUPS <= groups <= SPLIT_MAX_GROUPS):
-            opts["block_tokens"] = 32
-    defaults = {"num_warps": 4, "num_stages": None, "fp8_widen": "cvt", "fp8_dots": "none",
+    defaults = {"num_warps": default_num_warps(kv_dtype, head_dim, batch * num_kv_heads),
+                "num_stages": None, "fp8_widen": "cvt", "fp8_dots": "none",
                 "layout": "qk", "fp8_v_stage": False, "unroll": DEFAULT_UNROLL}
     opts = {k: defaults.get(k) if v is None else v for k, v in opts.items()}
     check_variant(opts["fp8_widen"], opts["fp8_dots"])

@@ -267,14 +267,16 @@ def test_16bit_options_at_head_dim_256(batch, kv_heads, warps, tokens):
 
     unset = dict.fromkeys(("block_tokens", "num_splits", "target_programs", "num_warps",
                            "num_stages", "fp8_widen", "fp8_dots", "layout", "group_rows",
-                           "fp8_v_stage", "unroll"))
-    o = do._resolve_options(jnp.bfloat16, None, batch, kv_heads, 256, **unset)
-    assert (o["num_warps"], o["block_tokens"]) == (warps, tokens)
-    o = do._resolve_options(jnp.bfloat16, None, batch, kv_heads, 128, **unset)
-    assert (o["num_warps"], o["block_tokens"]) == (4, None)
+                           "fp8_v_stage", "unroll", "wave_slots"))
+    def launch(kv, D, **opts):  # (warps, tokens a step) of a 2048-token table, page 16
+        o = do._resolve_options(kv, None, batch, kv_heads, D, **opts)
+        return o["num_warps"], do.launch_grid(o, kv, batch, kv_heads, 128, 16, D)[0]
+
+    assert launch(jnp.bfloat16, 256, **unset) == (warps, tokens or 64)
+    assert launch(jnp.bfloat16, 128, **unset) == (4, 64)
+    assert launch(jnp.float8_e4m3fn, 256, **unset)[0] in (2, 4)  # the FP8 table's, not 8
     mine = dict(unset, num_warps=2, block_tokens=128)
-    o = do._resolve_options(jnp.float16, None, batch, kv_heads, 256, **mine)
-    assert (o["num_warps"], o["block_tokens"]) == (2, 128)
+    assert launch(jnp.float16, 256, **mine) == (2, 128)
 
 
 @pytest.mark.parametrize("kv_heads", [1, 4])

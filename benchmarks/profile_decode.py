@@ -39,6 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import apply_patches  # noqa: E402  (after the repo root is on the path)
+
 CLASSES = [  # (class, regex on the kernel name), first match wins
     ("gemm", re.compile(r"gemm|cublas|cutlass|xmma|nvjet|sm90_|matmul|dot", re.I)),
     ("attention", re.compile(r"paged|attention|attn|flash", re.I)),
@@ -154,7 +156,11 @@ def main() -> None:
     ap.add_argument("--synthetic", action="store_true",
                     help="no prompts: compile the decode bucket and replay it with each row at "
                          "--ctx on its own pages (KV contents random); device-only phase only")
+    ap.add_argument("--patch", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="set a module constant before the engine is built (an A/B of a plan "
+                         "constant, as in gpu_decode.py); recorded in the summary")
     ns = ap.parse_args()
+    patches = apply_patches(ns.patch, "profile_decode")
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.85")
@@ -198,7 +204,8 @@ def main() -> None:
                 raise SystemExit("every request finished before all rows ran together")
         print(f"[{time.perf_counter():.0f}] {b} rows decoding; programs compiled: "
               f"{eng.runner.num_compilations}", flush=True)
-    report, summary = [], {"config": vars(ns), "device": jax.devices()[0].device_kind}
+    report, summary = [], {"config": vars(ns), "device": jax.devices()[0].device_kind,
+                           "patches": {k: repr(v) for k, v in patches.items()}}
     replay = decode_replay(eng, b, ns.ctx, distinct=ns.synthetic)
     jax.block_until_ready(replay())
     for phase in ("device-only",) if ns.synthetic else ("device-only", "engine"):

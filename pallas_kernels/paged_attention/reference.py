@@ -32,22 +32,43 @@ def _dequant(x: jax.Array, scale: jax.Array | float | None) -> jax.Array:
     return x if scale is None else x * scale
 
 
+# How write_kv_ref scatters (an A/B of the engine's KV write, benchmarks/kernels/
+# bench_kv_write.py): "scatter" -- ``cache.at[layer, :, page, off].set(x)``, JAX's default
+# (indices may repeat: XLA:GPU then stores through atomic compare-and-swap loops on 32-bit
+# words, which 2- and 1-byte elements share); "unique" -- the same with
+# ``unique_indices=True`` (plain stores; only padding tokens repeat a slot, all in the null
+# page, which nothing reads); "rows" -- the cache viewed as [L * Hkv * P * ps, D] rows, one
+# row a (token, KV head), ``unique_indices=True`` and ``mode="promise_in_bounds"`` ("unique"
+# for a pool of 2**31 rows or more).
+KV_WRITE_METHODS = ("scatter", "unique", "rows")
+KV_WRITE_METHOD = "scatter"
+
+
 def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                  k_new: jax.Array, v_new: jax.Array, slot_mapping: jax.Array,
                  k_scale: jax.Array | float | None = None,
-                 v_scale: jax.Array | float | None = None) -> tuple[jax.Array, jax.Array]:
-    """Scatter new keys/values into their pages.
+                 v_scale: jax.Array | float | None = None,
+                 method: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """Scatter new keys/values into their pages (vLLM's ``reshape_and_cache``, as XLA scatters).
 
     Args:
       k_cache, v_cache: [L, Hkv, P, ps, D] (bf16/f32, or float8_e4m3fn with scales).
       layer: int32 scalar, which layer to write.
       k_new, v_new: [T, Hkv, D] new keys/values.
-      slot_mapping: [T] int32 flat slots (padding tokens point into null page 0).
+      slot_mapping: [T] int32 flat slots (padding tokens point into null page 0); slots other
+        than the null page's must not repeat.
       k_scale, v_scale: FP8 scales (stored = clip(value / scale, ±448)), or None.
+      method: one of :data:`KV_WRITE_METHODS` (default :data:`KV_WRITE_METHOD`); every
+        method stores the same values outside the null page.
     Returns:
       The updated caches (in place when the caller donates them).
+    Raises:
+      ValueError: an unknown ``method``.
     """
-    ps = k_cache.shape[3]
+    method = KV_WRITE_METHOD if method is None else method
+    if method not in KV_WRITE_METHODS:
+        raise ValueError(f"write_kv_ref: method {method!r} is not one of {KV_WRITE_METHODS}")
+    L, Hkv, P, ps, D = k_cache.shape
     page, off = slot_mapping // ps, slot_mapping % ps
 
     def quant(x, scale):
@@ -58,9 +79,25 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
             x = jnp.clip(x.astype(jnp.float32), -fmax, fmax)
         return x.astype(k_cache.dtype)
 
+    if method == "rows" and L * Hkv * P * ps >= 2**31:
+        method = "unique"  # row numbers past int32
+    if method == "rows":
+        T = slot_mapping.shape[0]
+        head = jnp.arange(Hkv, dtype=jnp.int32)
+        rows = ((layer * Hkv + head[None, :]) * P + page[:, None]) * ps + off[:, None]
+        rows = rows.reshape(T * Hkv)
+
+        def put(cache, x):
+            flat = cache.reshape(L * Hkv * P * ps, D)
+            flat = flat.at[rows].set(x.reshape(T * Hkv, D), unique_indices=True,
+                                     mode="promise_in_bounds")
+            return flat.reshape(cache.shape)
+
+        return put(k_cache, quant(k_new, k_scale)), put(v_cache, quant(v_new, v_scale))
+    unique = method == "unique"
     # Advanced indices split by a slice put the token axis first: the target is [T, Hkv, D].
-    k_cache = k_cache.at[layer, :, page, off].set(quant(k_new, k_scale))
-    v_cache = v_cache.at[layer, :, page, off].set(quant(v_new, v_scale))
+    k_cache = k_cache.at[layer, :, page, off].set(quant(k_new, k_scale), unique_indices=unique)
+    v_cache = v_cache.at[layer, :, page, off].set(quant(v_new, v_scale), unique_indices=unique)
     return k_cache, v_cache
 
 

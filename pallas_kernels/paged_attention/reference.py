@@ -32,16 +32,40 @@ def _dequant(x: jax.Array, scale: jax.Array | float | None) -> jax.Array:
     return x if scale is None else x * scale
 
 
-# How write_kv_ref scatters (an A/B of the engine's KV write, benchmarks/kernels/
-# bench_kv_write.py): "scatter" -- ``cache.at[layer, :, page, off].set(x)``, JAX's default
-# (indices may repeat: XLA:GPU then stores through atomic compare-and-swap loops on 32-bit
-# words, which 2- and 1-byte elements share); "unique" -- the same with
-# ``unique_indices=True`` (plain stores; only padding tokens repeat a slot, all in the null
-# page, which nothing reads); "rows" -- the cache viewed as [L * Hkv * P * ps, D] rows, one
-# row a (token, KV head), ``unique_indices=True`` and ``mode="promise_in_bounds"`` ("unique"
-# for a pool of 2**31 rows or more).
-KV_WRITE_METHODS = ("scatter", "unique", "rows")
-KV_WRITE_METHOD = "scatter"
+# How write_kv_ref scatters: "scatter" -- ``cache.at[layer, :, page, off].set(x)``, JAX's
+# default (indices may repeat); "unique" -- the same with ``unique_indices=True`` (only padding
+# tokens repeat a slot, all in the null page, which nothing reads; the block manager gives
+# every real token its own slot, copy-on-write for forked samples); "rows" -- the cache viewed
+# as [L * Hkv * P * ps, D] rows, one row a (token, KV head), ``unique_indices=True`` and
+# ``mode="promise_in_bounds"`` ("unique" for a pool of 2**31 rows or more); "auto" -- "rows"
+# below KV_WRITE_ROWS_BELOW tokens, else "unique". H200, session 22 (benchmarks/kernels/
+# bench_kv_write.py, record kv_write_h200_s22call4-20261204; us a layer's K and V write, 8B
+# heads 8 x 128, scatter / unique / rows; every method bit-identical outside the null page):
+# 1 token bf16 3.70 / 4.62 / 2.69, FP8 3.63 / 4.06 / 2.68; 64 tokens bf16 6.91 / 2.95 / 3.15,
+# FP8 10.01 / 3.19 / 2.98; 256 bf16 8.83 / 5.35 / 5.71, FP8 13.48 / 5.58 / 6.42; a 4096-token
+# prefill bf16 72.7 / 13.6 / 13.2, FP8 49.1 / 13.5 / 14.8; Gemma 3 270M (1 x 256) 32 tokens
+# bf16 6.01 / 2.66 / 2.75, FP8 9.11 / 2.71 / 2.47. In the 8B decode step (FP8 weights and KV,
+# 64 rows, ctx 512; profile_decode) the writes took 650 us a step with "scatter", 211 with
+# "unique" (device busy 4.89 -> 4.44 ms). Why the default scatter is slow (likely: XLA:GPU
+# guards possibly repeated indices with atomic read-modify-write on 32-bit words that 2- and
+# 1-byte elements share) was not read from the emitted code.
+KV_WRITE_METHODS = ("scatter", "unique", "rows", "auto")
+KV_WRITE_METHOD = "auto"
+KV_WRITE_ROWS_BELOW = 64
+
+
+def kv_write_method(method: str | None, num_tokens: int, pool_rows: int) -> str:
+    """The concrete method ("scatter", "unique" or "rows") of a write of ``num_tokens`` tokens
+    into a pool of ``pool_rows`` = L * Hkv * P * ps rows; ``method`` None means
+    :data:`KV_WRITE_METHOD`. Raises ValueError for a method not in :data:`KV_WRITE_METHODS`."""
+    method = KV_WRITE_METHOD if method is None else method
+    if method not in KV_WRITE_METHODS:
+        raise ValueError(f"write_kv_ref: method {method!r} is not one of {KV_WRITE_METHODS}")
+    if method == "auto":
+        method = "rows" if num_tokens < KV_WRITE_ROWS_BELOW else "unique"
+    if method == "rows" and pool_rows >= 2**31:
+        method = "unique"  # row numbers past int32
+    return method
 
 
 def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
@@ -58,17 +82,15 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
       slot_mapping: [T] int32 flat slots (padding tokens point into null page 0); slots other
         than the null page's must not repeat.
       k_scale, v_scale: FP8 scales (stored = clip(value / scale, ±448)), or None.
-      method: one of :data:`KV_WRITE_METHODS` (default :data:`KV_WRITE_METHOD`); every
-        method stores the same values outside the null page.
+      method: one of :data:`KV_WRITE_METHODS` (default :data:`KV_WRITE_METHOD`, resolved by
+        :func:`kv_write_method`); every method stores the same values outside the null page.
     Returns:
       The updated caches (in place when the caller donates them).
     Raises:
       ValueError: an unknown ``method``.
     """
-    method = KV_WRITE_METHOD if method is None else method
-    if method not in KV_WRITE_METHODS:
-        raise ValueError(f"write_kv_ref: method {method!r} is not one of {KV_WRITE_METHODS}")
     L, Hkv, P, ps, D = k_cache.shape
+    method = kv_write_method(method, slot_mapping.shape[0], L * Hkv * P * ps)
     page, off = slot_mapping // ps, slot_mapping % ps
 
     def quant(x, scale):
@@ -79,8 +101,6 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
             x = jnp.clip(x.astype(jnp.float32), -fmax, fmax)
         return x.astype(k_cache.dtype)
 
-    if method == "rows" and L * Hkv * P * ps >= 2**31:
-        method = "unique"  # row numbers past int32
     if method == "rows":
         T = slot_mapping.shape[0]
         head = jnp.arange(Hkv, dtype=jnp.int32)

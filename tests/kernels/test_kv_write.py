@@ -1,0 +1,125 @@
+"""The engine's KV write, ``reference.write_kv_ref``: every method ("scatter", "unique",
+"rows", "auto") stores exactly what a numpy loop over the tokens stores, outside the null page
+(page 0, where padding tokens write and nothing reads), leaves every other slot as it was, and
+takes the layer as a traced scalar under jit; ``kv_write_method`` resolves "auto" and the
+int32 limit of "rows"; bench_kv_write.py's CPU mode checks and times each method and fails
+when one differs."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.paged_attention import reference as ref
+
+E4M3 = jnp.float8_e4m3fn
+METHODS = ref.KV_WRITE_METHODS
+
+
+def _slots(rng, T: int, P: int, ps: int, padding: int) -> np.ndarray:
+    """T slots: distinct ones on pages >= 1, the last ``padding`` on the null page's slot 0."""
+    free = rng.permutation(np.arange(ps, P * ps))[:T]
+    if padding:
+        free[-padding:] = 0
+    return free.astype(np.int32)
+
+
+def _want(cache: np.ndarray, layer: int, x: np.ndarray, slots: np.ndarray, ps: int,
+          dtype, scale) -> np.ndarray:
+    """numpy: each real token's [Hkv, D] into [layer, :, page, off] (quantized like the
+    engine: divided by the scale, saturated to e4m3's +-448)."""
+    out = cache.copy()
+    for t, s in enumerate(slots):
+        if s == 0:
+            continue
+        v = x[t].astype(np.float32)
+        if scale is not None:
+            v = np.clip(v / scale, -448, 448)
+        out[layer, :, s // ps, s % ps] = np.asarray(jnp.asarray(v).astype(dtype))
+    return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, E4M3, jnp.float32])
+@pytest.mark.parametrize("T", [1, 5, 70])
+def test_write_matches_numpy_outside_null_page(method, dtype, T):
+    L, Hkv, P, ps, D = 3, 2, 40, 4, 8  # 70 tokens: more than KV_WRITE_ROWS_BELOW ("auto")
+    rng = np.random.default_rng(T)
+    fp8 = dtype == E4M3
+    # poisoned caches: every slot holds a value the write never produces
+    kc = jnp.full((L, Hkv, P, ps, D), -7, dtype)
+    vc = jnp.full((L, Hkv, P, ps, D), 5, dtype)
+    k = (rng.standard_normal((T, Hkv, D)) * 3).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    if fp8:
+        k[0, 0, :2] = [1000.0, -1000.0]  # / 2 saturates
+    ks, vs = (np.float32(2.0), np.float32(0.25)) if fp8 else (None, None)
+    slots = _slots(rng, T, P, ps, padding=min(2, T - 1))
+    layer = 1
+    write = jax.jit(lambda kc, vc, lay, k, v, s: ref.write_kv_ref(
+        kc, vc, lay, k, v, s, k_scale=ks, v_scale=vs, method=method))
+    got_k, got_v = write(kc, vc, jnp.int32(layer), jnp.asarray(k, jnp.bfloat16),
+                         jnp.asarray(v, jnp.bfloat16), jnp.asarray(slots))
+    kb = np.asarray(jnp.asarray(k, jnp.bfloat16).astype(jnp.float32))
+    vb = np.asarray(jnp.asarray(v, jnp.bfloat16).astype(jnp.float32))
+    want_k = _want(np.asarray(kc), layer, kb, slots, ps, dtype, ks)
+    want_v = _want(np.asarray(vc), layer, vb, slots, ps, dtype, vs)
+    f32 = np.float32
+    np.testing.assert_array_equal(np.asarray(got_k)[:, :, 1:].astype(f32),
+                                  want_k[:, :, 1:].astype(f32))
+    np.testing.assert_array_equal(np.asarray(got_v)[:, :, 1:].astype(f32),
+                                  want_v[:, :, 1:].astype(f32))
+    # the other layers' null pages are untouched too (only this layer's page 0 may change)
+    others = [x for x in range(L) if x != layer]
+    assert np.all(np.asarray(got_k)[others, :, 0].astype(f32) == -7)
+    if fp8:
+        assert float(np.asarray(got_k)[layer, 0, slots[0] // ps, slots[0] % ps, 0]
+                     .astype(f32)) == 448.0
+
+
+def test_kv_write_method_resolution(monkeypatch):
+    assert ref.kv_write_method("auto", 1, 100) == "rows"
+    assert ref.kv_write_method("auto", ref.KV_WRITE_ROWS_BELOW - 1, 100) == "rows"
+    assert ref.kv_write_method("auto", ref.KV_WRITE_ROWS_BELOW, 100) == "unique"
+    assert ref.kv_write_method("rows", 1, 2**31 - 1) == "rows"
+    assert ref.kv_write_method("rows", 1, 2**31) == "unique"  # row numbers past int32
+    assert ref.kv_write_method("auto", 1, 2**31) == "unique"
+    assert ref.kv_write_method("scatter", 1, 2**40) == "scatter"
+    monkeypatch.setattr(ref, "KV_WRITE_METHOD", "scatter")
+    assert ref.kv_write_method(None, 1, 100) == "scatter"
+    with pytest.raises(ValueError, match="method 'atomic' is not one of"):
+        ref.kv_write_method("atomic", 1, 100)
+    kc = jnp.zeros((1, 1, 2, 4, 8), jnp.bfloat16)
+    x = jnp.zeros((1, 1, 8), jnp.bfloat16)
+    with pytest.raises(ValueError, match="write_kv_ref: method 'bogus'"):
+        ref.write_kv_ref(kc, kc, 0, x, x, jnp.zeros(1, jnp.int32), method="bogus")
+
+
+def test_bench_kv_write_cpu_smoke_checks_and_times(tmp_path):
+    from benchmarks.kernels import bench_kv_write
+
+    bench_kv_write.main(["--cpu-smoke", "--out", str(tmp_path)])
+    recs = json.loads((tmp_path / "kv_write.json").read_text())
+    got = {(r["config"]["method"], r["config"]["kv_dtype"]) for r in recs}
+    assert got == {(m, d) for m in METHODS for d in ("bfloat16", "float8_e4m3fn")}
+    assert all(r["config"]["check_vs_scatter"] is True for r in recs)
+    assert all(r["value"] > 0 and r["unit"] == "GB/s" for r in recs)
+
+
+def test_bench_kv_write_check_fails_on_a_wrong_method(tmp_path, monkeypatch):
+    from benchmarks.kernels import bench_kv_write
+
+    good = ref.write_kv_ref
+
+    def broken(kc, vc, layer, k, v, slots, method=None, **kw):  # "rows" writes V + 1
+        return good(kc, vc, layer, k, v + 1 if method == "rows" else v, slots,
+                    method=method, **kw)
+
+    monkeypatch.setattr(ref, "write_kv_ref", broken)
+    with pytest.raises(SystemExit, match="check"):
+        bench_kv_write.main(["--cpu-smoke", "--methods", "scatter,rows", "--out",
+                             str(tmp_path)])

@@ -40,6 +40,8 @@ F8 = jnp.float8_e4m3fn
 # Gemma 3 270M's decode bucket
 GRID = [("8b_b1", 1, 8, 128), ("8b_b64", 64, 8, 128), ("8b_b256", 256, 8, 128),
         ("8b_t4096", 4096, 8, 128), ("g270_b32", 32, 1, 256)]
+# SmolLM2-135M (3 KV heads, D 64): only when named in --points (the CPU's own A/B)
+EXTRA = [("smol_b1", 1, 3, 64), ("smol_b8", 8, 3, 64), ("smol_t512", 512, 3, 64)]
 SMOKE = [("smoke", 8, 2, 64)]
 
 
@@ -90,23 +92,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pages", type=int, default=4096, help="pages a layer's pool holds")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--methods", default=",".join(ref.KV_WRITE_METHODS))
-    p.add_argument("--points", default="", help="comma-separated GRID names (default: all)")
+    p.add_argument("--points", default="",
+                   help="comma-separated GRID / EXTRA names (default: all of GRID)")
+    p.add_argument("--kv", default="bfloat16,float8_e4m3fn", help="KV dtypes to run")
     p.add_argument("--deadline-s", type=float, default=150.0)
     p.add_argument("--cpu-smoke", action="store_true")
     args = p.parse_args(argv)
     t0 = time.time()
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-    records = RunRecords(__file__, args.out or None, "kv_write.json")
-    grid = SMOKE if args.cpu_smoke else [g for g in GRID if not args.points
-                                         or g[0] in args.points.split(",")]
+    records = RunRecords("benchmarks/kernels/bench_kv_write.py", args.out or None,
+                         "kv_write.json")
+    grid = SMOKE if args.cpu_smoke else [g for g in GRID + EXTRA if g[0] in args.points.split(",")
+                                         or (not args.points and g in GRID)]
     layers, steps, pages = (2, 2, 64) if args.cpu_smoke else (args.layers, args.steps,
                                                                args.pages)
     methods = args.methods.split(",")
     rng = np.random.default_rng(0)
     ps, table, failures = 16, [], 0
     for name, T, Hkv, D in grid:
-        for dt in (jnp.bfloat16, F8):
+        for dt in [jnp.dtype(k) for k in args.kv.split(",")]:
             if time.time() - t0 > args.deadline_s:
                 print("deadline: skipping", name, jnp.dtype(dt).name, flush=True)
                 continue

@@ -80,7 +80,9 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
       layer: int32 scalar, which layer to write.
       k_new, v_new: [T, Hkv, D] new keys/values.
       slot_mapping: [T] int32 flat slots (padding tokens point into null page 0); slots other
-        than the null page's must not repeat.
+        than the null page's must not repeat. A slot outside [0, P * ps) is a caller's bug:
+        "rows" writes it into the null page, the other methods drop it (past the end) or
+        wrap it (negative), as JAX indexing does.
       k_scale, v_scale: FP8 scales (stored = clip(value / scale, ±448)), or None.
       method: one of :data:`KV_WRITE_METHODS` (default :data:`KV_WRITE_METHOD`, resolved by
         :func:`kv_write_method`); every method stores the same values outside the null page.
@@ -103,6 +105,10 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
 
     if method == "rows":
         T = slot_mapping.shape[0]
+        # a slot outside [0, P * ps) goes to the null page's slot 0 (the row index must stay
+        # in this layer and head: "promise_in_bounds" leaves no check behind it)
+        slot = jnp.where((slot_mapping >= 0) & (slot_mapping < P * ps), slot_mapping, 0)
+        page, off = slot // ps, slot % ps
         head = jnp.arange(Hkv, dtype=jnp.int32)
         rows = ((layer * Hkv + head[None, :]) * P + page[:, None]) * ps + off[:, None]
         rows = rows.reshape(T * Hkv)

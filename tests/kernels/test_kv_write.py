@@ -123,3 +123,20 @@ def test_bench_kv_write_check_fails_on_a_wrong_method(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="check"):
         bench_kv_write.main(["--cpu-smoke", "--methods", "scatter,rows", "--out",
                              str(tmp_path)])
+
+
+@pytest.mark.parametrize("method", ["rows", "unique", "scatter"])
+def test_out_of_range_slots_touch_no_other_page(method):
+    """A slot past the pool (a caller's bug) must not land in another layer's or head's pages
+    (the flat "rows" view would put page P + 1 of head 0 into head 1): "rows" sends it to the
+    null page, the scatters drop it; the real token beside it is written."""
+    L, Hkv, P, ps, D = 2, 2, 5, 4, 8
+    kc = jnp.zeros((L, Hkv, P, ps, D), jnp.float32)
+    x = jnp.ones((2, Hkv, D), jnp.float32)
+    slots = jnp.asarray([P * ps + 5, 2 * ps + 1], jnp.int32)  # out of range, then page 2 off 1
+    got, _ = ref.write_kv_ref(kc, kc, 0, x, x, slots, method=method)
+    got = np.asarray(got)
+    want = np.zeros((L, Hkv, P, ps, D), np.float32)
+    want[0, :, 2, 1] = 1.0
+    np.testing.assert_array_equal(got[:, :, 1:], want[:, :, 1:])
+    assert not got[1].any()  # the other layer, null page included

@@ -18,9 +18,9 @@ with one weight array per layer instead, because XLA materializes each scanned l
 weight slice before its GEMMs, which costs a decode step 1.4-1.8x: Llama-3.1-8B shape,
 batch 1, H200: 13.2 ms scanned vs 7.5 ms unrolled (the XLA flag
 --xla_gpu_enable_dynamic_slice_fusion did not help: 12.8 ms); SmolLM2 on a 2-core CPU:
-42.8 vs 30.4 ms (benchmarks/cpu_layer_loop.py). Unrolled programs compile in time proportional to depth; GEMMs that read the
-stacked weight in place (pallas_kernels/matmul, ``layer=`` argument) are the way to get
-both.
+42.8 vs 30.4 ms (benchmarks/cpu_layer_loop.py). Unrolled programs compile in time
+proportional to depth; GEMMs that read the stacked weight in place (pallas_kernels/matmul,
+``layer=`` argument) are the way to get both.
 """
 
 from __future__ import annotations
@@ -75,9 +75,16 @@ def _as(name: str, value, dtype) -> jax.Array:
     return value.astype(dtype)
 
 
+# The decoder's mid-layer residual add (x + attention output) inside the FP8 gate/up
+# projection's norm_quant_fp8 (row_quant's ``residual=``): one kernel fewer a layer where that
+# kernel runs. Off until timed on the GPU (scripts/gpu_call_next_s23_b.sh); equal outputs
+# either way (tests/engine/test_fp8_kernels.py).
+FUSE_RESIDUAL_ADD = False
+
+
 def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = False,
           interpret: bool = False, norm: jax.Array | None = None, eps: float = 0.0,
-          gate_up: bool = False) -> jax.Array:
+          gate_up: bool = False, residual: jax.Array | None = None):
     """``h @ w[name]``, after ``rms_norm(h, norm, eps)`` when ``norm`` is given. FP8 weights:
     with ``kernels`` and a per-channel scale the weight is held as ``[N, K]`` and runs on the
     Pallas GEMMs the measured policy picks for the row count
@@ -88,8 +95,24 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
     two or three). Otherwise an FP8 weight is widened to h's dtype in an XLA GEMM (W8A16)
     and scaled per channel after it, or per group of input rows (block-FP8 checkpoints;
     jaxinfer.quantization.fp8_weight_linear). ``gate_up``: the FP8 kernels' ``[2F, K]``
-    gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``)."""
+    gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``). ``residual``
+    ([T, H] in h's dtype): project ``h + residual`` and return ``(out, h + residual)``, the
+    add inside norm_quant_fp8 when :data:`FUSE_RESIDUAL_ADD` is set and that kernel runs."""
     scale = w.get(name + "_scale")
+    if residual is not None:
+        if (FUSE_RESIDUAL_ADD and kernels and scale is not None and scale.ndim == 1
+                and residual.dtype == h.dtype):
+            from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
+            from pallas_kernels.matmul.row_quant import norm_quant_fp8
+
+            if fp8_takes_quantized_x(h.shape[0], h.shape[1], w[name].shape[0], gate_up):
+                xq, xs, h = norm_quant_fp8(h, norm, eps, residual=residual,
+                                           interpret=interpret)
+                return _fp8_kernel_linear(xq, w[name], scale, gate_up=gate_up,
+                                          interpret=interpret, x_scale=xs, out_dtype=h.dtype,
+                                          env=kernel_env_key()), h
+        h = h + residual
+        return _proj(h, w, name, kernels, interpret, norm, eps, gate_up), h
     if kernels and scale is not None and scale.ndim == 1:
         from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
         from pallas_kernels.matmul.row_quant import norm_quant_fp8
@@ -296,14 +319,16 @@ class CausalLM(nnx.Module):
         o = _proj(o.reshape(T, cfg.q_size), w, "wo", *kern)
         if cfg.post_norms:
             o = rms_norm(o, w["post_attn_norm"], eps)
-        x = x + o
 
         scale = w.get("w_gate_up_scale")
         if kern[0] and cfg.hidden_act == "silu" and scale is not None and scale.ndim == 1:
             # the FP8 kernels' gate_up form: silu(gate) * up from the GEMM (in its epilogue
-            # on the Triton decode GEMM), not a [T, 2F] round trip through memory
-            act_up = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps, gate_up=True)
+            # on the Triton decode GEMM), not a [T, 2F] round trip through memory; x + o
+            # (the residual add) with it
+            act_up, x = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps,
+                              gate_up=True, residual=o)
         else:
+            x = x + o
             gate, up = jnp.split(_proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps),
                                  2, axis=-1)
             if cfg.hidden_act == "silu":

@@ -48,17 +48,26 @@ def row_quant_supported(K: int) -> bool:
     return 0 < K <= ROW_QUANT_MAX_K and c > 0 and K // c <= ROW_QUANT_MAX_CHUNKS
 
 
-def _kernel(*refs, eps: float, norm: bool, K: int, C: int):
-    if norm:
-        x_ref, w_ref, q_ref, s_ref = refs
-    else:
-        x_ref, q_ref, s_ref = refs
+def _kernel(*refs, eps: float, norm: bool, residual: bool, K: int, C: int):
+    refs = list(refs)
+    x_ref = refs.pop(0)
+    d_ref = refs.pop(0) if residual else None
+    w_ref = refs.pop(0) if norm else None
+    q_ref, s_ref = refs[:2]
+    h_ref = refs[2] if residual else None
     r = pl.program_id(0)
     chunks = range(K // C)
 
-    def load(c):  # [1, C] float32
-        return x_ref[pl.ds(r, 1), pl.ds(c * C, C)].astype(jnp.float32)
+    def load(c):  # [1, C] float32: x, or x + delta rounded to x's dtype (the residual stream)
+        x = x_ref[pl.ds(r, 1), pl.ds(c * C, C)]
+        if residual:
+            x = (x.astype(jnp.float32)
+                 + d_ref[pl.ds(r, 1), pl.ds(c * C, C)].astype(jnp.float32)).astype(x.dtype)
+        return x.astype(jnp.float32)
 
+    if residual:  # the sum, written once; the passes below recompute it from x and delta
+        for c in chunks:
+            h_ref[pl.ds(r, 1), pl.ds(c * C, C)] = load(c).astype(h_ref.dtype)
     if norm:
         ss = sum(jnp.sum(jnp.square(load(c)), axis=-1, keepdims=True) for c in chunks)
         inv = jax.lax.rsqrt(ss / K + eps)
@@ -78,8 +87,11 @@ def _kernel(*refs, eps: float, norm: bool, K: int, C: int):
 
 @functools.partial(jax.jit, static_argnames=("eps", "interpret"))
 def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *,
-                   interpret: bool = False) -> tuple[jax.Array, jax.Array]:
-    """Per-token FP8 quantization of ``x`` rows, after an RMSNorm when ``weight`` is given.
+                   residual: jax.Array | None = None, interpret: bool = False
+                   ) -> tuple[jax.Array, ...]:
+    """Per-token FP8 quantization of ``x`` rows, after an RMSNorm when ``weight`` is given;
+    with ``residual``, of the rows of ``h = x + residual`` (the residual add of a decoder
+    layer fused in front: vLLM's ``fused_add_rms_norm``, here with the quantization too).
 
     Args:
       x: [M, K] activations (bf16 or f32); K with :func:`row_quant_supported`. One program
@@ -87,13 +99,16 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
         absmax, quantize; the re-reads hit the L1 / L2).
       weight: [K] RMSNorm weight (Gemma's ``1 + w`` folded in), or None for no norm.
       eps: added to the mean square.
+      residual: [M, K] in x's dtype, or None: ``h = (x + residual)`` rounded to x's dtype
+        (as XLA's add of the two) is normed / quantized and returned.
       interpret: run in Pallas interpret mode (CPU tests).
     Returns:
       ``(q [M, K] float8_e4m3fn, scale [M] float32)`` with ``h ≈ q * scale[:, None]``, h the
       normed row in float32 (or x): ``quantize_rows_fp8(rms_norm(x.astype(float32), weight,
-      eps))``.
+      eps))``; with ``residual``, ``(q, scale, h [M, K] x.dtype)``.
     Raises:
-      ValueError: x not 2-D, K unsupported, or weight not [K].
+      ValueError: x not 2-D, K unsupported, weight not [K], or residual not x's shape and
+        dtype.
     """
     if x.ndim != 2:
         raise ValueError(f"norm_quant_fp8: x must be [M, K], got shape {x.shape}")
@@ -105,13 +120,19 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
     norm = weight is not None
     if norm and weight.shape != (K,):
         raise ValueError(f"norm_quant_fp8: weight must be [{K}], got {weight.shape}")
-    args = (x, weight.reshape(1, K)) if norm else (x,)
+    add = residual is not None
+    if add and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"norm_quant_fp8: residual must be {x.shape} {x.dtype.name}, got "
+                         f"{residual.shape} {residual.dtype.name}")
+    args = (x,) + ((residual,) if add else ()) + ((weight.reshape(1, K),) if norm else ())
+    out_shape = (jax.ShapeDtypeStruct((M, K), FP8), jax.ShapeDtypeStruct((M, 1), jnp.float32))
+    if add:
+        out_shape += (jax.ShapeDtypeStruct((M, K), x.dtype),)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    q, s = pl.pallas_call(
-        functools.partial(_kernel, eps=eps, norm=norm, K=K, C=_chunk(K)),
-        out_shape=(jax.ShapeDtypeStruct((M, K), FP8),
-                   jax.ShapeDtypeStruct((M, 1), jnp.float32)),
-        grid=(M,), in_specs=[any_spec] * len(args), out_specs=(any_spec, any_spec),
+    out = pl.pallas_call(
+        functools.partial(_kernel, eps=eps, norm=norm, residual=add, K=K, C=_chunk(K)),
+        out_shape=out_shape,
+        grid=(M,), in_specs=[any_spec] * len(args), out_specs=(any_spec,) * len(out_shape),
         compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret, name="norm_quant_fp8")(*args)
-    return q, s[:, 0]
+    return (out[0], out[1][:, 0]) + tuple(out[2:])

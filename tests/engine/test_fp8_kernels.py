@@ -242,6 +242,39 @@ def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatc
     assert sum(1 for _, w in calls if w) == 2 * cfg.num_layers  # the normed ones
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_fused_residual_add_engine_equals_the_unfused_one(scan, monkeypatch, request):
+    """transformer.FUSE_RESIDUAL_ADD: the mid-layer residual add inside the gate/up site's
+    norm_quant_fp8 gives the same tokens and logprobs (float32 engine: the kernel's add is
+    XLA's add, the same rounding), unrolled and scanned; and the add is really moved (the
+    decode program for an H200 calls the kernel with the residual, once a layer)."""
+    import re
+
+    from jaxinfer.batch import Bucket
+    from jaxinfer.models import transformer as T
+    from tests.conftest import tiny_config
+
+    model = tiny_loaded("llama", hidden_size=64, head_dim=16)
+    prompts = [[5, 6, 7], list(range(10, 27))]
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
+    ref = _llm("pallas", model, scan_layers=scan, dtype="float32").generate(prompts, sp)
+    monkeypatch.setattr(T, "FUSE_RESIDUAL_ADD", True)
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)
+    got = _llm("pallas", model, scan_layers=scan, dtype="float32").generate(prompts, sp)
+    _assert_same_outputs(got, ref, atol=1e-6)
+    if scan:
+        return
+    cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
+                      num_kv_heads=2, head_dim=64, num_layers=3)
+    text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 4, 4, 4),
+                              max_num_batched_tokens=128, prefill_buckets=(128,))
+    calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+)((?:, %\w+)*)\)", text)
+    assert len(calls) == 4 * cfg.num_layers
+    # x, residual, norm weight: the gate/up site of every layer
+    assert sum(1 for _, rest in calls if rest.count(",") == 2) == cfg.num_layers
+
+
 def test_a_kernel_switch_changed_in_process_retraces_the_fp8_gemm(monkeypatch):
     """The engine's FP8 GEMMs sit under a module-level ``jit`` (transformer._fp8_kernel_linear)
     whose traces outlive an engine, and the kernel switches are read while tracing: a switch

@@ -56,6 +56,27 @@ def test_equals_the_unfused_math(dtype, M, K, norm):
     np.testing.assert_allclose(back, h, rtol=2 ** -3, atol=float(np.asarray(s).max()) * 2 ** -6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, F32])
+@pytest.mark.parametrize("M,K", [(1, 64), (5, 576), (4, 4096), (2, 14336)])
+@pytest.mark.parametrize("norm", [True, False])
+def test_residual_add_fused_in_front(dtype, M, K, norm):
+    """residual=: h = x + residual rounded to x's dtype (XLA's add of the two) comes back
+    bit-exact, and q / scale are bit-identical to the kernel's on that h (the unfused pair:
+    XLA add, then this kernel)."""
+    x, w = _inputs(M * K + 1, M, K, dtype)
+    d = jax.random.normal(jax.random.PRNGKey(M * K + 2), (M, K), F32).astype(dtype)
+    q, s, h = norm_quant_fp8(x, w if norm else None, 1e-5, residual=d, interpret=True)
+    want_h = x + d  # XLA's add in x's dtype
+    assert h.dtype == x.dtype and h.shape == (M, K)
+    np.testing.assert_array_equal(np.asarray(h.astype(F32)), np.asarray(want_h.astype(F32)))
+    want_q, want_s = norm_quant_fp8(want_h, w if norm else None, 1e-5, interpret=True)
+    np.testing.assert_array_equal(np.asarray(s), np.asarray(want_s))
+    np.testing.assert_array_equal(np.asarray(q.astype(F32)), np.asarray(want_q.astype(F32)))
+    # the sum matters: without it the scales differ (the test can tell the paths apart)
+    assert not np.array_equal(np.asarray(s), np.asarray(norm_quant_fp8(
+        x, w if norm else None, 1e-5, interpret=True)[1]))
+
+
 @pytest.mark.parametrize("K,ok", [(32, False), (64, True), (576, True), (640, True),
                                   (4096, True), (14336, True), (16384, True), (1088, False),
                                   (100, False), (32768, False)])
@@ -71,12 +92,24 @@ def test_bad_input_is_refused():
         norm_quant_fp8(jnp.ones((2, 64)), jnp.ones((32,)), interpret=True)
     with pytest.raises(ValueError, match=r"\[M, K\]"):
         norm_quant_fp8(jnp.ones((64,)), interpret=True)
+    with pytest.raises(ValueError, match="residual must be"):
+        norm_quant_fp8(jnp.ones((2, 64)), residual=jnp.ones((2, 64), jnp.bfloat16),
+                       interpret=True)
+    with pytest.raises(ValueError, match="residual must be"):
+        norm_quant_fp8(jnp.ones((2, 64)), residual=jnp.ones((1, 64)), interpret=True)
 
 
 @pytest.mark.parametrize("M,K", [(1, 4096), (64, 4096), (16, 8192), (1, 14336), (4, 576)])
 @pytest.mark.parametrize("norm", [True, False])
-def test_lowers_for_an_h200(M, K, norm):
+@pytest.mark.parametrize("residual", [False, True])
+def test_lowers_for_an_h200(M, K, norm, residual):
     sds = jax.ShapeDtypeStruct
-    args = (sds((M, K), jnp.bfloat16),) + ((sds((K,), F32),) if norm else ())
-    text = lower_for_cuda(lambda *a: norm_quant_fp8(*a, eps=1e-5), *args)
+    x = sds((M, K), jnp.bfloat16)
+    args = (x,) + ((x,) if residual else ()) + ((sds((K,), F32),) if norm else ())
+
+    def call(x, *rest):
+        d, w = (rest[0], rest[1:]) if residual else (None, rest)
+        return norm_quant_fp8(x, *w, eps=1e-5, residual=d)
+
+    text = lower_for_cuda(call, *args)
     assert "norm_quant_fp8" in text and "__gpu$xla.gpu.triton" in text

@@ -93,7 +93,6 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
     """
     L, Hkv, P, ps, D = k_cache.shape
     method = kv_write_method(method, slot_mapping.shape[0], L * Hkv * P * ps)
-    page, off = slot_mapping // ps, slot_mapping % ps
 
     def quant(x, scale):
         if scale is not None:
@@ -120,6 +119,7 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
             return flat.reshape(cache.shape)
 
         return put(k_cache, quant(k_new, k_scale)), put(v_cache, quant(v_new, v_scale))
+    page, off = slot_mapping // ps, slot_mapping % ps
     unique = method == "unique"
     # Advanced indices split by a slice put the token axis first: the target is [T, Hkv, D].
     k_cache = k_cache.at[layer, :, page, off].set(quant(k_new, k_scale), unique_indices=unique)

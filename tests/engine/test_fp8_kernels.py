@@ -224,10 +224,9 @@ def test_prefill_program_lowers_each_kernel_shape_once(monkeypatch):
     assert counts[4] == counts[2]
 
 
-def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatch):
-    """At decode rows on the Triton GEMM every FP8 projection's input is RMS-normalized (QKV,
-    gate/up) and quantized per token by row_quant.norm_quant_fp8, one kernel per site, four
-    per layer (XLA's reduction + convert pairs were 6 more CUDA-graph nodes a layer)."""
+def _decode_norm_quant_operands(monkeypatch) -> tuple[int, list[int]]:
+    """(layers, operand count of each norm_quant_fp8 call) in the H200 decode program of a
+    3-layer tiny llama at 4 rows."""
     import re
 
     from jaxinfer.batch import Bucket
@@ -237,9 +236,17 @@ def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatc
                       num_kv_heads=2, head_dim=64, num_layers=3)
     text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 4, 4, 4),
                               max_num_batched_tokens=128, prefill_buckets=(128,))
-    calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+)(, %\w+)?\)", text)
-    assert len(calls) == 4 * cfg.num_layers
-    assert sum(1 for _, w in calls if w) == 2 * cfg.num_layers  # the normed ones
+    calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+(?:, %\w+)*)\)", text)
+    return cfg.num_layers, [c.count(",") + 1 for c in calls]
+
+
+def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatch):
+    """At decode rows on the Triton GEMM every FP8 projection's input is RMS-normalized (QKV,
+    gate/up) and quantized per token by row_quant.norm_quant_fp8, one kernel per site, four
+    per layer (XLA's reduction + convert pairs were 6 more CUDA-graph nodes a layer)."""
+    layers, operands = _decode_norm_quant_operands(monkeypatch)
+    assert len(operands) == 4 * layers
+    assert sum(1 for n in operands if n == 2) == 2 * layers  # the normed ones (x, weight)
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -248,11 +255,7 @@ def test_fused_residual_add_engine_equals_the_unfused_one(scan, monkeypatch, req
     norm_quant_fp8 gives the same tokens and logprobs (float32 engine: the kernel's add is
     XLA's add, the same rounding), unrolled and scanned; and the add is really moved (the
     decode program for an H200 calls the kernel with the residual, once a layer)."""
-    import re
-
-    from jaxinfer.batch import Bucket
     from jaxinfer.models import transformer as T
-    from tests.conftest import tiny_config
 
     model = tiny_loaded("llama", hidden_size=64, head_dim=16)
     prompts = [[5, 6, 7], list(range(10, 27))]
@@ -265,14 +268,10 @@ def test_fused_residual_add_engine_equals_the_unfused_one(scan, monkeypatch, req
     _assert_same_outputs(got, ref, atol=1e-6)
     if scan:
         return
-    cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
-                      num_kv_heads=2, head_dim=64, num_layers=3)
-    text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 4, 4, 4),
-                              max_num_batched_tokens=128, prefill_buckets=(128,))
-    calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+)((?:, %\w+)*)\)", text)
-    assert len(calls) == 4 * cfg.num_layers
+    layers, operands = _decode_norm_quant_operands(monkeypatch)
+    assert len(operands) == 4 * layers
     # x, residual, norm weight: the gate/up site of every layer
-    assert sum(1 for _, rest in calls if rest.count(",") == 2) == cfg.num_layers
+    assert sum(1 for n in operands if n == 3) == layers
 
 
 def test_a_kernel_switch_changed_in_process_retraces_the_fp8_gemm(monkeypatch):

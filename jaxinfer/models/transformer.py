@@ -80,6 +80,10 @@ def _as(name: str, value, dtype) -> jax.Array:
 # kernel runs. Off until timed on the GPU (scripts/gpu_call_next_s23_b.sh); equal outputs
 # either way (tests/engine/test_fp8_kernels.py).
 FUSE_RESIDUAL_ADD = False
+# The end-of-layer residual add (x + MLP output) carried into the next layer and done inside
+# its QKV site's norm_quant_fp8 (vLLM's fused_add_rms_norm at the input_layernorm): another
+# kernel fewer a layer. Same status as FUSE_RESIDUAL_ADD.
+CARRY_LAYER_RESIDUAL = False
 
 
 def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = False,
@@ -97,10 +101,10 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
     jaxinfer.quantization.fp8_weight_linear). ``gate_up``: the FP8 kernels' ``[2F, K]``
     gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``). ``residual``
     ([T, H] in h's dtype): project ``h + residual`` and return ``(out, h + residual)``, the
-    add inside norm_quant_fp8 when :data:`FUSE_RESIDUAL_ADD` is set and that kernel runs."""
+    add inside norm_quant_fp8 where that kernel runs, else an XLA add first."""
     scale = w.get(name + "_scale")
     if residual is not None:
-        if (FUSE_RESIDUAL_ADD and kernels and scale is not None and scale.ndim == 1
+        if (kernels and scale is not None and scale.ndim == 1
                 and residual.dtype == h.dtype):
             from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
             from pallas_kernels.matmul.row_quant import norm_quant_fp8
@@ -278,34 +282,49 @@ class CausalLM(nnx.Module):
         else:
             cos_l, sin_l = cos_g, sin_g
 
+        # carried: each layer returns its MLP output f unadded; the next adds it in its QKV
+        # site (x + f is that layer's input), the final norm's input adds the last one
+        carry_f = CARRY_LAYER_RESIDUAL and self.fp8_kernels
+
         def layer(carry, xs):
-            x, cache = carry
+            x, f, cache = carry
             w, c = xs
             if isinstance(c["local_rope"], bool):
                 cos, sin = (cos_l, sin_l) if c["local_rope"] else (cos_g, sin_g)
             else:
                 cos = jnp.where(c["local_rope"], cos_l, cos_g)
                 sin = jnp.where(c["local_rope"], sin_l, sin_g)
-            x, cache = self._block(x, cache, w, c, cos, sin, md, attn)
-            return (x, cache), None
+            x, f, cache = self._block(x, cache, w, c, cos, sin, md, attn, f, carry_f)
+            return (x, f, cache), None
 
         consts = self._layer_constants()
-        if self.scan_layers:
-            (x, cache), _ = jax.lax.scan(layer, (x, cache), (self._layer_weights(), consts))
+        if self.scan_layers:  # a scan's carry keeps one structure: f starts at zero
+            f0 = jnp.zeros_like(x) if carry_f else None
+            (x, f, cache), _ = jax.lax.scan(layer, (x, f0, cache),
+                                            (self._layer_weights(), consts))
         else:
+            f = None
             for i in range(cfg.num_layers):
                 c = {k: v[i] for k, v in consts.items()}
-                (x, cache), _ = layer((x, cache), (self._layer_weights(f"layer{i}__"), c))
+                (x, f, cache), _ = layer((x, f, cache),
+                                         (self._layer_weights(f"layer{i}__"), c))
+        x = x if f is None else x + f
         return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), cache
 
-    def _block(self, x, cache, w, c, cos, sin, md, attn):
-        """One decoder layer: x [T, H] -> [T, H]."""
+    def _block(self, x, cache, w, c, cos, sin, md, attn, pending=None, carry_f=False):
+        """One decoder layer: (x [T, H], pending) -> (x, f, cache), the layer's output x + f.
+        ``pending`` ([T, H] or None): the previous layer's f not yet added (the layer's input
+        is x + pending). ``carry_f``: return f unadded (else added, f None)."""
         cfg = self.cfg
         T = x.shape[0]
         eps = cfg.rms_norm_eps
         kern = (self.fp8_kernels, self.interpret)
-        q, k, v = jnp.split(_proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps),
-                            [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
+        if pending is None:
+            qkv = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps)
+        else:
+            qkv, x = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps,
+                           residual=pending)
+        q, k, v = jnp.split(qkv, [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
         if cfg.attention_bias:
             q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
         q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -324,9 +343,14 @@ class CausalLM(nnx.Module):
         if kern[0] and cfg.hidden_act == "silu" and scale is not None and scale.ndim == 1:
             # the FP8 kernels' gate_up form: silu(gate) * up from the GEMM (in its epilogue
             # on the Triton decode GEMM), not a [T, 2F] round trip through memory; x + o
-            # (the residual add) with it
-            act_up, x = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps,
-                              gate_up=True, residual=o)
+            # (the residual add) with it where FUSE_RESIDUAL_ADD
+            if FUSE_RESIDUAL_ADD:
+                act_up, x = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps,
+                                  gate_up=True, residual=o)
+            else:
+                x = x + o
+                act_up = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps,
+                               gate_up=True)
         else:
             x = x + o
             gate, up = jnp.split(_proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps),
@@ -339,7 +363,7 @@ class CausalLM(nnx.Module):
         f = _proj(act_up, w, "w_down", *kern)
         if cfg.post_norms:
             f = rms_norm(f, w["post_ffn_norm"], eps)
-        return x + f, cache
+        return (x, f, cache) if carry_f else (x + f, None, cache)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [N, H] -> logits [N, V] float32 (tied to the embedding when configured)."""

@@ -250,18 +250,23 @@ def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatc
 
 
 @pytest.mark.parametrize("scan", [False, True])
-def test_fused_residual_add_engine_equals_the_unfused_one(scan, monkeypatch, request):
-    """transformer.FUSE_RESIDUAL_ADD: the mid-layer residual add inside the gate/up site's
-    norm_quant_fp8 gives the same tokens and logprobs (float32 engine: the kernel's add is
-    XLA's add, the same rounding), unrolled and scanned; and the add is really moved (the
-    decode program for an H200 calls the kernel with the residual, once a layer)."""
+@pytest.mark.parametrize("mid,carry", [(True, False), (False, True), (True, True)])
+def test_fused_residual_add_engine_equals_the_unfused_one(mid, carry, scan, monkeypatch,
+                                                          request):
+    """transformer.FUSE_RESIDUAL_ADD (the mid-layer residual add inside the gate/up site's
+    norm_quant_fp8) and CARRY_LAYER_RESIDUAL (the end-of-layer add carried into the next
+    layer's QKV site) give the same tokens and logprobs (float32 engine: the kernel's add is
+    XLA's add, the same rounding), unrolled and scanned; and the adds are really moved (the
+    decode program for an H200 calls the kernel with the residual at the fused sites: once a
+    layer each for the mid add, every layer but the first for the carried one)."""
     from jaxinfer.models import transformer as T
 
     model = tiny_loaded("llama", hidden_size=64, head_dim=16)
     prompts = [[5, 6, 7], list(range(10, 27))]
     sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
     ref = _llm("pallas", model, scan_layers=scan, dtype="float32").generate(prompts, sp)
-    monkeypatch.setattr(T, "FUSE_RESIDUAL_ADD", True)
+    monkeypatch.setattr(T, "FUSE_RESIDUAL_ADD", mid)
+    monkeypatch.setattr(T, "CARRY_LAYER_RESIDUAL", carry)
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
     got = _llm("pallas", model, scan_layers=scan, dtype="float32").generate(prompts, sp)
@@ -270,8 +275,10 @@ def test_fused_residual_add_engine_equals_the_unfused_one(scan, monkeypatch, req
         return
     layers, operands = _decode_norm_quant_operands(monkeypatch)
     assert len(operands) == 4 * layers
-    # x, residual, norm weight: the gate/up site of every layer
-    assert sum(1 for n in operands if n == 3) == layers
+    # x, residual, norm weight at the fused sites
+    assert sum(1 for n in operands if n == 3) == mid * layers + carry * (layers - 1)
+    assert sum(1 for n in operands if n == 2) == 2 * layers - sum(
+        1 for n in operands if n == 3)
 
 
 def test_a_kernel_switch_changed_in_process_retraces_the_fp8_gemm(monkeypatch):

@@ -227,9 +227,9 @@ def _window(model: Any, ids: Sequence[int]) -> _Window:
     calls: list[tuple] = []
     real = CausalLM._block
 
-    def record(self, x, cache, w, c, cos, sin, md, attn, pending=None, carry_f=False):
+    def record(self, x, cache, w, c, cos, sin, md, attn):
         calls.append((x, bool(c["local_rope"]), int(c["window"]), cos, sin))
-        return x, None, cache
+        return x, cache
 
     kv = dict(num_kv_heads=cfg.num_kv_heads, num_pages=pages + 1, page_size=ps,
               head_dim=cfg.head_dim, dtype=jnp.float32, per_layer=True)

@@ -75,20 +75,18 @@ def _as(name: str, value, dtype) -> jax.Array:
     return value.astype(dtype)
 
 
-# The decoder's mid-layer residual add (x + attention output) inside the FP8 gate/up
-# projection's norm_quant_fp8 (row_quant's ``residual=``): one kernel fewer a layer where that
-# kernel runs. Off until timed on the GPU (scripts/gpu_call_next_s23_b.sh); equal outputs
-# either way (tests/engine/test_fp8_kernels.py).
-FUSE_RESIDUAL_ADD = False
-# The end-of-layer residual add (x + MLP output) carried into the next layer and done inside
-# its QKV site's norm_quant_fp8 (vLLM's fused_add_rms_norm at the input_layernorm): another
-# kernel fewer a layer. Same status as FUSE_RESIDUAL_ADD.
-CARRY_LAYER_RESIDUAL = False
+# SwiGLU and the down projection's per-token FP8 quantization as one kernel
+# (row_quant.norm_quant_fp8(swiglu=True)) where the gate/up GEMM writes its [T, 2F] output
+# (above fp8_plan.FP8_GATE_UP_EPILOGUE_MAX_M rows) and the down GEMM takes a quantized x:
+# XLA's SwiGLU fusion and the quantization kernel were two CUDA-graph nodes and a [T, F]
+# round trip. Off until timed on the GPU; equal outputs either way
+# (tests/engine/test_fp8_kernels.py).
+FUSE_SWIGLU_QUANT = False
 
 
 def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = False,
           interpret: bool = False, norm: jax.Array | None = None, eps: float = 0.0,
-          gate_up: bool = False, residual: jax.Array | None = None):
+          gate_up: bool = False) -> jax.Array:
     """``h @ w[name]``, after ``rms_norm(h, norm, eps)`` when ``norm`` is given. FP8 weights:
     with ``kernels`` and a per-channel scale the weight is held as ``[N, K]`` and runs on the
     Pallas GEMMs the measured policy picks for the row count
@@ -99,24 +97,8 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
     two or three). Otherwise an FP8 weight is widened to h's dtype in an XLA GEMM (W8A16)
     and scaled per channel after it, or per group of input rows (block-FP8 checkpoints;
     jaxinfer.quantization.fp8_weight_linear). ``gate_up``: the FP8 kernels' ``[2F, K]``
-    gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``). ``residual``
-    ([T, H] in h's dtype): project ``h + residual`` and return ``(out, h + residual)``, the
-    add inside norm_quant_fp8 where that kernel runs, else an XLA add first."""
+    gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``)."""
     scale = w.get(name + "_scale")
-    if residual is not None:
-        if (kernels and scale is not None and scale.ndim == 1
-                and residual.dtype == h.dtype):
-            from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
-            from pallas_kernels.matmul.row_quant import norm_quant_fp8
-
-            if fp8_takes_quantized_x(h.shape[0], h.shape[1], w[name].shape[0], gate_up):
-                xq, xs, h = norm_quant_fp8(h, norm, eps, residual=residual,
-                                           interpret=interpret)
-                return _fp8_kernel_linear(xq, w[name], scale, gate_up=gate_up,
-                                          interpret=interpret, x_scale=xs, out_dtype=h.dtype,
-                                          env=kernel_env_key()), h
-        h = h + residual
-        return _proj(h, w, name, kernels, interpret, norm, eps, gate_up), h
     if kernels and scale is not None and scale.ndim == 1:
         from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
         from pallas_kernels.matmul.row_quant import norm_quant_fp8
@@ -135,6 +117,20 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
     if scale is None:
         return h @ w[name]
     return fp8_weight_linear(h, w[name], scale)
+
+
+def _swiglu_quant_applies(T: int, w: dict[str, jax.Array]) -> bool:
+    """Whether :data:`FUSE_SWIGLU_QUANT`'s path takes this layer's MLP at T rows: FP8
+    kernel-layout gate/up ``[2F, H]`` and down ``[H, F]`` weights with per-channel scales,
+    the gate/up SwiGLU not in the GEMM's epilogue, the down GEMM taking a quantized x."""
+    from pallas_kernels.matmul import fp8_plan
+
+    (F2, H), F = w["w_gate_up"].shape, w["w_down"].shape[1]
+    return (FUSE_SWIGLU_QUANT and w.get("w_down_scale") is not None
+            and w["w_down_scale"].ndim == 1 and F2 == 2 * F
+            and not fp8_plan.fp8_gate_up_in_epilogue(T, H, F2)
+            and fp8_plan.fp8_takes_quantized_x(T, H, F2)
+            and fp8_plan.fp8_takes_quantized_x(T, F, w["w_down"].shape[0]))
 
 
 def kernel_env_key() -> tuple[tuple[str, str], ...]:
@@ -282,49 +278,34 @@ class CausalLM(nnx.Module):
         else:
             cos_l, sin_l = cos_g, sin_g
 
-        # carried: each layer returns its MLP output f unadded; the next adds it in its QKV
-        # site (x + f is that layer's input), the final norm's input adds the last one
-        carry_f = CARRY_LAYER_RESIDUAL and self.fp8_kernels
-
         def layer(carry, xs):
-            x, f, cache = carry
+            x, cache = carry
             w, c = xs
             if isinstance(c["local_rope"], bool):
                 cos, sin = (cos_l, sin_l) if c["local_rope"] else (cos_g, sin_g)
             else:
                 cos = jnp.where(c["local_rope"], cos_l, cos_g)
                 sin = jnp.where(c["local_rope"], sin_l, sin_g)
-            x, f, cache = self._block(x, cache, w, c, cos, sin, md, attn, f, carry_f)
-            return (x, f, cache), None
+            x, cache = self._block(x, cache, w, c, cos, sin, md, attn)
+            return (x, cache), None
 
         consts = self._layer_constants()
-        if self.scan_layers:  # a scan's carry keeps one structure: f starts at zero
-            f0 = jnp.zeros_like(x) if carry_f else None
-            (x, f, cache), _ = jax.lax.scan(layer, (x, f0, cache),
-                                            (self._layer_weights(), consts))
+        if self.scan_layers:
+            (x, cache), _ = jax.lax.scan(layer, (x, cache), (self._layer_weights(), consts))
         else:
-            f = None
             for i in range(cfg.num_layers):
                 c = {k: v[i] for k, v in consts.items()}
-                (x, f, cache), _ = layer((x, f, cache),
-                                         (self._layer_weights(f"layer{i}__"), c))
-        x = x if f is None else x + f
+                (x, cache), _ = layer((x, cache), (self._layer_weights(f"layer{i}__"), c))
         return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), cache
 
-    def _block(self, x, cache, w, c, cos, sin, md, attn, pending=None, carry_f=False):
-        """One decoder layer: (x [T, H], pending) -> (x, f, cache), the layer's output x + f.
-        ``pending`` ([T, H] or None): the previous layer's f not yet added (the layer's input
-        is x + pending). ``carry_f``: return f unadded (else added, f None)."""
+    def _block(self, x, cache, w, c, cos, sin, md, attn):
+        """One decoder layer: x [T, H] -> [T, H]."""
         cfg = self.cfg
         T = x.shape[0]
         eps = cfg.rms_norm_eps
         kern = (self.fp8_kernels, self.interpret)
-        if pending is None:
-            qkv = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps)
-        else:
-            qkv, x = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps,
-                           residual=pending)
-        q, k, v = jnp.split(qkv, [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
+        q, k, v = jnp.split(_proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps),
+                            [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
         if cfg.attention_bias:
             q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
         q = q.reshape(T, cfg.num_heads, cfg.head_dim)
@@ -338,32 +319,38 @@ class CausalLM(nnx.Module):
         o = _proj(o.reshape(T, cfg.q_size), w, "wo", *kern)
         if cfg.post_norms:
             o = rms_norm(o, w["post_attn_norm"], eps)
+        x = x + o
 
         scale = w.get("w_gate_up_scale")
-        if kern[0] and cfg.hidden_act == "silu" and scale is not None and scale.ndim == 1:
-            # the FP8 kernels' gate_up form: silu(gate) * up from the GEMM (in its epilogue
-            # on the Triton decode GEMM), not a [T, 2F] round trip through memory; x + o
-            # (the residual add) with it where FUSE_RESIDUAL_ADD
-            if FUSE_RESIDUAL_ADD:
-                act_up, x = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps,
-                                  gate_up=True, residual=o)
-            else:
-                x = x + o
+        fp8_gate_up = (kern[0] and cfg.hidden_act == "silu" and scale is not None
+                       and scale.ndim == 1)
+        if fp8_gate_up and _swiglu_quant_applies(T, w):
+            # [T, 2F] from the GEMM, SwiGLU and the down input's quantization in one kernel
+            from pallas_kernels.matmul.row_quant import norm_quant_fp8
+
+            gate_up = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps)
+            aq, a_scale = norm_quant_fp8(gate_up, swiglu=True, interpret=self.interpret)
+            f = _fp8_kernel_linear(aq, w["w_down"], w["w_down_scale"],
+                                   interpret=self.interpret, x_scale=a_scale,
+                                   out_dtype=x.dtype, env=kernel_env_key())
+        else:
+            if fp8_gate_up:
+                # the FP8 kernels' gate_up form: silu(gate) * up from the GEMM (in its
+                # epilogue on the Triton decode GEMM), not a [T, 2F] round trip
                 act_up = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps,
                                gate_up=True)
-        else:
-            x = x + o
-            gate, up = jnp.split(_proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps),
-                                 2, axis=-1)
-            if cfg.hidden_act == "silu":
-                act = jax.nn.silu(gate)
             else:
-                act = jax.nn.gelu(gate, approximate=True)
-            act_up = act * up
-        f = _proj(act_up, w, "w_down", *kern)
+                gate, up = jnp.split(_proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"],
+                                           eps=eps), 2, axis=-1)
+                if cfg.hidden_act == "silu":
+                    act = jax.nn.silu(gate)
+                else:
+                    act = jax.nn.gelu(gate, approximate=True)
+                act_up = act * up
+            f = _proj(act_up, w, "w_down", *kern)
         if cfg.post_norms:
             f = rms_norm(f, w["post_ffn_norm"], eps)
-        return (x, f, cache) if carry_f else (x + f, None, cache)
+        return x + f, cache
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [N, H] -> logits [N, V] float32 (tied to the embedding when configured)."""

@@ -264,6 +264,13 @@ def fp8_takes_quantized_x(M: int, K: int, N: int, gate_up: bool = False) -> bool
     return fp8_decode_config(M, K, N // 2 if gate_up else N, gate_up).act_group == 0
 
 
+def fp8_gate_up_in_epilogue(M: int, K: int, N: int) -> bool:
+    """Whether :func:`fp8_engine_linear` with ``gate_up`` (``[N = 2F, K]`` weight) computes
+    ``silu(gate) * up`` in the Triton decode GEMM's epilogue (up to
+    FP8_GATE_UP_EPILOGUE_MAX_M rows), not from the plain GEMM's ``[M, 2F]`` output."""
+    return fp8_engine_plan(M, K, N)[0] == "triton" and M <= FP8_GATE_UP_EPILOGUE_MAX_M
+
+
 def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
                       gate_up: bool = False, interpret: bool = False,
                       x_scale: jax.Array | None = None,
@@ -293,7 +300,7 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     if gate_up and N % 2:
         raise LinearError(f"fp8_engine_linear: a gate_up weight needs an even row count, got {N}")
     backend, act_quant = fp8_engine_plan(M, K, N)
-    if gate_up and not (backend == "triton" and M <= FP8_GATE_UP_EPILOGUE_MAX_M):
+    if gate_up and not fp8_gate_up_in_epilogue(M, K, N):
         # [M, 2F] in x.dtype from the plain GEMM, then SwiGLU (one XLA fusion)
         return silu_mul_ref(fp8_engine_linear(x, w_nk, w_scale, interpret=interpret,
                                               x_scale=x_scale, out_dtype=out_dtype))

@@ -31,6 +31,9 @@ from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
 # power-of-two chunks of at most 4096 columns, each pass unrolled).
 ROW_QUANT_MAX_K = 16384
 ROW_QUANT_MAX_CHUNKS = 16
+# Warps a program (a row) runs with: more bytes of the row in flight at once. 4 until timed
+# (benchmarks/kernels/bench_row_quant.py).
+ROW_QUANT_WARPS = 4
 
 
 def _chunk(K: int) -> int:
@@ -48,7 +51,7 @@ def row_quant_supported(K: int) -> bool:
     return 0 < K <= ROW_QUANT_MAX_K and c > 0 and K // c <= ROW_QUANT_MAX_CHUNKS
 
 
-def _kernel(*refs, eps: float, norm: bool, residual: bool, K: int, C: int):
+def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, K: int, C: int):
     refs = list(refs)
     x_ref = refs.pop(0)
     d_ref = refs.pop(0) if residual else None
@@ -60,6 +63,10 @@ def _kernel(*refs, eps: float, norm: bool, residual: bool, K: int, C: int):
 
     def load(c):  # [1, C] float32: x, or x + delta rounded to x's dtype (the residual stream)
         x = x_ref[pl.ds(r, 1), pl.ds(c * C, C)]
+        if swiglu:  # silu(gate) * up in float32, rounded to x's dtype (silu_mul_ref)
+            g = x.astype(jnp.float32)
+            u = x_ref[pl.ds(r, 1), pl.ds(K + c * C, C)].astype(jnp.float32)
+            x = (g * jax.nn.sigmoid(g) * u).astype(x.dtype)
         if residual:
             x = (x.astype(jnp.float32)
                  + d_ref[pl.ds(r, 1), pl.ds(c * C, C)].astype(jnp.float32)).astype(x.dtype)
@@ -85,13 +92,16 @@ def _kernel(*refs, eps: float, norm: bool, residual: bool, K: int, C: int):
     s_ref[pl.ds(r, 1), pl.ds(0, 1)] = scale
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "interpret"))
+@functools.partial(jax.jit, static_argnames=("eps", "swiglu", "num_warps", "interpret"))
 def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *,
-                   residual: jax.Array | None = None, interpret: bool = False
+                   residual: jax.Array | None = None, swiglu: bool = False,
+                   num_warps: int | None = None, interpret: bool = False
                    ) -> tuple[jax.Array, ...]:
     """Per-token FP8 quantization of ``x`` rows, after an RMSNorm when ``weight`` is given;
     with ``residual``, of the rows of ``h = x + residual`` (the residual add of a decoder
-    layer fused in front: vLLM's ``fused_add_rms_norm``, here with the quantization too).
+    layer fused in front: vLLM's ``fused_add_rms_norm``, here with the quantization too);
+    with ``swiglu``, of ``silu(gate) * up`` from a gate/up GEMM's ``[M, 2F]`` output (the
+    down projection's input: vLLM's ``silu_and_mul`` + per-token quant, one kernel).
 
     Args:
       x: [M, K] activations (bf16 or f32); K with :func:`row_quant_supported`. One program
@@ -101,18 +111,28 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
       eps: added to the mean square.
       residual: [M, K] in x's dtype, or None: ``h = (x + residual)`` rounded to x's dtype
         (as XLA's add of the two) is normed / quantized and returned.
+      swiglu: x is ``[M, 2K]``, gate columns then up columns; the rows quantized are
+        ``silu(gate) * up`` computed in float32 and rounded to x's dtype
+        (``reference.silu_mul_ref``). Not with ``weight`` or ``residual``.
+      num_warps: warps a row's program runs with (default :data:`ROW_QUANT_WARPS`).
       interpret: run in Pallas interpret mode (CPU tests).
     Returns:
       ``(q [M, K] float8_e4m3fn, scale [M] float32)`` with ``h ≈ q * scale[:, None]``, h the
       normed row in float32 (or x): ``quantize_rows_fp8(rms_norm(x.astype(float32), weight,
       eps))``; with ``residual``, ``(q, scale, h [M, K] x.dtype)``.
     Raises:
-      ValueError: x not 2-D, K unsupported, weight not [K], or residual not x's shape and
-        dtype.
+      ValueError: x not 2-D, K unsupported, weight not [K], residual not x's shape and
+        dtype, swiglu with an odd column count or with weight / residual.
     """
     if x.ndim != 2:
         raise ValueError(f"norm_quant_fp8: x must be [M, K], got shape {x.shape}")
     M, K = x.shape
+    if swiglu:
+        if K % 2 or weight is not None or residual is not None:
+            raise ValueError(f"norm_quant_fp8: swiglu takes [M, 2F] gate/up rows without a "
+                             f"norm weight or residual, got shape {x.shape}, weight "
+                             f"{weight is not None}, residual {residual is not None}")
+        K //= 2
     if not row_quant_supported(K):
         raise ValueError(f"norm_quant_fp8: K={K} must be a multiple of 64 up to "
                          f"{ROW_QUANT_MAX_K} in at most {ROW_QUANT_MAX_CHUNKS} power-of-two "
@@ -130,9 +150,11 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
         out_shape += (jax.ShapeDtypeStruct((M, K), x.dtype),)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     out = pl.pallas_call(
-        functools.partial(_kernel, eps=eps, norm=norm, residual=add, K=K, C=_chunk(K)),
+        functools.partial(_kernel, eps=eps, norm=norm, residual=add, swiglu=swiglu, K=K,
+                          C=_chunk(K)),
         out_shape=out_shape,
         grid=(M,), in_specs=[any_spec] * len(args), out_specs=(any_spec,) * len(out_shape),
-        compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
+        compiler_params=plt.CompilerParams(num_warps=num_warps or ROW_QUANT_WARPS,
+                                           num_stages=1),
         interpret=interpret, name="norm_quant_fp8")(*args)
     return (out[0], out[1][:, 0]) + tuple(out[2:])

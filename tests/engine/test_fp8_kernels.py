@@ -3,6 +3,8 @@ on CPU): the measured policy per row count, and the model wiring (kernel layout,
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,7 +102,7 @@ def _llm(mm: str, model=None, **extra) -> LLM:
     kw = dict(max_model_len=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=128,
               decode_buckets=(4,), prefill_buckets=(128,), page_buckets=(4,))
     return LLM(model or tiny_loaded("llama", head_dim=16), quantization="fp8",
-               matmul_backend=mm, **kw, **extra)
+               matmul_backend=mm, **{**kw, **extra})
 
 
 def _weight(llm: LLM, name: str) -> jax.Array:
@@ -224,9 +226,10 @@ def test_prefill_program_lowers_each_kernel_shape_once(monkeypatch):
     assert counts[4] == counts[2]
 
 
-def _decode_norm_quant_operands(monkeypatch) -> tuple[int, list[int]]:
-    """(layers, operand count of each norm_quant_fp8 call) in the H200 decode program of a
-    3-layer tiny llama at 4 rows."""
+def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatch):
+    """At decode rows on the Triton GEMM every FP8 projection's input is RMS-normalized (QKV,
+    gate/up) and quantized per token by row_quant.norm_quant_fp8, one kernel per site, four
+    per layer (XLA's reduction + convert pairs were 6 more CUDA-graph nodes a layer)."""
     import re
 
     from jaxinfer.batch import Bucket
@@ -236,49 +239,49 @@ def _decode_norm_quant_operands(monkeypatch) -> tuple[int, list[int]]:
                       num_kv_heads=2, head_dim=64, num_layers=3)
     text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 4, 4, 4),
                               max_num_batched_tokens=128, prefill_buckets=(128,))
-    calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+(?:, %\w+)*)\)", text)
-    return cfg.num_layers, [c.count(",") + 1 for c in calls]
+    calls = re.findall(r"call @norm_quant_fp8(?:_\d+)?\((%\w+)(, %\w+)?\)", text)
+    assert len(calls) == 4 * cfg.num_layers
+    assert sum(1 for _, w in calls if w) == 2 * cfg.num_layers  # the normed ones
 
 
-def test_decode_program_quantizes_each_projection_input_in_one_kernel(monkeypatch):
-    """At decode rows on the Triton GEMM every FP8 projection's input is RMS-normalized (QKV,
-    gate/up) and quantized per token by row_quant.norm_quant_fp8, one kernel per site, four
-    per layer (XLA's reduction + convert pairs were 6 more CUDA-graph nodes a layer)."""
-    layers, operands = _decode_norm_quant_operands(monkeypatch)
-    assert len(operands) == 4 * layers
-    assert sum(1 for n in operands if n == 2) == 2 * layers  # the normed ones (x, weight)
-
-
-@pytest.mark.parametrize("scan", [False, True])
-@pytest.mark.parametrize("mid,carry", [(True, False), (False, True), (True, True)])
-def test_fused_residual_add_engine_equals_the_unfused_one(mid, carry, scan, monkeypatch,
-                                                          request):
-    """transformer.FUSE_RESIDUAL_ADD (the mid-layer residual add inside the gate/up site's
-    norm_quant_fp8) and CARRY_LAYER_RESIDUAL (the end-of-layer add carried into the next
-    layer's QKV site) give the same tokens and logprobs (float32 engine: the kernel's add is
-    XLA's add, the same rounding), unrolled and scanned; and the adds are really moved (the
-    decode program for an H200 calls the kernel with the residual at the fused sites: once a
-    layer each for the mid add, every layer but the first for the carried one)."""
+def test_fused_swiglu_quant_engine_equals_the_unfused_one(monkeypatch, request):
+    """transformer.FUSE_SWIGLU_QUANT: at a 32-row decode bucket (gate/up's SwiGLU not in the
+    GEMM's epilogue) SwiGLU and the down input's quantization run as one norm_quant_fp8
+    (swiglu=True) and give the same tokens and logprobs as XLA's SwiGLU fusion, then the
+    kernel (float32 engine); the H200 decode program then quantizes the [32, 2F] GEMM output
+    in the kernel and has no SwiGLU outside it (an exponential fewer)."""
+    from jaxinfer.batch import Bucket
     from jaxinfer.models import transformer as T
+    from tests.conftest import tiny_config
 
     model = tiny_loaded("llama", hidden_size=64, head_dim=16)
-    prompts = [[5, 6, 7], list(range(10, 27))]
+    F, H = model.config.intermediate_size, model.config.hidden_size
+    assert not fp8_plan.fp8_gate_up_in_epilogue(32, H, 2 * F)
+    assert fp8_plan.fp8_takes_quantized_x(32, F, H)
+    prompts = [[5, 6, 7], list(range(10, 27)), [40, 41]]
     sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
-    ref = _llm("pallas", model, scan_layers=scan, dtype="float32").generate(prompts, sp)
-    monkeypatch.setattr(T, "FUSE_RESIDUAL_ADD", mid)
-    monkeypatch.setattr(T, "CARRY_LAYER_RESIDUAL", carry)
+    kw = dict(max_num_seqs=32, decode_buckets=(32,), dtype="float32")
+    ref = _llm("pallas", model, **kw).generate(prompts, sp)
+    monkeypatch.setattr(T, "FUSE_SWIGLU_QUANT", True)
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
-    got = _llm("pallas", model, scan_layers=scan, dtype="float32").generate(prompts, sp)
-    _assert_same_outputs(got, ref, atol=1e-6)
-    if scan:
-        return
-    layers, operands = _decode_norm_quant_operands(monkeypatch)
-    assert len(operands) == 4 * layers
-    # x, residual, norm weight at the fused sites
-    assert sum(1 for n in operands if n == 3) == mid * layers + carry * (layers - 1)
-    assert sum(1 for n in operands if n == 2) == 2 * layers - sum(
-        1 for n in operands if n == 3)
+    got = _llm("pallas", model, **kw).generate(prompts, sp)
+    _assert_same_outputs(got, ref, atol=1e-5)
+
+    cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
+                      num_kv_heads=2, head_dim=64, num_layers=3)
+    exps, swiglu_quant = {}, {}
+    for on in (False, True):
+        monkeypatch.setattr(T, "FUSE_SWIGLU_QUANT", on)
+        text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 32, 32, 4),
+                                  max_num_seqs=32, decode_buckets=(32,),
+                                  max_num_batched_tokens=128, prefill_buckets=(128,))
+        exps[on] = text.count("stablehlo.exponential")  # sigmoid's, attention's, ...
+        # norm_quant_fp8 functions taking the [32, 2F] gate/up output
+        swiglu_quant[on] = len(re.findall(
+            r"func\.func private @norm_quant_fp8\w*\(%arg0: tensor<32x1024xbf16>", text))
+    assert swiglu_quant == {False: 0, True: 1}
+    assert exps[True] < exps[False]
 
 
 def test_a_kernel_switch_changed_in_process_retraces_the_fp8_gemm(monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 
 from jaxinfer.layers.norm import rms_norm
 from pallas_kernels.matmul import quantize_rows_fp8
+from pallas_kernels.matmul.reference import silu_mul_ref
 from pallas_kernels.matmul.row_quant import norm_quant_fp8, row_quant_supported
 from tests.kernels.cuda_lowering import lower_for_cuda
 
@@ -77,6 +78,39 @@ def test_residual_add_fused_in_front(dtype, M, K, norm):
         x, w if norm else None, 1e-5, interpret=True)[1]))
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, F32])
+@pytest.mark.parametrize("M,F", [(2, 64), (5, 576), (3, 1536), (17, 4096), (2, 14336)])
+def test_swiglu_fused_in_front(dtype, M, F):
+    """swiglu=True (row M // 2 all zero, the others nonzero): [M, 2F] gate | up rows -> q /
+    scale of silu(gate) * up (float32, rounded to x's dtype: reference.silu_mul_ref), as the
+    unfused pair (XLA's SwiGLU, then this kernel's plain quantization) gives them."""
+    x, _ = _inputs(M * F + 3, M, 2 * F, dtype)
+    q, s = norm_quant_fp8(x, swiglu=True, interpret=True)
+    act = silu_mul_ref(x)
+    assert q.dtype == jnp.float8_e4m3fn and q.shape == (M, F) and s.shape == (M,)
+    want_q, want_s = quantize_rows_fp8(act.astype(F32))
+    # the kernel's sigmoid and XLA's logistic may differ in a float32 ulp: scales within
+    # a few ulp, an element at an e4m3 rounding boundary one step away
+    np.testing.assert_allclose(np.asarray(s), np.asarray(want_s), rtol=1e-6, atol=0)
+    got_q, want_q = np.asarray(q.astype(F32)), np.asarray(want_q.astype(F32))
+    diff = got_q != want_q
+    assert diff.mean() < 1e-3
+    np.testing.assert_allclose(got_q[diff], want_q[diff], rtol=2 ** -3)
+    # the activation matters: quantizing the gate half alone gives other numbers
+    assert not np.allclose(np.asarray(s), np.asarray(quantize_rows_fp8(
+        x[:, :F].astype(F32))[1]))
+
+
+@pytest.mark.parametrize("num_warps", [1, 8])
+def test_warps_do_not_change_the_result(num_warps):
+    x, w = _inputs(7, 3, 1152, jnp.bfloat16)
+    for kw in (dict(weight=w), dict(swiglu=True)):
+        want = norm_quant_fp8(x, **kw, interpret=True)
+        got = norm_quant_fp8(x, **kw, num_warps=num_warps, interpret=True)
+        for g, r in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g.astype(F32)), np.asarray(r.astype(F32)))
+
+
 @pytest.mark.parametrize("K,ok", [(32, False), (64, True), (576, True), (640, True),
                                   (4096, True), (14336, True), (16384, True), (1088, False),
                                   (100, False), (32768, False)])
@@ -97,6 +131,12 @@ def test_bad_input_is_refused():
                        interpret=True)
     with pytest.raises(ValueError, match="residual must be"):
         norm_quant_fp8(jnp.ones((2, 64)), residual=jnp.ones((1, 64)), interpret=True)
+    with pytest.raises(ValueError, match="swiglu takes"):
+        norm_quant_fp8(jnp.ones((2, 129)), swiglu=True, interpret=True)
+    with pytest.raises(ValueError, match="swiglu takes"):
+        norm_quant_fp8(jnp.ones((2, 128)), jnp.ones((64,)), swiglu=True, interpret=True)
+    with pytest.raises(ValueError, match="K=50"):
+        norm_quant_fp8(jnp.ones((2, 100)), swiglu=True, interpret=True)
 
 
 @pytest.mark.parametrize("M,K", [(1, 4096), (64, 4096), (16, 8192), (1, 14336), (4, 576)])
@@ -112,4 +152,11 @@ def test_lowers_for_an_h200(M, K, norm, residual):
         return norm_quant_fp8(x, *w, eps=1e-5, residual=d)
 
     text = lower_for_cuda(call, *args)
+    assert "norm_quant_fp8" in text and "__gpu$xla.gpu.triton" in text
+
+
+@pytest.mark.parametrize("M,F", [(32, 14336), (64, 1536)])
+def test_swiglu_lowers_for_an_h200(M, F):
+    text = lower_for_cuda(lambda x: norm_quant_fp8(x, swiglu=True, num_warps=8),
+                          jax.ShapeDtypeStruct((M, 2 * F), jnp.bfloat16))
     assert "norm_quant_fp8" in text and "__gpu$xla.gpu.triton" in text

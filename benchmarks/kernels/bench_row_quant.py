@@ -1,0 +1,152 @@
+"""The decode GEMMs' input kernels on one GPU: ``row_quant.norm_quant_fp8`` (RMSNorm and / or
+per-token FP8 quantization, one program a row) at the engine's sites and row counts, by
+``num_warps``; and SwiGLU + the down input's quantization as XLA's SwiGLU fusion then the
+kernel ("unfused", the engine's path above 16 rows) against ``swiglu=True`` (one kernel).
+
+Why: the 8B FP8 decode step at 64 rows (profile_decode, session 22/23) spends 5.6 µs a layer
+in the down input's quantization ([64, 14336]: 64 programs, 4 warps, ~1.8 MB) and ~2.3 µs
+in XLA's SwiGLU fusion before it; the norm + quant of [64, 4096] rows takes 2.7 µs.
+
+First every variant is checked on the device: each ``num_warps`` bit-identical to 4 warps,
+the fused SwiGLU within e4m3's rounding of the unfused pair. Then one jitted call runs the
+site ``--layers`` times on distinct inputs (straight-line, as the unrolled layers do; the
+inputs together exceed the L2), timed back to back: µs a call, median of repeats, and GB/s
+of the bytes read and written. The table prints last; records (``make_record``) go to
+``--out/row_quant.json``.
+
+    PYTHONPATH=. python3 benchmarks/kernels/bench_row_quant.py --out $OUT/rq
+    PYTHONPATH=. python3 benchmarks/kernels/bench_row_quant.py --cpu-smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.kernels.kernel_bench import RunRecords, time_fn  # noqa: E402
+from pallas_kernels.matmul.reference import silu_mul_ref  # noqa: E402
+from pallas_kernels.matmul.row_quant import norm_quant_fp8  # noqa: E402
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+# site name -> (input columns, norm, swiglu): Llama-3.1-8B's
+SITES = {"norm4096": (4096, True, False), "quant4096": (4096, False, False),
+         "quant14336": (14336, False, False), "swiglu14336": (28672, False, True)}
+INTERPRET = False  # --cpu-smoke: Pallas interpret mode
+
+
+def site_fn(site: str, variant: str):
+    """x [M, K] (and the norm weight) -> (q, scale) of the site, as ``variant`` computes it:
+    "w<N>" norm_quant_fp8 with N warps, "unfused" (swiglu sites) XLA's silu_mul_ref then the
+    kernel's plain quantization."""
+    K, norm, swiglu = SITES[site]
+    if variant == "unfused":
+        return lambda x, w: norm_quant_fp8(silu_mul_ref(x), interpret=INTERPRET)
+    warps = int(variant[1:])
+    return lambda x, w: norm_quant_fp8(x, w if norm else None, 1e-5, swiglu=swiglu,
+                                       num_warps=warps, interpret=INTERPRET)
+
+
+def make_run(site: str, variant: str, layers: int):
+    f = site_fn(site, variant)
+
+    @jax.jit
+    def run(xs, w):
+        return [f(xs[i], w) for i in range(layers)]
+    return run
+
+
+def inputs(site: str, M: int, layers: int, seed: int = 0):
+    K = SITES[site][0]
+    kx, kw = jax.random.split(jax.random.PRNGKey(seed))
+    xs = (jax.random.normal(kx, (layers, M, K), F32) * 2).astype(BF16)
+    w = (jax.random.normal(kw, (K,), F32) * 0.1 + 1).astype(F32)
+    return [xs[i] for i in range(layers)], w[: K // 2 if SITES[site][2] else K]
+
+
+def check(site: str, variants: list[str], M: int) -> dict:
+    """Each variant against the first kernel variant (bit-identical) and, for SwiGLU, the
+    fused kernel against the unfused pair (scales within 1e-6, q at most one e4m3 step
+    apart on < 0.1 % of elements)."""
+    xs, w = inputs(site, M, 1, seed=1)
+    outs = {v: [np.asarray(a.astype(F32)) for a in site_fn(site, v)(xs[0], w)]
+            for v in variants}
+    res = {}
+    kernel_vs = [v for v in variants if v != "unfused"]
+    base = outs[kernel_vs[0]]
+    for v in kernel_vs[1:]:
+        res[v] = all(np.array_equal(a, b) for a, b in zip(outs[v], base))
+    if "unfused" in outs:
+        (q, s), (qr, sr) = base, outs["unfused"]
+        diff = q != qr
+        res["fused_vs_unfused"] = bool(
+            np.allclose(s, sr, rtol=1e-6, atol=0) and diff.mean() < 1e-3
+            and np.allclose(q[diff], qr[diff], rtol=2 ** -3))
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ms", default="1,16,32,64,128")
+    ap.add_argument("--sites", default=",".join(SITES))
+    ap.add_argument("--warps", default="4,8,16")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--deadline-s", type=float, default=150)
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="CPU, Pallas interpret mode, 2 rows, 2 layers: the script runs")
+    ap.add_argument("--out", default=None)
+    ns = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    ms = [int(m) for m in ns.ms.split(",")]
+    if ns.cpu_smoke:
+        global INTERPRET
+        INTERPRET = True
+        jax.config.update("jax_platforms", "cpu")
+        ms, ns.layers, ns.repeats = [2], 2, 1
+    records = RunRecords("benchmarks/kernels/bench_row_quant.py", ns.out, "row_quant.json")
+    rows, failed = [], []
+    for site in ns.sites.split(","):
+        variants = [f"w{w}" for w in ns.warps.split(",")]
+        if SITES[site][2]:
+            variants = ["unfused"] + variants
+        for M in ms:
+            if time.perf_counter() - t0 > ns.deadline_s:
+                print(f"deadline: stopped before {site} M={M}", flush=True)
+                break
+            ok = check(site, variants, M)
+            failed += [f"{site} M={M} {k}" for k, v in ok.items() if not v]
+            K, _, swiglu = SITES[site]
+            moved = M * K * 2 + M * (K // 2 if swiglu else K) + 4 * M  # bf16 in, e4m3 out
+            xs, w = inputs(site, M, ns.layers)
+            for v in variants:
+                run = make_run(site, v, ns.layers)
+                us = 1e6 * time_fn(run, [(xs, w)], ns.repeats) / ns.layers
+                gbps = moved / us / 1e3
+                rows.append((site, M, v, us, gbps))
+                records.add(f"row_quant_{site}_us", us, "us",
+                            {"site": site, "M": M, "K": K, "variant": v,
+                             "layers": ns.layers, "GBps": gbps, "checks": ok})
+                print(f"{site:12s} M={M:4d} {v:8s} {us:7.2f} us  {gbps:7.1f} GB/s", flush=True)
+    print("\n site          M  " + "  ".join(f"{v:>8s}" for v in ["unfused", "w4", "w8", "w16"]))
+    for site in SITES:
+        for M in ms:
+            got = {v: us for s, m, v, us, _ in rows if s == site and m == M}
+            if got:
+                print(f" {site:12s} {M:4d}  " + "  ".join(
+                    f"{got[v]:8.2f}" if v in got else f"{'':8s}"
+                    for v in ["unfused", "w4", "w8", "w16"]))
+    print("checks:", "all OK" if not failed else f"FAILED {failed}")
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ of the bytes read and written. The table prints last; records (``make_record``) 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,14 +45,16 @@ INTERPRET = False  # --cpu-smoke: Pallas interpret mode
 
 def site_fn(site: str, variant: str):
     """x [M, K] (and the norm weight) -> (q, scale) of the site, as ``variant`` computes it:
-    "w<N>" norm_quant_fp8 with N warps, "unfused" (swiglu sites) XLA's silu_mul_ref then the
-    kernel's plain quantization."""
+    "w<N>" norm_quant_fp8 with N warps, a pass per step; "w<N>s" the same reading the row
+    once (one_pass); "unfused" (swiglu sites) XLA's silu_mul_ref then the kernel's plain
+    quantization (4 warps, passes: the engine's default before this bench)."""
     K, norm, swiglu = SITES[site]
     if variant == "unfused":
-        return lambda x, w: norm_quant_fp8(silu_mul_ref(x), interpret=INTERPRET)
-    warps = int(variant[1:])
+        return lambda x, w: norm_quant_fp8(silu_mul_ref(x), num_warps=4, one_pass=False,
+                                           interpret=INTERPRET)
+    warps, one = int(variant[1:].rstrip("s")), variant.endswith("s")
     return lambda x, w: norm_quant_fp8(x, w if norm else None, 1e-5, swiglu=swiglu,
-                                       num_warps=warps, interpret=INTERPRET)
+                                       num_warps=warps, one_pass=one, interpret=INTERPRET)
 
 
 def make_run(site: str, variant: str, layers: int):
@@ -94,9 +97,9 @@ def check(site: str, variants: list[str], M: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ms", default="1,16,32,64,128")
+    ap.add_argument("--ms", default="1,16,64,128")
     ap.add_argument("--sites", default=",".join(SITES))
-    ap.add_argument("--warps", default="4,8,16")
+    ap.add_argument("--variants", default="w4,w8,w16,w4s,w8s,w16s")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--deadline-s", type=float, default=150)
@@ -111,10 +114,12 @@ def main(argv: list[str] | None = None) -> None:
         INTERPRET = True
         jax.config.update("jax_platforms", "cpu")
         ms, ns.layers, ns.repeats = [2], 2, 1
+    if ns.out:
+        os.makedirs(ns.out, exist_ok=True)
     records = RunRecords("benchmarks/kernels/bench_row_quant.py", ns.out, "row_quant.json")
     rows, failed = [], []
     for site in ns.sites.split(","):
-        variants = [f"w{w}" for w in ns.warps.split(",")]
+        variants = ns.variants.split(",")
         if SITES[site][2]:
             variants = ["unfused"] + variants
         for M in ms:
@@ -135,14 +140,14 @@ def main(argv: list[str] | None = None) -> None:
                             {"site": site, "M": M, "K": K, "variant": v,
                              "layers": ns.layers, "GBps": gbps, "checks": ok})
                 print(f"{site:12s} M={M:4d} {v:8s} {us:7.2f} us  {gbps:7.1f} GB/s", flush=True)
-    print("\n site          M  " + "  ".join(f"{v:>8s}" for v in ["unfused", "w4", "w8", "w16"]))
+    names = ["unfused"] + ns.variants.split(",")
+    print("\n µs a call\n site          M  " + "  ".join(f"{v:>7s}" for v in names))
     for site in SITES:
         for M in ms:
             got = {v: us for s, m, v, us, _ in rows if s == site and m == M}
             if got:
                 print(f" {site:12s} {M:4d}  " + "  ".join(
-                    f"{got[v]:8.2f}" if v in got else f"{'':8s}"
-                    for v in ["unfused", "w4", "w8", "w16"]))
+                    f"{got[v]:7.2f}" if v in got else f"{'':7s}" for v in names))
     print("checks:", "all OK" if not failed else f"FAILED {failed}")
     if failed:
         sys.exit(1)

@@ -31,9 +31,11 @@ from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
 # power-of-two chunks of at most 4096 columns, each pass unrolled).
 ROW_QUANT_MAX_K = 16384
 ROW_QUANT_MAX_CHUNKS = 16
-# Warps a program (a row) runs with: more bytes of the row in flight at once. 4 until timed
-# (benchmarks/kernels/bench_row_quant.py).
+# Warps a program (a row) runs with: more bytes of the row in flight at once; and whether it
+# reads the row once and holds it in registers (else once a pass: mean square, absmax,
+# quantize). 4 warps, passes until timed (benchmarks/kernels/bench_row_quant.py).
 ROW_QUANT_WARPS = 4
+ROW_QUANT_ONE_PASS = False
 
 
 def _chunk(K: int) -> int:
@@ -51,7 +53,8 @@ def row_quant_supported(K: int) -> bool:
     return 0 < K <= ROW_QUANT_MAX_K and c > 0 and K // c <= ROW_QUANT_MAX_CHUNKS
 
 
-def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, K: int, C: int):
+def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, one_pass: bool,
+            K: int, C: int):
     refs = list(refs)
     x_ref = refs.pop(0)
     d_ref = refs.pop(0) if residual else None
@@ -72,17 +75,31 @@ def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, K: int,
                  + d_ref[pl.ds(r, 1), pl.ds(c * C, C)].astype(jnp.float32)).astype(x.dtype)
         return x.astype(jnp.float32)
 
-    if residual:  # the sum, written once; the passes below recompute it from x and delta
-        for c in chunks:
-            h_ref[pl.ds(r, 1), pl.ds(c * C, C)] = load(c).astype(h_ref.dtype)
-    if norm:
-        ss = sum(jnp.sum(jnp.square(load(c)), axis=-1, keepdims=True) for c in chunks)
-        inv = jax.lax.rsqrt(ss / K + eps)
+    if one_pass:  # the row read once and held in registers (float32 chunks) to the end
+        vals = [load(c) for c in chunks]
+        if residual:
+            for c, v in zip(chunks, vals):
+                h_ref[pl.ds(r, 1), pl.ds(c * C, C)] = v.astype(h_ref.dtype)
+        if norm:
+            ss = sum(jnp.sum(jnp.square(v), axis=-1, keepdims=True) for v in vals)
+            inv = jax.lax.rsqrt(ss / K + eps)
+            vals = [v * inv * w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
+                    for c, v in zip(chunks, vals)]
 
-        def row(c):  # the normed chunk, float32
-            return load(c) * inv * w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
-    else:
-        row = load
+        def row(c):
+            return vals[c]
+    else:  # each pass reads the row again (the re-reads hit the L1 / L2)
+        if residual:  # the sum, written once; the passes below recompute it
+            for c in chunks:
+                h_ref[pl.ds(r, 1), pl.ds(c * C, C)] = load(c).astype(h_ref.dtype)
+        if norm:
+            ss = sum(jnp.sum(jnp.square(load(c)), axis=-1, keepdims=True) for c in chunks)
+            inv = jax.lax.rsqrt(ss / K + eps)
+
+            def row(c):  # the normed chunk, float32
+                return load(c) * inv * w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
+        else:
+            row = load
     amax = functools.reduce(jnp.maximum, (jnp.max(jnp.abs(row(c)), axis=-1, keepdims=True)
                                           for c in chunks))
     scale = jnp.maximum(amax, MIN_ABSMAX) / FP8_MAX
@@ -92,11 +109,12 @@ def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, K: int,
     s_ref[pl.ds(r, 1), pl.ds(0, 1)] = scale
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "swiglu", "num_warps", "interpret"))
+@functools.partial(jax.jit, static_argnames=("eps", "swiglu", "num_warps", "one_pass",
+                                             "interpret"))
 def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *,
                    residual: jax.Array | None = None, swiglu: bool = False,
-                   num_warps: int | None = None, interpret: bool = False
-                   ) -> tuple[jax.Array, ...]:
+                   num_warps: int | None = None, one_pass: bool | None = None,
+                   interpret: bool = False) -> tuple[jax.Array, ...]:
     """Per-token FP8 quantization of ``x`` rows, after an RMSNorm when ``weight`` is given;
     with ``residual``, of the rows of ``h = x + residual`` (the residual add of a decoder
     layer fused in front: vLLM's ``fused_add_rms_norm``, here with the quantization too);
@@ -105,8 +123,8 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
 
     Args:
       x: [M, K] activations (bf16 or f32); K with :func:`row_quant_supported`. One program
-        per row walks it in power-of-two chunks (three passes with the norm: mean square,
-        absmax, quantize; the re-reads hit the L1 / L2).
+        per row walks it in power-of-two chunks (``one_pass``, or three passes with the
+        norm: mean square, absmax, quantize).
       weight: [K] RMSNorm weight (Gemma's ``1 + w`` folded in), or None for no norm.
       eps: added to the mean square.
       residual: [M, K] in x's dtype, or None: ``h = (x + residual)`` rounded to x's dtype
@@ -115,6 +133,8 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
         ``silu(gate) * up`` computed in float32 and rounded to x's dtype
         (``reference.silu_mul_ref``). Not with ``weight`` or ``residual``.
       num_warps: warps a row's program runs with (default :data:`ROW_QUANT_WARPS`).
+      one_pass: read the row once and keep it in registers (default
+        :data:`ROW_QUANT_ONE_PASS`); the same results either way.
       interpret: run in Pallas interpret mode (CPU tests).
     Returns:
       ``(q [M, K] float8_e4m3fn, scale [M] float32)`` with ``h ≈ q * scale[:, None]``, h the
@@ -150,8 +170,9 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
         out_shape += (jax.ShapeDtypeStruct((M, K), x.dtype),)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     out = pl.pallas_call(
-        functools.partial(_kernel, eps=eps, norm=norm, residual=add, swiglu=swiglu, K=K,
-                          C=_chunk(K)),
+        functools.partial(_kernel, eps=eps, norm=norm, residual=add, swiglu=swiglu,
+                          one_pass=ROW_QUANT_ONE_PASS if one_pass is None else one_pass,
+                          K=K, C=_chunk(K)),
         out_shape=out_shape,
         grid=(M,), in_specs=[any_spec] * len(args), out_specs=(any_spec,) * len(out_shape),
         compiler_params=plt.CompilerParams(num_warps=num_warps or ROW_QUANT_WARPS,

@@ -101,12 +101,18 @@ def test_swiglu_fused_in_front(dtype, M, F):
         x[:, :F].astype(F32))[1]))
 
 
-@pytest.mark.parametrize("num_warps", [1, 8])
-def test_warps_do_not_change_the_result(num_warps):
-    x, w = _inputs(7, 3, 1152, jnp.bfloat16)
-    for kw in (dict(weight=w), dict(swiglu=True)):
-        want = norm_quant_fp8(x, **kw, interpret=True)
-        got = norm_quant_fp8(x, **kw, num_warps=num_warps, interpret=True)
+@pytest.mark.parametrize("num_warps,one_pass", [(1, False), (8, False), (4, True),
+                                                (16, True)])
+@pytest.mark.parametrize("K", [1152, 14336])
+def test_warps_and_passes_do_not_change_the_result(num_warps, one_pass, K):
+    """Bit-identical results by num_warps and one_pass (the row held in registers), at every
+    site's form: norm, plain, residual, swiglu."""
+    x, w = _inputs(7, 3, K, jnp.bfloat16)
+    d = jax.random.normal(jax.random.PRNGKey(8), x.shape, F32).astype(x.dtype)
+    for kw in (dict(weight=w), dict(), dict(weight=w, residual=d), dict(swiglu=True)):
+        want = norm_quant_fp8(x, **kw, one_pass=False, interpret=True)
+        got = norm_quant_fp8(x, **kw, num_warps=num_warps, one_pass=one_pass,
+                             interpret=True)
         for g, r in zip(got, want):
             np.testing.assert_array_equal(np.asarray(g.astype(F32)), np.asarray(r.astype(F32)))
 

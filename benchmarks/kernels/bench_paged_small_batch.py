@@ -35,7 +35,6 @@ import argparse
 import math
 import os
 import re
-import statistics
 import sys
 import time
 import traceback
@@ -47,7 +46,7 @@ import numpy as np
 
 from benchmarks.common import apply_patches
 from benchmarks.kernels import bench_paged_attention as bpa
-from benchmarks.kernels.kernel_bench import RunRecords, rel_err, time_fn
+from benchmarks.kernels.kernel_bench import Cupti, RunRecords, rel_err, time_fn
 from pallas_kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref
 
 warnings.filterwarnings("ignore")
@@ -110,29 +109,6 @@ def carried_runner(c, **tune):
                                       merge="kernel", merge_counters=ctr, **c["scales"],
                                       **tune)
     return bpa.layer_chain(c, step, (c["q"], jnp.zeros((c["B"], c["Hkv"]), jnp.int32)))
-
-
-class Cupti:
-    """Summed kernel time (µs) and kernel count per call of a chained run, via CUPTI."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-
-    def __call__(self, run, args, calls: int) -> tuple[float, float, str]:
-        if not self.enabled:
-            return float("nan"), float("nan"), ""
-        try:
-            from jax.experimental.mosaic.gpu import profiler
-            _, ts = profiler.measure(run, aggregate=False, iterations=3)(*args)
-        except Exception as e:  # noqa: BLE001  CUPTI missing: wall clock only
-            log("CUPTI failed, wall clock only:", repr(e)[:200])
-            self.enabled = False
-            return float("nan"), float("nan"), ""
-        if not ts:
-            return float("nan"), float("nan"), ""
-        per_run = statistics.median(sum(ms for _, ms in it) for it in ts) * 1e3
-        names = sorted({n.split("(")[0][:40] for n, _ in ts[0]})
-        return per_run / calls, len(ts[0]) / calls, ",".join(names)
 
 
 def check_point(c, records, interp: dict, window: int = 0, kernel_splits=()) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -62,3 +63,26 @@ class RunRecords(list):
         if self.out_dir:
             with open(os.path.join(self.out_dir, self.file_name), "w") as f:
                 json.dump(list(self), f, indent=1)
+
+
+class Cupti:
+    """Summed kernel time (µs) and kernel count per call of a chained run, via CUPTI."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __call__(self, run, args, calls: int) -> tuple[float, float, str]:
+        if not self.enabled:
+            return float("nan"), float("nan"), ""
+        try:
+            from jax.experimental.mosaic.gpu import profiler
+            _, ts = profiler.measure(run, aggregate=False, iterations=3)(*args)
+        except Exception as e:  # noqa: BLE001  CUPTI missing: wall clock only
+            print("CUPTI failed, wall clock only:", repr(e)[:200], file=sys.stderr, flush=True)
+            self.enabled = False
+            return float("nan"), float("nan"), ""
+        if not ts:
+            return float("nan"), float("nan"), ""
+        per_run = statistics.median(sum(ms for _, ms in it) for it in ts) * 1e3
+        names = sorted({n.split("(")[0][:40] for n, _ in ts[0]})
+        return per_run / calls, len(ts[0]) / calls, ",".join(names)

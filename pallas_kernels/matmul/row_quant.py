@@ -31,11 +31,17 @@ from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
 # power-of-two chunks of at most 4096 columns, each pass unrolled).
 ROW_QUANT_MAX_K = 16384
 ROW_QUANT_MAX_CHUNKS = 16
-# Warps a program (a row) runs with: more bytes of the row in flight at once; and whether it
-# reads the row once and holds it in registers (else once a pass: mean square, absmax,
-# quantize). 4 warps, passes until timed (benchmarks/kernels/bench_row_quant.py).
-ROW_QUANT_WARPS = 4
-ROW_QUANT_ONE_PASS = False
+# Warps a program (a row) runs with from ROW_QUANT_WIDE_K columns (4 below: SmolLM2's and
+# Gemma 3's narrow rows, not timed), and whether it reads the row once and holds it in
+# registers (else once a pass: mean square, absmax, quantize). H200, 8B FP8 decode step
+# (profile_decode, session 23 call 3; NOTES_matmul "Session 23"): 16 warps and one pass vs
+# 4 warps and passes, µs a step: 64 rows, the QKV / gate-up norm + quant 140.9 vs 172.6,
+# the down input's quant ([64, 14336]) 93.3 vs 181.1, the o input's 58.3 vs 60.8 (device
+# busy 4.296 vs 4.450 ms); 1 row 136.9 / 93.4 / 47.8 vs 146.4 / 166.2 / 50.9 (2.896 vs
+# 2.978 ms).
+ROW_QUANT_WARPS = 16
+ROW_QUANT_WIDE_K = 4096
+ROW_QUANT_ONE_PASS = True
 
 
 def _chunk(K: int) -> int:
@@ -132,7 +138,8 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
       swiglu: x is ``[M, 2K]``, gate columns then up columns; the rows quantized are
         ``silu(gate) * up`` computed in float32 and rounded to x's dtype
         (``reference.silu_mul_ref``). Not with ``weight`` or ``residual``.
-      num_warps: warps a row's program runs with (default :data:`ROW_QUANT_WARPS`).
+      num_warps: warps a row's program runs with (default :data:`ROW_QUANT_WARPS` from
+        :data:`ROW_QUANT_WIDE_K` columns, 4 below).
       one_pass: read the row once and keep it in registers (default
         :data:`ROW_QUANT_ONE_PASS`); the same results either way.
       interpret: run in Pallas interpret mode (CPU tests).
@@ -175,7 +182,8 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
                           K=K, C=_chunk(K)),
         out_shape=out_shape,
         grid=(M,), in_specs=[any_spec] * len(args), out_specs=(any_spec,) * len(out_shape),
-        compiler_params=plt.CompilerParams(num_warps=num_warps or ROW_QUANT_WARPS,
-                                           num_stages=1),
+        compiler_params=plt.CompilerParams(
+            num_warps=num_warps or (ROW_QUANT_WARPS if K >= ROW_QUANT_WIDE_K else 4),
+            num_stages=1),
         interpret=interpret, name="norm_quant_fp8")(*args)
     return (out[0], out[1][:, 0]) + tuple(out[2:])

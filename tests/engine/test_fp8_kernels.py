@@ -261,6 +261,7 @@ def test_fused_swiglu_quant_engine_equals_the_unfused_one(monkeypatch, request):
     prompts = [[5, 6, 7], list(range(10, 27)), [40, 41]]
     sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
     kw = dict(max_num_seqs=32, decode_buckets=(32,), dtype="float32")
+    monkeypatch.setattr(T, "FUSE_SWIGLU_QUANT", False)
     ref = _llm("pallas", model, **kw).generate(prompts, sp)
     monkeypatch.setattr(T, "FUSE_SWIGLU_QUANT", True)
     jax.clear_caches()

@@ -13,7 +13,9 @@ normed row stays in float32 up to its quantization (one rounding, to e4m3), as t
 compiles (XLA keeps the bf16 ``rms_norm`` output in float32 inside the fusion:
 ``xla_allow_excess_precision``, on by default).
 vLLM fuses the same pair (``rms_norm_dynamic_per_token_quant``, its fused RMSNorm + FP8 quant
-kernel); TensorRT-LLM's RMSNorm plugin has a quantized-output mode.
+kernel); TensorRT-LLM's RMSNorm plugin has a quantized-output mode. The same kernel also takes
+the residual add in front (``residual=``: vLLM's ``fused_add_rms_norm``) and SwiGLU in front of
+the down projection's quantization (``swiglu=True``: vLLM's ``silu_and_mul`` + quant).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The engine's KV write (new K/V into their pages by slot mapping) on one GPU: the
-``write_kv_ref`` methods (``reference.KV_WRITE_METHODS``) side by side.
+``write_kv_ref`` methods (``reference.KV_WRITE_METHODS``) and the Pallas kernel
+(``kv_write.write_kv_pallas``, method "kernel") side by side.
 
 Why: profiles of the 8B decode step (e.g. profile_decode_h200_s10call1_fp8_b64: 420 µs of a
 6.0 ms step, 6.9 µs a layer for 64 tokens' FP8 K/V) and of Gemma 3 270M (5.7 µs a call with
@@ -34,6 +35,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.kernels.kernel_bench import RunRecords  # noqa: E402
 from pallas_kernels.paged_attention import reference as ref  # noqa: E402
+from pallas_kernels.paged_attention.kv_write import write_kv_pallas  # noqa: E402
 
 F8 = jnp.float8_e4m3fn
 # (name, T tokens written a layer, Hkv, D): decode buckets of the 8B shape, a prefill chunk,
@@ -67,6 +69,11 @@ def bits(cache: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(cache[:, :, 1:], u)
 
 
+# the methods: write_kv_ref's, and "kernel" (kv_write.write_kv_pallas, the Pallas kernel)
+METHODS = ref.KV_WRITE_METHODS + ("kernel",)
+INTERPRET = False  # --cpu-smoke: the kernel in Pallas interpret mode
+
+
 def make_run(method: str, layers: int, steps: int, scales: bool):
     """A jitted call writing ``layers`` layers ``steps`` times, straight-line (an XLA:GPU
     while loop would add a host round trip an iteration); the layer index comes from an
@@ -75,10 +82,16 @@ def make_run(method: str, layers: int, steps: int, scales: bool):
 
     def run(kc, vc, kn, vn, slots, layer_ids):
         for i in range(layers * steps):
-            # new values differ per write (a step's K/V depend on the step)
-            k = kn + jnp.asarray(i, kn.dtype)
-            kc, vc = ref.write_kv_ref(kc, vc, layer_ids[i % layers], k, vn, slots,
-                                      method=method, **kw)
+            # new values differ per write (a step's K/V depend on the step); the barrier
+            # rounds them to bf16 for every method (XLA would otherwise fuse the add into a
+            # scatter in float32, "excess precision", which the kernel's input never has)
+            k = jax.lax.optimization_barrier(kn + jnp.asarray(i, kn.dtype))
+            if method == "kernel":
+                kc, vc = write_kv_pallas(kc, vc, layer_ids[i % layers], k, vn, slots,
+                                         interpret=INTERPRET, **kw)
+            else:
+                kc, vc = ref.write_kv_ref(kc, vc, layer_ids[i % layers], k, vn, slots,
+                                          method=method, **kw)
         return kc, vc
 
     return jax.jit(run, donate_argnums=(0, 1))
@@ -91,13 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--pages", type=int, default=4096, help="pages a layer's pool holds")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--methods", default=",".join(ref.KV_WRITE_METHODS))
+    p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--points", default="",
                    help="comma-separated GRID / EXTRA names (default: all of GRID)")
     p.add_argument("--kv", default="bfloat16,float8_e4m3fn", help="KV dtypes to run")
     p.add_argument("--deadline-s", type=float, default=150.0)
     p.add_argument("--cpu-smoke", action="store_true")
     args = p.parse_args(argv)
+    global INTERPRET
+    INTERPRET = args.cpu_smoke
     t0 = time.time()
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -28,6 +28,7 @@ from pallas_kernels.paged_attention import (
     paged_prefill_attention,
     paged_prefill_attention_supported,
 )
+from pallas_kernels.paged_attention.kv_write import kv_write_supported, write_kv_pallas
 from pallas_kernels.paged_attention.prefill_mgpu import paged_prefill_attention_mgpu
 from pallas_kernels.paged_attention.prefill_mgpu_route import (
     mgpu_route,
@@ -50,6 +51,14 @@ _triton_prefill_jit = jax.jit(_triton_prefill,
                               static_argnames=("scale", "interpret", "static_layer"))
 
 
+# The KV write on the Pallas kernel (kv_write.write_kv_pallas: one program per token and KV
+# head, K and V in one launch, vLLM's reshape_and_cache_flash) instead of XLA's scatters
+# (reference.write_kv_ref, KV_WRITE_METHOD "auto": two fusions a layer). Off until timed on
+# the GPU (benchmarks/kernels/bench_kv_write.py --methods ...,kernel; profile_decode --patch);
+# the same stores either way (tests/kernels/test_kv_write.py).
+KV_WRITE_KERNEL = False
+
+
 class PallasAttentionBackend(AttentionBackend):
     """Pallas decode and prefill kernels. ``interpret=True`` runs the kernels on CPU."""
 
@@ -66,13 +75,24 @@ class PallasAttentionBackend(AttentionBackend):
         elif prefill_mgpu:
             self.name = "pallas_mgpu"
 
+    def write(self, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, k: jax.Array,
+              v: jax.Array, slot_mapping: jax.Array, *, k_scale: Scale = None,
+              v_scale: Scale = None) -> tuple[jax.Array, jax.Array]:
+        """k/v [T, Hkv, D] into their slots: the Pallas kernel where :data:`KV_WRITE_KERNEL`
+        and the head dim allow, else the base class's scatter."""
+        if KV_WRITE_KERNEL and kv_write_supported(k_cache.shape[-1]):
+            return write_kv_pallas(k_cache, v_cache, layer, k, v, slot_mapping, k_scale,
+                                   v_scale, interpret=self.interpret)
+        return super().write(k_cache, v_cache, layer, k, v, slot_mapping, k_scale=k_scale,
+                             v_scale=v_scale)
+
     def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                md: AttentionMetadata, scale: float, window: jax.Array, *,
                k_scale: Scale = None, v_scale: Scale = None) -> jax.Array:
         ok = paged_decode_attention_supported(q.shape, k_cache.shape, k_cache.dtype)
         # float32 caches (parity runs) also take the kernel up to D = 128 (it spills at 256).
-        ok |= k_cache.dtype == jnp.float32 and q.shape[-1] <= 128 and paged_decode_attention_supported(
-            q.shape, k_cache.shape, jnp.bfloat16)
+        ok |= (k_cache.dtype == jnp.float32 and q.shape[-1] <= 128
+               and paged_decode_attention_supported(q.shape, k_cache.shape, jnp.bfloat16))
         if not (self.interpret or ok):
             return super().decode(q, k_cache, v_cache, layer, md, scale, window,
                                   k_scale=k_scale, v_scale=v_scale)

@@ -48,7 +48,9 @@ def _dequant(x: jax.Array, scale: jax.Array | float | None) -> jax.Array:
 # 64 rows, ctx 512; profile_decode) the writes took 650 us a step with "scatter", 211 with
 # "unique" (device busy 4.89 -> 4.44 ms). Why the default scatter is slow (likely: XLA:GPU
 # guards possibly repeated indices with atomic read-modify-write on 32-bit words that 2- and
-# 1-byte elements share) was not read from the emitted code.
+# 1-byte elements share) was not read from the emitted code. The Pallas kernel of the same
+# stores is kv_write.write_kv_pallas (the engine's GPU backend takes it with
+# jaxinfer.layers.pallas_attention.KV_WRITE_KERNEL; not timed yet).
 KV_WRITE_METHODS = ("scatter", "unique", "rows", "auto")
 KV_WRITE_METHOD = "auto"
 KV_WRITE_ROWS_BELOW = 64

@@ -15,9 +15,17 @@ import numpy as np
 import pytest
 
 from pallas_kernels.paged_attention import reference as ref
+from pallas_kernels.paged_attention.kv_write import kv_write_supported, write_kv_pallas
 
 E4M3 = jnp.float8_e4m3fn
 METHODS = ref.KV_WRITE_METHODS
+KERNEL = "kernel"  # kv_write.write_kv_pallas in interpret mode
+
+
+def _write(method: str, kc, vc, layer, k, v, slots, **scales):
+    if method == KERNEL:
+        return write_kv_pallas(kc, vc, layer, k, v, slots, **scales, interpret=True)
+    return ref.write_kv_ref(kc, vc, layer, k, v, slots, method=method, **scales)
 
 
 def _slots(rng, T: int, P: int, ps: int, padding: int) -> np.ndarray:
@@ -43,11 +51,11 @@ def _want(cache: np.ndarray, layer: int, x: np.ndarray, slots: np.ndarray, ps: i
     return out
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS + (KERNEL,))
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, E4M3, jnp.float32])
 @pytest.mark.parametrize("T", [1, 5, 70])
 def test_write_matches_numpy_outside_null_page(method, dtype, T):
-    L, Hkv, P, ps, D = 3, 2, 40, 4, 8  # 70 tokens: more than KV_WRITE_ROWS_BELOW ("auto")
+    L, Hkv, P, ps, D = 3, 2, 40, 4, 16  # 70 tokens: more than KV_WRITE_ROWS_BELOW ("auto")
     rng = np.random.default_rng(T)
     fp8 = dtype == E4M3
     # poisoned caches: every slot holds a value the write never produces
@@ -60,8 +68,8 @@ def test_write_matches_numpy_outside_null_page(method, dtype, T):
     ks, vs = (np.float32(2.0), np.float32(0.25)) if fp8 else (None, None)
     slots = _slots(rng, T, P, ps, padding=min(2, T - 1))
     layer = 1
-    write = jax.jit(lambda kc, vc, lay, k, v, s: ref.write_kv_ref(
-        kc, vc, lay, k, v, s, k_scale=ks, v_scale=vs, method=method))
+    write = jax.jit(lambda kc, vc, lay, k, v, s: _write(method, kc, vc, lay, k, v, s,
+                                                        k_scale=ks, v_scale=vs))
     got_k, got_v = write(kc, vc, jnp.int32(layer), jnp.asarray(k, jnp.bfloat16),
                          jnp.asarray(v, jnp.bfloat16), jnp.asarray(slots))
     kb = np.asarray(jnp.asarray(k, jnp.bfloat16).astype(jnp.float32))
@@ -105,7 +113,7 @@ def test_bench_kv_write_cpu_smoke_checks_and_times(tmp_path):
     bench_kv_write.main(["--cpu-smoke", "--out", str(tmp_path)])
     recs = json.loads((tmp_path / "kv_write.json").read_text())
     got = {(r["config"]["method"], r["config"]["kv_dtype"]) for r in recs}
-    assert got == {(m, d) for m in METHODS for d in ("bfloat16", "float8_e4m3fn")}
+    assert got == {(m, d) for m in METHODS + (KERNEL,) for d in ("bfloat16", "float8_e4m3fn")}
     assert all(r["config"]["check_vs_scatter"] is True for r in recs)
     assert all(r["value"] > 0 and r["unit"] == "GB/s" for r in recs)
 
@@ -125,18 +133,74 @@ def test_bench_kv_write_check_fails_on_a_wrong_method(tmp_path, monkeypatch):
                              str(tmp_path)])
 
 
-@pytest.mark.parametrize("method", ["rows", "unique", "scatter"])
+@pytest.mark.parametrize("method", ["rows", "unique", "scatter", KERNEL])
 def test_out_of_range_slots_touch_no_other_page(method):
     """A slot past the pool (a caller's bug) must not land in another layer's or head's pages
-    (the flat "rows" view would put page P + 1 of head 0 into head 1): "rows" sends it to the
-    null page, the scatters drop it; the real token beside it is written."""
-    L, Hkv, P, ps, D = 2, 2, 5, 4, 8
+    (the flat "rows" view would put page P + 1 of head 0 into head 1): "rows" and the kernel
+    send it to the null page, the scatters drop it; the real token beside it is written."""
+    L, Hkv, P, ps, D = 2, 2, 5, 4, 16
     kc = jnp.zeros((L, Hkv, P, ps, D), jnp.float32)
     x = jnp.ones((2, Hkv, D), jnp.float32)
     slots = jnp.asarray([P * ps + 5, 2 * ps + 1], jnp.int32)  # out of range, then page 2 off 1
-    got, _ = ref.write_kv_ref(kc, kc, 0, x, x, slots, method=method)
+    got, _ = _write(method, kc, kc, 0, x, x, slots)
     got = np.asarray(got)
     want = np.zeros((L, Hkv, P, ps, D), np.float32)
     want[0, :, 2, 1] = 1.0
     np.testing.assert_array_equal(got[:, :, 1:], want[:, :, 1:])
     assert not got[1].any()  # the other layer, null page included
+
+
+def test_kernel_refuses_bad_input():
+    kc = jnp.zeros((1, 2, 3, 4, 16), jnp.bfloat16)
+    x = jnp.zeros((2, 2, 16), jnp.bfloat16)
+    s = jnp.zeros(2, jnp.int32)
+    with pytest.raises(ValueError, match=r"must be \[2, 2, 16\]"):
+        write_kv_pallas(kc, kc, 0, x[:, :1], x, s, interpret=True)
+    with pytest.raises(ValueError, match="caches differ"):
+        write_kv_pallas(kc, kc.astype(jnp.float32), 0, x, x, s, interpret=True)
+    kc12 = jnp.zeros((1, 2, 3, 4, 12), jnp.bfloat16)
+    with pytest.raises(ValueError, match="head dim 12"):
+        write_kv_pallas(kc12, kc12, 0, x[..., :12], x[..., :12], s, interpret=True)
+    assert [kv_write_supported(d) for d in (8, 16, 64, 96, 128, 256)] == [
+        False, True, True, False, True, True]
+
+
+@pytest.mark.parametrize("dtype,scales", [(jnp.bfloat16, False), (E4M3, True)])
+@pytest.mark.parametrize("T,Hkv,D", [(1, 8, 128), (64, 8, 128), (32, 1, 256), (8, 3, 64)])
+def test_kernel_lowers_for_an_h200(dtype, scales, T, Hkv, D):
+    """Engine shapes (8B at 1 / 64 tokens, Gemma 3 270M, SmolLM2) over a pool past 2^32 bytes
+    (Pallas' Triton lowering then indexes with 64-bit offsets)."""
+    from tests.kernels.cuda_lowering import lower_for_cuda
+
+    sds = jax.ShapeDtypeStruct
+    pool = sds((32, Hkv, 36000 * 8 // Hkv, 16, D), dtype)
+    args = [pool, pool, sds((), jnp.int32), sds((T, Hkv, D), jnp.bfloat16),
+            sds((T, Hkv, D), jnp.bfloat16), sds((T,), jnp.int32)]
+    args += [sds((), jnp.float32)] * 2 if scales else []
+    text = lower_for_cuda(write_kv_pallas, *args)
+    assert "kv_write" in text and "__gpu$xla.gpu.triton" in text
+    assert "output_operand_aliases" in text
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_engine_write_on_the_kernel_equals_the_scatter(kernel, monkeypatch):
+    """PallasAttentionBackend.write with KV_WRITE_KERNEL on (interpret) stores what the
+    base class's scatter stores; off, it is the scatter."""
+    from jaxinfer.layers import pallas_attention as pa
+
+    monkeypatch.setattr(pa, "KV_WRITE_KERNEL", kernel)
+    calls = []
+    real = pa.write_kv_pallas
+    monkeypatch.setattr(pa, "write_kv_pallas", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rng = np.random.default_rng(3)
+    kc = jnp.asarray(rng.standard_normal((2, 2, 6, 4, 16)), E4M3)
+    k = jnp.asarray(rng.standard_normal((3, 2, 16)) * 600, jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((3, 2, 16)), jnp.bfloat16)
+    slots = jnp.asarray([5, 17, 0], jnp.int32)
+    sc = dict(k_scale=jnp.float32(2.0), v_scale=jnp.float32(0.5))
+    got = pa.PallasAttentionBackend(interpret=True).write(kc, kc, 1, k, v, slots, **sc)
+    want = ref.write_kv_ref(kc, kc, 1, k, v, slots, **sc)
+    assert len(calls) == int(kernel)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g[:, :, 1:].astype(jnp.float32)),
+                                      np.asarray(w[:, :, 1:].astype(jnp.float32)))

@@ -4,6 +4,8 @@ an H200, and the engine's decode program using it at every FP8 projection."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,3 +168,30 @@ def test_swiglu_lowers_for_an_h200(M, F):
     text = lower_for_cuda(lambda x: norm_quant_fp8(x, swiglu=True, num_warps=8),
                           jax.ShapeDtypeStruct((M, 2 * F), jnp.bfloat16))
     assert "norm_quant_fp8" in text and "__gpu$xla.gpu.triton" in text
+
+
+def test_bench_row_quant_cpu_smoke_checks_and_times(tmp_path):
+    from benchmarks.kernels import bench_row_quant
+
+    bench_row_quant.main(["--cpu-smoke", "--sites", "norm4096,swiglu14336",
+                          "--variants", "w4,w8s", "--out", str(tmp_path)])
+    recs = json.loads((tmp_path / "row_quant.json").read_text())
+    got = {(r["config"]["site"], r["config"]["variant"]) for r in recs}
+    assert got == {("norm4096", "w4"), ("norm4096", "w8s"), ("swiglu14336", "unfused"),
+                   ("swiglu14336", "w4"), ("swiglu14336", "w8s")}
+    assert all(all(r["config"]["checks"].values()) and r["value"] > 0 for r in recs)
+
+
+def test_bench_row_quant_check_fails_on_a_wrong_variant(tmp_path, monkeypatch):
+    from benchmarks.kernels import bench_row_quant
+
+    good = bench_row_quant.site_fn
+
+    def broken(site, variant):  # one pass doubles the scales
+        f = good(site, variant)
+        return (lambda x, w: (lambda q, s: (q, 2 * s))(*f(x, w))) if variant.endswith("s") else f
+
+    monkeypatch.setattr(bench_row_quant, "site_fn", broken)
+    with pytest.raises(SystemExit):
+        bench_row_quant.main(["--cpu-smoke", "--sites", "quant4096", "--variants", "w4,w4s",
+                              "--out", str(tmp_path)])

@@ -4,7 +4,8 @@
 # off until timed) against session 22's XLA methods. (1) bench_kv_write: unique / rows /
 # kernel, bit-checked on the device first, at the 8B and Gemma 270M points; (2) the 8B decode
 # step per kernel (FP8 weights + FP8 KV, ctx 512) at 64 rows and 1 row, kernel on vs off (a
-# full-pool copy from the aliasing would show as a copy of ~GBs). Adopt if device busy
+# full-pool copy from the aliasing would show as a copy of ~GBs; both also show whether the
+# 64 memcpy32_post launches of the FP8-KV scales are gone: per-layer scale buffers). Adopt if device busy
 # drops in the profiles (then Gemma 3 270M's step, head dim 256, in a later call).
 #   OUT=... bash scripts/gpu_call_next_s24_b.sh
 set -u

@@ -92,6 +92,48 @@ def test_bad_scales_are_refused():
     assert allocate_kv_cache(2, 1, 3, 4, 8, np.float32).k_scale is None
 
 
+def test_per_layer_pools_keep_one_scale_buffer_a_layer():
+    """Unrolled models' pools: each layer's scales are their own [1] arrays, and
+    layer_scales gives the same scalars as the stacked pool's [L] vectors."""
+    sc = (np.array([0.5, 2.0, 3.0]), np.array([0.25, 1.5, 4.0]))
+    stacked = allocate_kv_cache(3, 1, 3, 4, 8, E4M3, sc)
+    per = allocate_kv_cache(3, 1, 3, 4, 8, E4M3, sc, per_layer=True)
+    assert isinstance(per.k_scale, tuple) and all(a.shape == (1,) for a in per.k_scale)
+    for layer in range(3):
+        got, want = per.layer_scales(layer), stacked.layer_scales(layer)
+        assert [float(x) for x in got] == [float(x) for x in want] == [sc[0][layer],
+                                                                       sc[1][layer]]
+        assert all(x.shape == () for x in got)
+
+
+def test_unrolled_fp8_decode_program_slices_no_scale_vector(monkeypatch):
+    """The unrolled FP8-KV decode program for an H200 (Pallas attention) hands each layer's
+    scales to the kernels as whole buffers: no slice of an [L] vector, which XLA:GPU made a
+    device copy for every layer's K and V scale (64 memcpy launches an 8B step)."""
+    import re
+
+    from jaxinfer.batch import Bucket
+    from tests.conftest import tiny_config
+    from tests.engine.test_fp8_kernels import _cuda_program_text
+
+    import jax
+
+    from jaxinfer.layers import attention
+
+    # the Pallas backend's kernels as on a GPU (not interpret mode) for the CUDA lowering
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
+    cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
+                      num_kv_heads=2, head_dim=64, num_layers=3)
+    text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 4, 4, 4),
+                              max_num_batched_tokens=128, prefill_buckets=(128,),
+                              attention_backend="pallas", kv_cache_dtype="fp8",
+                              quantization=None, matmul_backend="xla")
+    assert jax.default_backend() == "gpu"
+    assert text.count("__gpu$xla.gpu.triton") >= cfg.num_layers  # the Pallas decode kernel
+    assert not re.findall(r"\(tensor<3xf32>\) -> tensor<1xf32>", text)
+    assert "tensor<3xf32>" not in text  # no [L] scale vector at all
+
+
 # ----------------------------------------------------------------------------- write / read
 def test_write_quantizes_with_saturation_and_read_dequantizes():
     L, Hkv, P, ps, D = 2, 2, 3, 4, 8

@@ -20,6 +20,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
@@ -60,8 +61,7 @@ def kv_write_supported(head_dim: int) -> bool:
     return head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
-@functools.partial(jax.jit, static_argnames=("interpret",))
-def write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
+def write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array | int,
                     k_new: jax.Array, v_new: jax.Array, slot_mapping: jax.Array,
                     k_scale: jax.Array | float | None = None,
                     v_scale: jax.Array | float | None = None, *,
@@ -72,18 +72,28 @@ def write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
     Args:
       k_cache, v_cache: [L, Hkv, P, ps, D] (bf16 / f16 / f32, or float8_e4m3fn with scales).
       layer: int32 scalar, which layer to write (traced or static).
-      k_new, v_new: [T, Hkv, D] new keys / values (any float dtype).
-      slot_mapping: [T] int32 flat slots ``page * ps + offset``; slots other than the null
+      k_new, v_new: [T, Hkv, D] new keys / values (any float dtype); T = 0 is a no-op.
+      slot_mapping: [T] integer flat slots ``page * ps + offset``; slots other than the null
         page's must not repeat; slots outside ``[0, P * ps)`` land in the null page's slot 0.
       k_scale, v_scale: FP8 scales (stored = clip(value / scale, ±448)), or None.
       interpret: run in Pallas interpret mode (CPU tests).
     Returns:
       The updated caches (in place when the caller donates them).
     Raises:
-      ValueError: mismatched shapes, k and v caches of different shapes or dtypes, or a head
-        dim :func:`kv_write_supported` does not take.
+      ValueError: mismatched shapes, k and v caches of different shapes or dtypes, a head
+        dim :func:`kv_write_supported` does not take, a slot mapping that is not a 1-D
+        integer array, or a static ``layer`` outside ``[0, L)`` (a traced one is the
+        caller's to keep in range: the kernel does not check it).
     """
+    if k_cache.ndim != 5:
+        raise ValueError(f"write_kv_pallas: caches must be [L, Hkv, P, ps, D], got "
+                         f"{k_cache.shape}")
     L, Hkv, P, ps, D = k_cache.shape
+    if slot_mapping.ndim != 1 or not jnp.issubdtype(slot_mapping.dtype, jnp.integer):
+        raise ValueError(f"write_kv_pallas: slot_mapping must be a 1-D integer array, got "
+                         f"{slot_mapping.shape} {slot_mapping.dtype}")
+    if isinstance(layer, (int, np.integer)) and not 0 <= layer < L:
+        raise ValueError(f"write_kv_pallas: layer {layer} is outside the cache's {L} layers")
     T = slot_mapping.shape[0]
     if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"write_kv_pallas: k / v caches differ: {k_cache.shape} "
@@ -94,6 +104,17 @@ def write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                          f"{v_new.shape}")
     if not kv_write_supported(D):
         raise ValueError(f"write_kv_pallas: head dim {D} is not a power of two >= 16")
+    if T == 0:
+        return k_cache, v_cache
+    return _write(k_cache, v_cache, layer, k_new, v_new, slot_mapping, k_scale, v_scale,
+                  interpret=interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def _write(k_cache, v_cache, layer, k_new, v_new, slot_mapping, k_scale, v_scale, *,
+           interpret: bool):
+    L, Hkv, P, ps, D = k_cache.shape
+    T = slot_mapping.shape[0]
     scales = [jnp.asarray(s, jnp.float32).reshape(1) for s in (k_scale, v_scale)
               if s is not None]
     args = [jnp.asarray(layer, jnp.int32).reshape(1), slot_mapping.astype(jnp.int32),

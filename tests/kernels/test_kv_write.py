@@ -163,6 +163,21 @@ def test_kernel_refuses_bad_input():
         write_kv_pallas(kc12, kc12, 0, x[..., :12], x[..., :12], s, interpret=True)
     assert [kv_write_supported(d) for d in (8, 16, 64, 96, 128, 256)] == [
         False, True, True, False, True, True]
+    with pytest.raises(ValueError, match="layer 1 is outside the cache's 1 layers"):
+        write_kv_pallas(kc, kc, 1, x, x, s, interpret=True)
+    with pytest.raises(ValueError, match="1-D integer array"):
+        write_kv_pallas(kc, kc, 0, x, x, s[:, None], interpret=True)
+    with pytest.raises(ValueError, match="1-D integer array"):
+        write_kv_pallas(kc, kc, 0, x, x, s.astype(jnp.float32), interpret=True)
+    with pytest.raises(ValueError, match=r"\[L, Hkv, P, ps, D\]"):
+        write_kv_pallas(kc[0], kc[0], 0, x, x, s, interpret=True)
+
+
+def test_kernel_writes_nothing_for_no_tokens():
+    kc = jnp.full((1, 2, 3, 4, 16), 7, jnp.bfloat16)
+    x = jnp.zeros((0, 2, 16), jnp.bfloat16)
+    got = write_kv_pallas(kc, kc, 0, x, x, jnp.zeros(0, jnp.int32), interpret=True)
+    assert all(bool((g == 7).all()) for g in got)
 
 
 @pytest.mark.parametrize("dtype,scales", [(jnp.bfloat16, False), (E4M3, True)])

@@ -83,31 +83,22 @@ def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, one_pas
                  + d_ref[pl.ds(r, 1), pl.ds(c * C, C)].astype(jnp.float32)).astype(x.dtype)
         return x.astype(jnp.float32)
 
-    if one_pass:  # the row read once and held in registers (float32 chunks) to the end
-        vals = [load(c) for c in chunks]
-        if residual:
-            for c, v in zip(chunks, vals):
-                h_ref[pl.ds(r, 1), pl.ds(c * C, C)] = v.astype(h_ref.dtype)
-        if norm:
-            ss = sum(jnp.sum(jnp.square(v), axis=-1, keepdims=True) for v in vals)
-            inv = jax.lax.rsqrt(ss / K + eps)
-            vals = [v * inv * w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
-                    for c, v in zip(chunks, vals)]
+    # one_pass: the row read once and held in registers (float32 chunks) to the end; else
+    # each pass reads it again (the re-reads hit the L1 / L2)
+    get = [load(c) for c in chunks].__getitem__ if one_pass else load
+    if residual:  # the sum, written once
+        for c in chunks:
+            h_ref[pl.ds(r, 1), pl.ds(c * C, C)] = get(c).astype(h_ref.dtype)
+    if norm:
+        ss = sum(jnp.sum(jnp.square(get(c)), axis=-1, keepdims=True) for c in chunks)
+        inv = jax.lax.rsqrt(ss / K + eps)
 
-        def row(c):
-            return vals[c]
-    else:  # each pass reads the row again (the re-reads hit the L1 / L2)
-        if residual:  # the sum, written once; the passes below recompute it
-            for c in chunks:
-                h_ref[pl.ds(r, 1), pl.ds(c * C, C)] = load(c).astype(h_ref.dtype)
-        if norm:
-            ss = sum(jnp.sum(jnp.square(load(c)), axis=-1, keepdims=True) for c in chunks)
-            inv = jax.lax.rsqrt(ss / K + eps)
-
-            def row(c):  # the normed chunk, float32
-                return load(c) * inv * w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
-        else:
-            row = load
+        def row(c):  # the normed chunk, float32
+            return get(c) * inv * w_ref[pl.ds(0, 1), pl.ds(c * C, C)].astype(jnp.float32)
+        if one_pass:  # normed once too
+            row = [row(c) for c in chunks].__getitem__
+    else:
+        row = get
     amax = functools.reduce(jnp.maximum, (jnp.max(jnp.abs(row(c)), axis=-1, keepdims=True)
                                           for c in chunks))
     scale = jnp.maximum(amax, MIN_ABSMAX) / FP8_MAX

@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-FP8 = jnp.float8_e4m3fn
+from pallas_kernels.paged_attention.reference import quantize_kv
 
 
 def _kernel(*refs, has_ks: bool, has_vs: bool, P: int, ps: int, D: int):
@@ -42,14 +42,10 @@ def _kernel(*refs, has_ks: bool, has_vs: bool, P: int, ps: int, D: int):
     page, off = slot // ps, slot % ps
 
     def put(new_ref, cache_ref, scale_ref):
-        x = new_ref[pl.ds(t, 1), pl.ds(h, 1), pl.ds(0, D)]
-        if scale_ref is not None:
-            x = x.astype(jnp.float32) / scale_ref[0]
-        if cache_ref.dtype == FP8:  # saturate (a plain cast gives NaN past 448)
-            fmax = float(jnp.finfo(FP8).max)
-            x = jnp.clip(x.astype(jnp.float32), -fmax, fmax)
+        x = quantize_kv(new_ref[pl.ds(t, 1), pl.ds(h, 1), pl.ds(0, D)],
+                        None if scale_ref is None else scale_ref[0], cache_ref.dtype)
         cache_ref[pl.ds(layer, 1), pl.ds(h, 1), pl.ds(page, 1), pl.ds(off, 1),
-                  pl.ds(0, D)] = x.astype(cache_ref.dtype).reshape(1, 1, 1, 1, D)
+                  pl.ds(0, D)] = x.reshape(1, 1, 1, 1, D)
 
     put(k_ref, kc_ref, ks_ref)
     put(v_ref, vc_ref, vs_ref)

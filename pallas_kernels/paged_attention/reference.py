@@ -70,6 +70,18 @@ def kv_write_method(method: str | None, num_tokens: int, pool_rows: int) -> str:
     return method
 
 
+def quantize_kv(x: jax.Array, scale: jax.Array | float | None, dtype) -> jax.Array:
+    """New K or V values as a pool of ``dtype`` stores them: divided by the FP8 ``scale``
+    (if any) and, for float8_e4m3fn, saturated to ±448 (a plain cast gives NaN past it).
+    Plain jnp: the reference's write and the Pallas kernel (kv_write.py) share it."""
+    if scale is not None:
+        x = x.astype(jnp.float32) / scale
+    if dtype == jnp.float8_e4m3fn:
+        fmax = float(jnp.finfo(dtype).max)
+        x = jnp.clip(x.astype(jnp.float32), -fmax, fmax)
+    return x.astype(dtype)
+
+
 def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                  k_new: jax.Array, v_new: jax.Array, slot_mapping: jax.Array,
                  k_scale: jax.Array | float | None = None,
@@ -97,12 +109,7 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
     method = kv_write_method(method, slot_mapping.shape[0], L * Hkv * P * ps)
 
     def quant(x, scale):
-        if scale is not None:
-            x = x.astype(jnp.float32) / scale
-        if k_cache.dtype == jnp.float8_e4m3fn:  # saturate (a plain cast gives NaN past 448)
-            fmax = float(jnp.finfo(k_cache.dtype).max)
-            x = jnp.clip(x.astype(jnp.float32), -fmax, fmax)
-        return x.astype(k_cache.dtype)
+        return quantize_kv(x, scale, k_cache.dtype)
 
     if method == "rows":
         T = slot_mapping.shape[0]

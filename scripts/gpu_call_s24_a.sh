@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next session (H200, limit ~580 s; prepared in session 23, not run): the KV write on the
+# Session 24 call 1 (H200, ran: 298 s; prepared in session 23): the KV write on the
 # Pallas kernel (kv_write.write_kv_pallas, jaxinfer.layers.pallas_attention.KV_WRITE_KERNEL,
 # off until timed) against session 22's XLA methods. (1) bench_kv_write: unique / rows /
 # kernel, bit-checked on the device first, at the 8B and Gemma 270M points; (2) the 8B decode

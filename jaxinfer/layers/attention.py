@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxinfer.layers.rope import apply_rope
 from pallas_kernels.paged_attention import reference as ref
 
 Scale = jax.Array | float | None
@@ -222,6 +223,21 @@ class AttentionBackend:
                                                md.seq_lens, md.positions, md.seq_ids,
                                                scale=scale, window=window, k_scale=k_scale,
                                                v_scale=v_scale)
+
+    def attend_qkv(self, qkv: jax.Array, cos: jax.Array, sin: jax.Array, cache: KVCache,
+                   layer: jax.Array, md: AttentionMetadata, *, num_heads: int, scale: float,
+                   window: jax.Array) -> tuple[jax.Array, KVCache]:
+        """The layer's attention from its QKV projection: qkv [T, (Hq + 2 Hkv) D] (q's heads,
+        then k's, then v's; no bias, no QK norm) and RoPE's cos / sin [T, D] float32 ->
+        (attention output [T, Hq, D], updated cache). Here: split, :func:`apply_rope` on q
+        and k, then :meth:`__call__`; a backend may fuse the rotation into its KV write."""
+        T, D = qkv.shape[0], cos.shape[-1]
+        q_size = num_heads * D
+        kv_size = (qkv.shape[1] - q_size) // 2
+        q, k, v = jnp.split(qkv, [q_size, q_size + kv_size], -1)
+        q = apply_rope(q.reshape(T, num_heads, D), cos, sin)
+        k = apply_rope(k.reshape(T, -1, D), cos, sin)
+        return self(q, k, v.reshape(T, -1, D), cache, layer, md, scale=scale, window=window)
 
     def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, cache: KVCache,
                  layer: jax.Array, md: AttentionMetadata, *, scale: float,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, Scale
+from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, KVCache, Scale
 from pallas_kernels.paged_attention import (
     paged_decode_attention,
     paged_decode_attention_supported,
@@ -29,6 +29,10 @@ from pallas_kernels.paged_attention import (
     paged_prefill_attention_supported,
 )
 from pallas_kernels.paged_attention.kv_write import kv_write_supported, write_kv_pallas
+from pallas_kernels.paged_attention.rope_kv_write import (
+    rope_kv_write_supported,
+    rope_write_kv_pallas,
+)
 from pallas_kernels.paged_attention.prefill_mgpu import paged_prefill_attention_mgpu
 from pallas_kernels.paged_attention.prefill_mgpu_route import (
     mgpu_route,
@@ -58,6 +62,13 @@ _triton_prefill_jit = jax.jit(_triton_prefill,
 # the same stores either way (tests/kernels/test_kv_write.py).
 KV_WRITE_KERNEL = False
 
+# Decode steps rotate q / k and write K / V in one Pallas kernel straight from the QKV output
+# (rope_kv_write.rope_write_kv_pallas) instead of XLA's rotation and two scatters (three
+# launches a layer). Models without QKV bias or QK norm (Llama, Mistral, SmolLM2); prefill
+# keeps XLA's (one program per token and head is slow at thousands of tokens:
+# bench_kv_write's 8b_t4096). Off until timed on the GPU.
+ROPE_KV_WRITE_KERNEL = False
+
 
 class PallasAttentionBackend(AttentionBackend):
     """Pallas decode and prefill kernels. ``interpret=True`` runs the kernels on CPU."""
@@ -85,6 +96,22 @@ class PallasAttentionBackend(AttentionBackend):
                                    v_scale, interpret=self.interpret)
         return super().write(k_cache, v_cache, layer, k, v, slot_mapping, k_scale=k_scale,
                              v_scale=v_scale)
+
+    def attend_qkv(self, qkv: jax.Array, cos: jax.Array, sin: jax.Array, cache: KVCache,
+                   layer: jax.Array, md: AttentionMetadata, *, num_heads: int, scale: float,
+                   window: jax.Array) -> tuple[jax.Array, KVCache]:
+        """The base class's, with RoPE and the KV write in one Pallas kernel on decode steps
+        where :data:`ROPE_KV_WRITE_KERNEL` and the head dim allow."""
+        kc, vc, index = cache.layer_view(layer)
+        if not (ROPE_KV_WRITE_KERNEL and not md.is_prefill
+                and rope_kv_write_supported(kc.shape[-1])):
+            return super().attend_qkv(qkv, cos, sin, cache, layer, md, num_heads=num_heads,
+                                      scale=scale, window=window)
+        ks, vs = cache.layer_scales(layer)
+        q, kc, vc = rope_write_kv_pallas(kc, vc, index, qkv, cos, sin, md.slot_mapping,
+                                         num_heads, ks, vs, interpret=self.interpret)
+        out = self.decode(q, kc, vc, index, md, scale, window, k_scale=ks, v_scale=vs)
+        return out, cache.with_layer(layer, kc, vc)
 
     def decode(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
                md: AttentionMetadata, scale: float, window: jax.Array, *,

@@ -306,18 +306,23 @@ class CausalLM(nnx.Module):
         T = x.shape[0]
         eps = cfg.rms_norm_eps
         kern = (self.fp8_kernels, self.interpret)
-        q, k, v = jnp.split(_proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps),
-                            [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
-        if cfg.attention_bias:
-            q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
-        q = q.reshape(T, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o, cache = attn(q, k, v, cache, c["index"], md, scale=cfg.attn_scale,
-                        window=c["window"])
+        qkv = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps)
+        if cfg.attention_bias or cfg.qk_norm:
+            q, k, v = jnp.split(qkv, [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
+            if cfg.attention_bias:
+                q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+            q = q.reshape(T, cfg.num_heads, cfg.head_dim)
+            k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+            v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.qk_norm:
+                q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            o, cache = attn(q, k, v, cache, c["index"], md, scale=cfg.attn_scale,
+                            window=c["window"])
+        else:  # split + RoPE + KV write: the backend's (one Pallas kernel on the GPU)
+            o, cache = attn.attend_qkv(qkv, cos, sin, cache, c["index"], md,
+                                       num_heads=cfg.num_heads, scale=cfg.attn_scale,
+                                       window=c["window"])
         o = _proj(o.reshape(T, cfg.q_size), w, "wo", *kern)
         if cfg.post_norms:
             o = rms_norm(o, w["post_attn_norm"], eps)

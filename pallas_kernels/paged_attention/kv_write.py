@@ -27,6 +27,14 @@ from jax.experimental.pallas import triton as plt
 from pallas_kernels.paged_attention.reference import quantize_kv
 
 
+def null_page_slot(slot: jax.Array, P: int, ps: int) -> tuple[jax.Array, jax.Array]:
+    """A flat slot's ``(page, offset)``; a slot outside ``[0, P * ps)`` (a caller's bug) goes
+    to the null page's slot 0 (``write_kv_ref(method="rows")``'s rule), never into another
+    layer's or head's pages."""
+    slot = jnp.where((slot >= 0) & (slot < P * ps), slot, 0)
+    return slot // ps, slot % ps
+
+
 def _kernel(*refs, has_ks: bool, has_vs: bool, P: int, ps: int, D: int):
     it = iter(refs)
     layer_ref, slot_ref = next(it), next(it)
@@ -37,9 +45,7 @@ def _kernel(*refs, has_ks: bool, has_vs: bool, P: int, ps: int, D: int):
     kc_ref, vc_ref = next(it), next(it)
     t, h = pl.program_id(0), pl.program_id(1)
     layer = layer_ref[0]
-    slot = slot_ref[t]
-    slot = jnp.where((slot >= 0) & (slot < P * ps), slot, 0)
-    page, off = slot // ps, slot % ps
+    page, off = null_page_slot(slot_ref[t], P, ps)
 
     def put(new_ref, cache_ref, scale_ref):
         x = quantize_kv(new_ref[pl.ds(t, 1), pl.ds(h, 1), pl.ds(0, D)],

@@ -49,3 +49,64 @@ def test_kv_write_kernel_engine_equals_the_scatter(monkeypatch):
         lp = [[d[t] for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
               for o in (a, b)]
         np.testing.assert_allclose(lp[0], lp[1], atol=1e-5)
+
+
+def test_rope_kv_write_kernel_engine_equals_xla(monkeypatch):
+    """pallas_attention.ROPE_KV_WRITE_KERNEL: decode steps rotate q / k and write K / V in one
+    Pallas kernel (interpret mode) from the QKV output and give the same greedy tokens and
+    logprobs as XLA's rotation and scatters (float32 engine, FP8 KV cache: the kernel
+    quantizes K / V on the way in); prefill keeps XLA's. Scanned layers (a traced layer
+    index) and unrolled ones."""
+    import numpy as np
+
+    from jaxinfer.layers import pallas_attention as pa
+
+    prompts = [[5, 6, 7], [9] * 16, list(range(10, 27))]
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
+    kw = dict(max_model_len=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+              decode_buckets=(4,), prefill_buckets=(64,), page_buckets=(4,),
+              kv_cache_dtype="fp8", dtype="float32")
+    real = pa.rope_write_kv_pallas
+    for scan in (False, True):
+        outs, traced = {}, []
+        monkeypatch.setattr(pa, "rope_write_kv_pallas",
+                            lambda *a, **k: traced.append(a[3].shape[0]) or real(*a, **k))
+        for on in (False, True):
+            monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", on)
+            llm = LLM(tiny_loaded("llama", head_dim=32), attention_backend="pallas",
+                      scan_layers=scan, **kw)
+            outs[on] = llm.generate(prompts, sp)
+            assert bool(traced) == on  # in the programs only when switched on
+        assert set(traced) == {4}  # decode buckets only, not the 64-token prefill
+        for a, b in zip(outs[True], outs[False]):
+            assert a.outputs[0].token_ids == b.outputs[0].token_ids
+            lp = [[d[t] for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+                  for o in (a, b)]
+            np.testing.assert_allclose(lp[0], lp[1], atol=1e-5)
+
+
+def test_rope_kv_write_kernel_in_the_h200_decode_program(monkeypatch):
+    """With ROPE_KV_WRITE_KERNEL the unrolled H200 decode program (bf16, FP8 KV) runs one
+    rope_kv_write kernel a layer and no scatter (XLA's K / V writes), and a Qwen2-style model
+    (QKV bias: the kernel does not apply) keeps XLA's scatters."""
+    from jaxinfer.batch import Bucket
+    from jaxinfer.layers import attention
+    from jaxinfer.layers import pallas_attention as pa
+    from tests.conftest import tiny_config
+    from tests.engine.test_fp8_kernels import _cuda_program_text
+
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", True)
+    texts = {}
+    for arch, bias in (("llama", False), ("llama", True)):
+        cfg = tiny_config(arch, hidden_size=256, intermediate_size=512, num_heads=4,
+                          num_kv_heads=2, head_dim=64, num_layers=3, attention_bias=bias)
+        texts[bias] = _cuda_program_text(
+            monkeypatch, cfg, Bucket("decode", 4, 4, 4), max_num_batched_tokens=128,
+            prefill_buckets=(128,), attention_backend="pallas", kv_cache_dtype="fp8",
+            quantization=None, matmul_backend="xla")
+    assert 'name = "rope_kv_write"' in texts[False]  # the kernel, under its own jit
+    assert texts[False].count("call @_rope_write(") == 3
+    assert "stablehlo.scatter" not in texts[False]
+    assert "rope_kv_write" not in texts[True]
+    assert texts[True].count("stablehlo.scatter") >= 2 * 3

@@ -1,0 +1,151 @@
+"""RoPE + KV write in one Pallas kernel (``rope_kv_write.rope_write_kv_pallas``) against XLA's
+``apply_rope`` + ``write_kv_ref`` on one GPU: device check first, then kernel time.
+
+For each (tokens T, Hq, Hkv, D, KV dtype) it runs both on fresh random inputs (positions up
+to 8k, Llama 3's rope theta) and requires every rotated q and every stored K / V value to
+equal the reference's or its neighbour in the dtype (the float32 rotation may round the last
+bit differently, FMA or not), at most 2 % differing, V exact. Then it times one jitted call of
+``--layers`` straight-line layers (caches donated and carried, as the engine's decode) by
+CUPTI: µs of kernels a layer, and the launches a layer, kernel vs XLA. The table prints last;
+records (``make_record``) go to ``--out/rope_kv_write.json``. Exits 1 when a check fails.
+
+    PYTHONPATH=. python3 benchmarks/kernels/check_rope_kv_write.py --out $OUT/rkw
+    PYTHONPATH=. python3 benchmarks/kernels/check_rope_kv_write.py --cpu-smoke  (no timing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.kernels.kernel_bench import Cupti, RunRecords  # noqa: E402
+from jaxinfer.layers.rope import apply_rope, inv_frequencies, rope_cos_sin  # noqa: E402
+from pallas_kernels.paged_attention import reference as ref  # noqa: E402
+from pallas_kernels.paged_attention.rope_kv_write import rope_write_kv_pallas  # noqa: E402
+
+F8 = jnp.float8_e4m3fn
+# (name, T, Hq, Hkv, D): Llama-3.1-8B's decode buckets, SmolLM2-135M's
+GRID = [("8b_b1", 1, 32, 8, 128), ("8b_b64", 64, 32, 8, 128), ("8b_b256", 256, 32, 8, 128),
+        ("smol_b8", 8, 9, 3, 64)]
+
+
+def order(x: np.ndarray) -> np.ndarray:
+    """Each float's rank among its dtype's values (sign-magnitude bits made monotone)."""
+    bits = 8 * x.dtype.itemsize
+    u = x.view({8: np.uint8, 16: np.uint16, 32: np.uint32}[bits]).astype(np.int64)
+    mag = u & ((1 << (bits - 1)) - 1)
+    return np.where(u >> (bits - 1), -mag, mag)
+
+
+def steps_apart(got: jax.Array, want: jax.Array) -> tuple[int, float]:
+    """(largest distance in representable values, fraction of values that differ)."""
+    s = np.abs(order(np.asarray(got)) - order(np.asarray(want)))
+    return int(s.max()), float((s > 0).mean())
+
+
+def reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks=None, vs=None):
+    """XLA's path: split, apply_rope on q and k, write_kv_ref (the engine's default)."""
+    T, D, Hkv = qkv.shape[0], kc.shape[-1], kc.shape[1]
+    q, k, v = jnp.split(qkv, [Hq * D, (Hq + Hkv) * D], -1)
+    q = apply_rope(q.reshape(T, Hq, D), cos, sin)
+    k = apply_rope(k.reshape(T, Hkv, D), cos, sin)
+    kc, vc = ref.write_kv_ref(kc, vc, layer, k, v.reshape(T, Hkv, D), slots, k_scale=ks,
+                              v_scale=vs)
+    return q, kc, vc
+
+
+def inputs(rng, T, Hq, Hkv, D, P, ps):
+    qkv = jnp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D)) * 2, jnp.bfloat16)
+    cos, sin = rope_cos_sin(jnp.asarray(rng.integers(0, 8192, T), jnp.int32),
+                            jnp.asarray(inv_frequencies(D, 500000.0, None)))
+    pages = rng.choice(np.arange(1, P), size=T, replace=False)
+    slots = (pages * ps + rng.integers(0, ps, T)).astype(np.int32)
+    slots[-1] = 0 if T > 2 else slots[-1]  # a padding token
+    return qkv, cos, sin, jnp.asarray(slots)
+
+
+def make_run(fn, layers: int, Hq: int, scales):
+    """``layers`` straight-line layers of ``fn`` (the kernel or the reference), the caches
+    carried (donated: written in place), q summed so no layer is dead code."""
+    def run(kc, vc, qkv, cos, sin, slots):
+        acc = jnp.zeros((), jnp.float32)
+        for layer in range(layers):
+            q, kc, vc = fn(kc, vc, jnp.int32(layer), qkv, cos, sin, slots, Hq, *scales)
+            acc = acc + q[0, 0, 0].astype(jnp.float32)
+        return kc, vc, acc
+    return jax.jit(run, donate_argnums=(0, 1))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--pages", type=int, default=4096)
+    p.add_argument("--out", default="")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="interpret mode, SmolLM2's point, 2 layers, wall clock (tests)")
+    args = p.parse_args(argv)
+    grid = GRID
+    if args.cpu_smoke:
+        grid, args.layers, args.pages = GRID[-1:], 2, 64
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    records = RunRecords("benchmarks/kernels/check_rope_kv_write.py", args.out or None,
+                         "rope_kv_write.json")
+    cupti, rows, failed = Cupti(not args.cpu_smoke), [], False
+    kernel = functools.partial(rope_write_kv_pallas, interpret=args.cpu_smoke)
+    for name, T, Hq, Hkv, D in grid:
+        for dtype in (jnp.bfloat16, F8):
+            rng = np.random.default_rng(T + Hq)
+            ps, L = 16, args.layers
+            qkv, cos, sin, slots = inputs(rng, T, Hq, Hkv, D, args.pages, ps)
+            scales = (jnp.float32(0.5), jnp.float32(0.25)) if dtype == F8 else ()
+            shape = (L, Hkv, args.pages, ps, D)
+            kc = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(dtype)
+            vc = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(dtype)
+            layer = jnp.int32(L // 2)
+            got = jax.jit(kernel, static_argnums=7)(kc, vc, layer, qkv, cos, sin, slots, Hq,
+                                                   *scales)
+            want = jax.jit(reference, static_argnums=7)(kc, vc, layer, qkv, cos, sin, slots,
+                                                       Hq, *scales)
+            q_steps, q_frac = steps_apart(got[0], want[0])
+            k_steps, k_frac = steps_apart(got[1][:, :, 1:], want[1][:, :, 1:])
+            v_steps, _ = steps_apart(got[2][:, :, 1:], want[2][:, :, 1:])
+            ok = max(q_steps, k_steps) <= 1 and max(q_frac, k_frac) <= 0.02 and v_steps == 0
+            failed |= not ok
+            row = dict(point=name, kv=jnp.dtype(dtype).name, check="ok" if ok else "FAIL",
+                       q_steps=q_steps, q_frac=q_frac, k_steps=k_steps, k_frac=k_frac)
+            for label, fn in (("kernel", kernel), ("xla", reference)):
+                run = make_run(fn, L, Hq, scales)
+                us, launches, names = cupti(run, (kc, vc, qkv, cos, sin, slots), L)
+                kc, vc, _ = run(kc, vc, qkv, cos, sin, slots)  # donated: carry the outputs
+                row[label], row[label + "_launches"] = us, launches
+                cfg = dict(point=name, T=T, Hq=Hq, Hkv=Hkv, D=D, kv_dtype=row["kv"],
+                           method=label, layers=L, launches_per_layer=launches,
+                           kernels=names, check=row["check"], q_max_steps=q_steps,
+                           k_max_steps=k_steps, q_frac_differing=q_frac,
+                           k_frac_differing=k_frac, timing="CUPTI kernel time")
+                records.add(f"rope_kv_write/{label}/{name}/{row['kv']}", us,
+                            "us_per_layer", cfg)
+            rows.append(row)
+            print(row, flush=True)
+    print(f"\nRoPE + KV write, {args.layers} layers a call, on {jax.devices()[0].device_kind}: "
+          "CUPTI µs of kernels a layer (launches a layer)")
+    print(f"{'point':9s} {'kv':14s} {'kernel':>14s} {'xla':>14s}  check (q/k steps, "
+          "fraction differing)")
+    for r in rows:
+        print(f"{r['point']:9s} {r['kv']:14s} {r['kernel']:8.2f} ({r['kernel_launches']:.0f})"
+              f"   {r['xla']:8.2f} ({r['xla_launches']:.0f})  {r['check']} "
+              f"({r['q_steps']}/{r['k_steps']}, {r['q_frac']:.3%}/{r['k_frac']:.3%})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,8 @@
 ``apply_rope`` + ``write_kv_ref`` on one GPU: device check first, then kernel time.
 
 For each (tokens T, Hq, Hkv, D, KV dtype) it runs both on fresh random inputs (positions up
-to 8k, Llama 3's rope theta) and requires every rotated q and every stored K / V value to
+to 8k, Llama 3's rope theta; Gemma 3 270M's point with QK norm, Qwen2-7B's with QKV bias)
+and requires every rotated q and every stored K / V value to
 equal the reference's or its neighbour in the dtype (the float32 rotation may round the last
 bit differently, FMA or not), at most 2 % differing, V exact. Then it times one jitted call of
 ``--layers`` straight-line layers (caches donated and carried, as the engine's decode) by
@@ -27,14 +28,17 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.kernels.kernel_bench import Cupti, RunRecords  # noqa: E402
+from jaxinfer.layers.norm import rms_norm  # noqa: E402
 from jaxinfer.layers.rope import apply_rope, inv_frequencies, rope_cos_sin  # noqa: E402
 from pallas_kernels.paged_attention import reference as ref  # noqa: E402
 from pallas_kernels.paged_attention.rope_kv_write import rope_write_kv_pallas  # noqa: E402
 
 F8 = jnp.float8_e4m3fn
-# (name, T, Hq, Hkv, D): Llama-3.1-8B's decode buckets, SmolLM2-135M's
-GRID = [("8b_b1", 1, 32, 8, 128), ("8b_b64", 64, 32, 8, 128), ("8b_b256", 256, 32, 8, 128),
-        ("smol_b8", 8, 9, 3, 64)]
+# (name, T, Hq, Hkv, D, extra): Llama-3.1-8B's decode buckets, Gemma 3 270M's (QK norm),
+# Qwen2-7B's (QKV bias), SmolLM2-135M's
+GRID = [("8b_b1", 1, 32, 8, 128, ""), ("8b_b64", 64, 32, 8, 128, ""),
+        ("8b_b256", 256, 32, 8, 128, ""), ("g270_b32", 32, 4, 1, 256, "norm"),
+        ("qwen2_b64", 64, 28, 4, 128, "bias"), ("smol_b8", 8, 9, 3, 64, "")]
 
 
 def order(x: np.ndarray) -> np.ndarray:
@@ -51,15 +55,33 @@ def steps_apart(got: jax.Array, want: jax.Array) -> tuple[int, float]:
     return int(s.max()), float((s > 0).mean())
 
 
-def reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks=None, vs=None):
-    """XLA's path: split, apply_rope on q and k, write_kv_ref (the engine's default)."""
+def reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks=None, vs=None, *, bias=None,
+              q_norm=None, k_norm=None, eps=1e-6):
+    """XLA's path, the engine's default (AttentionBackend.attend_qkv): split, + bias,
+    per-head rms_norm, apply_rope on q and k, write_kv_ref."""
     T, D, Hkv = qkv.shape[0], kc.shape[-1], kc.shape[1]
     q, k, v = jnp.split(qkv, [Hq * D, (Hq + Hkv) * D], -1)
-    q = apply_rope(q.reshape(T, Hq, D), cos, sin)
-    k = apply_rope(k.reshape(T, Hkv, D), cos, sin)
-    kc, vc = ref.write_kv_ref(kc, vc, layer, k, v.reshape(T, Hkv, D), slots, k_scale=ks,
-                              v_scale=vs)
+    if bias is not None:
+        q, k, v = q + bias[0], k + bias[1], v + bias[2]
+    q, k, v = q.reshape(T, Hq, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D)
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    kc, vc = ref.write_kv_ref(kc, vc, layer, k, v, slots, k_scale=ks, v_scale=vs)
     return q, kc, vc
+
+
+def extras(rng, Hq, Hkv, D, extra) -> dict:
+    """The model's QKV bias ("bias") or q / k norm weights ("norm") as keyword arguments."""
+    bf = jnp.bfloat16
+    if extra == "bias":
+        return {"bias": tuple(jnp.asarray(rng.standard_normal(n * D) * 0.5, bf)
+                              for n in (Hq, Hkv, Hkv))}
+    if extra == "norm":
+        return {"q_norm": jnp.asarray(1 + 0.3 * rng.standard_normal(D), bf),
+                "k_norm": jnp.asarray(1 + 0.3 * rng.standard_normal(D), bf)}
+    return {}
 
 
 def inputs(rng, T, Hq, Hkv, D, P, ps):
@@ -72,13 +94,13 @@ def inputs(rng, T, Hq, Hkv, D, P, ps):
     return qkv, cos, sin, jnp.asarray(slots)
 
 
-def make_run(fn, layers: int, Hq: int, scales):
+def make_run(fn, layers: int, Hq: int, scales, kw):
     """``layers`` straight-line layers of ``fn`` (the kernel or the reference), the caches
     carried (donated: written in place), q summed so no layer is dead code."""
     def run(kc, vc, qkv, cos, sin, slots):
         acc = jnp.zeros((), jnp.float32)
         for layer in range(layers):
-            q, kc, vc = fn(kc, vc, jnp.int32(layer), qkv, cos, sin, slots, Hq, *scales)
+            q, kc, vc = fn(kc, vc, jnp.int32(layer), qkv, cos, sin, slots, Hq, *scales, **kw)
             acc = acc + q[0, 0, 0].astype(jnp.float32)
         return kc, vc, acc
     return jax.jit(run, donate_argnums=(0, 1))
@@ -90,31 +112,32 @@ def main(argv=None) -> int:
     p.add_argument("--pages", type=int, default=4096)
     p.add_argument("--out", default="")
     p.add_argument("--cpu-smoke", action="store_true",
-                   help="interpret mode, SmolLM2's point, 2 layers, wall clock (tests)")
+                   help="interpret mode, the last three points, checks only (tests)")
     args = p.parse_args(argv)
     grid = GRID
     if args.cpu_smoke:
-        grid, args.layers, args.pages = GRID[-1:], 2, 64
+        grid, args.layers, args.pages = GRID[-3:], 2, 160
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     records = RunRecords("benchmarks/kernels/check_rope_kv_write.py", args.out or None,
                          "rope_kv_write.json")
     cupti, rows, failed = Cupti(not args.cpu_smoke), [], False
     kernel = functools.partial(rope_write_kv_pallas, interpret=args.cpu_smoke)
-    for name, T, Hq, Hkv, D in grid:
+    for name, T, Hq, Hkv, D, extra in grid:
         for dtype in (jnp.bfloat16, F8):
             rng = np.random.default_rng(T + Hq)
             ps, L = 16, args.layers
             qkv, cos, sin, slots = inputs(rng, T, Hq, Hkv, D, args.pages, ps)
+            kw = extras(rng, Hq, Hkv, D, extra)
             scales = (jnp.float32(0.5), jnp.float32(0.25)) if dtype == F8 else ()
             shape = (L, Hkv, args.pages, ps, D)
             kc = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(dtype)
             vc = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(dtype)
             layer = jnp.int32(L // 2)
-            got = jax.jit(kernel, static_argnums=7)(kc, vc, layer, qkv, cos, sin, slots, Hq,
-                                                   *scales)
-            want = jax.jit(reference, static_argnums=7)(kc, vc, layer, qkv, cos, sin, slots,
-                                                       Hq, *scales)
+            got = jax.jit(functools.partial(kernel, **kw), static_argnums=7)(
+                kc, vc, layer, qkv, cos, sin, slots, Hq, *scales)
+            want = jax.jit(functools.partial(reference, **kw), static_argnums=7)(
+                kc, vc, layer, qkv, cos, sin, slots, Hq, *scales)
             q_steps, q_frac = steps_apart(got[0], want[0])
             k_steps, k_frac = steps_apart(got[1][:, :, 1:], want[1][:, :, 1:])
             v_steps, _ = steps_apart(got[2][:, :, 1:], want[2][:, :, 1:])
@@ -123,11 +146,15 @@ def main(argv=None) -> int:
             row = dict(point=name, kv=jnp.dtype(dtype).name, check="ok" if ok else "FAIL",
                        q_steps=q_steps, q_frac=q_frac, k_steps=k_steps, k_frac=k_frac)
             for label, fn in (("kernel", kernel), ("xla", reference)):
-                run = make_run(fn, L, Hq, scales)
-                us, launches, names = cupti(run, (kc, vc, qkv, cos, sin, slots), L)
-                kc, vc, _ = run(kc, vc, qkv, cos, sin, slots)  # donated: carry the outputs
+                us = launches = float("nan")
+                names = ""
+                if not args.cpu_smoke:  # interpret mode: checks only
+                    run = make_run(fn, L, Hq, scales, kw)
+                    us, launches, names = cupti(run, (kc, vc, qkv, cos, sin, slots), L)
+                    kc, vc, _ = run(kc, vc, qkv, cos, sin, slots)  # donated: carry them
                 row[label], row[label + "_launches"] = us, launches
-                cfg = dict(point=name, T=T, Hq=Hq, Hkv=Hkv, D=D, kv_dtype=row["kv"],
+                cfg = dict(point=name, T=T, Hq=Hq, Hkv=Hkv, D=D, extra=extra or "none",
+                           kv_dtype=row["kv"],
                            method=label, layers=L, launches_per_layer=launches,
                            kernels=names, check=row["check"], q_max_steps=q_steps,
                            k_max_steps=k_steps, q_frac_differing=q_frac,

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxinfer.layers.norm import rms_norm
 from jaxinfer.layers.rope import apply_rope
 from pallas_kernels.paged_attention import reference as ref
 
@@ -226,18 +227,26 @@ class AttentionBackend:
 
     def attend_qkv(self, qkv: jax.Array, cos: jax.Array, sin: jax.Array, cache: KVCache,
                    layer: jax.Array, md: AttentionMetadata, *, num_heads: int, scale: float,
-                   window: jax.Array) -> tuple[jax.Array, KVCache]:
+                   window: jax.Array, bias: tuple[jax.Array, ...] | None = None,
+                   q_norm: jax.Array | None = None, k_norm: jax.Array | None = None,
+                   eps: float = 1e-6) -> tuple[jax.Array, KVCache]:
         """The layer's attention from its QKV projection: qkv [T, (Hq + 2 Hkv) D] (q's heads,
-        then k's, then v's; no bias, no QK norm) and RoPE's cos / sin [T, D] float32 ->
-        (attention output [T, Hq, D], updated cache). Here: split, :func:`apply_rope` on q
-        and k, then :meth:`__call__`; a backend may fuse the rotation into its KV write."""
+        then k's, then v's) and RoPE's cos / sin [T, D] float32 -> (attention output
+        [T, Hq, D], updated cache). ``bias``: (bq, bk, bv) added first (Qwen2); ``q_norm`` /
+        ``k_norm``: [D] per-head RMSNorm weights (Qwen3, Gemma 3), epsilon ``eps``. Here in
+        XLA: split, bias, norms, :func:`apply_rope` on q and k, then :meth:`__call__`; a
+        backend may do all of it in its KV write (PallasAttentionBackend)."""
         T, D = qkv.shape[0], cos.shape[-1]
         q_size = num_heads * D
         kv_size = (qkv.shape[1] - q_size) // 2
         q, k, v = jnp.split(qkv, [q_size, q_size + kv_size], -1)
-        q = apply_rope(q.reshape(T, num_heads, D), cos, sin)
-        k = apply_rope(k.reshape(T, -1, D), cos, sin)
-        return self(q, k, v.reshape(T, -1, D), cache, layer, md, scale=scale, window=window)
+        if bias is not None:
+            q, k, v = q + bias[0], k + bias[1], v + bias[2]
+        q, k, v = q.reshape(T, num_heads, D), k.reshape(T, -1, D), v.reshape(T, -1, D)
+        if q_norm is not None:
+            q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self(q, k, v, cache, layer, md, scale=scale, window=window)
 
     def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, cache: KVCache,
                  layer: jax.Array, md: AttentionMetadata, *, scale: float,

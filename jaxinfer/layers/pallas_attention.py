@@ -64,7 +64,7 @@ KV_WRITE_KERNEL = False
 
 # Decode steps rotate q / k and write K / V in one Pallas kernel straight from the QKV output
 # (rope_kv_write.rope_write_kv_pallas) instead of XLA's rotation and two scatters (three
-# launches a layer). Models without QKV bias or QK norm (Llama, Mistral, SmolLM2); prefill
+# launches a layer; with Qwen2's QKV bias and Qwen3 / Gemma 3's QK norm also theirs); prefill
 # keeps XLA's (one program per token and head is slow at thousands of tokens:
 # bench_kv_write's 8b_t4096). Off until timed on the GPU.
 ROPE_KV_WRITE_KERNEL = False
@@ -99,17 +99,21 @@ class PallasAttentionBackend(AttentionBackend):
 
     def attend_qkv(self, qkv: jax.Array, cos: jax.Array, sin: jax.Array, cache: KVCache,
                    layer: jax.Array, md: AttentionMetadata, *, num_heads: int, scale: float,
-                   window: jax.Array) -> tuple[jax.Array, KVCache]:
-        """The base class's, with RoPE and the KV write in one Pallas kernel on decode steps
-        where :data:`ROPE_KV_WRITE_KERNEL` and the head dim allow."""
+                   window: jax.Array, bias: tuple[jax.Array, ...] | None = None,
+                   q_norm: jax.Array | None = None, k_norm: jax.Array | None = None,
+                   eps: float = 1e-6) -> tuple[jax.Array, KVCache]:
+        """The base class's, with bias, QK norm, RoPE and the KV write in one Pallas kernel on
+        decode steps where :data:`ROPE_KV_WRITE_KERNEL` and the head dim allow."""
         kc, vc, index = cache.layer_view(layer)
         if not (ROPE_KV_WRITE_KERNEL and not md.is_prefill
                 and rope_kv_write_supported(kc.shape[-1])):
             return super().attend_qkv(qkv, cos, sin, cache, layer, md, num_heads=num_heads,
-                                      scale=scale, window=window)
+                                      scale=scale, window=window, bias=bias, q_norm=q_norm,
+                                      k_norm=k_norm, eps=eps)
         ks, vs = cache.layer_scales(layer)
         q, kc, vc = rope_write_kv_pallas(kc, vc, index, qkv, cos, sin, md.slot_mapping,
-                                         num_heads, ks, vs, interpret=self.interpret)
+                                         num_heads, ks, vs, bias=bias, q_norm=q_norm,
+                                         k_norm=k_norm, eps=eps, interpret=self.interpret)
         out = self.decode(q, kc, vc, index, md, scale, window, k_scale=ks, v_scale=vs)
         return out, cache.with_layer(layer, kc, vc)
 

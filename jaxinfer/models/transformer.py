@@ -35,7 +35,7 @@ from flax import nnx
 from jaxinfer.config import ConfigError, ModelConfig
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, KVCache
 from jaxinfer.layers.norm import rms_norm
-from jaxinfer.layers.rope import apply_rope, inv_frequencies, rope_cos_sin
+from jaxinfer.layers.rope import inv_frequencies, rope_cos_sin
 from jaxinfer.models.params import FP8_PROJECTIONS, check_params, fp8_names
 from jaxinfer.quantization import fp8_weight_linear, quantize_params_fp8
 
@@ -307,22 +307,14 @@ class CausalLM(nnx.Module):
         eps = cfg.rms_norm_eps
         kern = (self.fp8_kernels, self.interpret)
         qkv = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps)
-        if cfg.attention_bias or cfg.qk_norm:
-            q, k, v = jnp.split(qkv, [cfg.q_size, cfg.q_size + cfg.kv_size], -1)
-            if cfg.attention_bias:
-                q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
-            q = q.reshape(T, cfg.num_heads, cfg.head_dim)
-            k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-            v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.qk_norm:
-                q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            o, cache = attn(q, k, v, cache, c["index"], md, scale=cfg.attn_scale,
-                            window=c["window"])
-        else:  # split + RoPE + KV write: the backend's (one Pallas kernel on the GPU)
-            o, cache = attn.attend_qkv(qkv, cos, sin, cache, c["index"], md,
-                                       num_heads=cfg.num_heads, scale=cfg.attn_scale,
-                                       window=c["window"])
+        # split, bias, QK norm, RoPE and the KV write: the backend's (on the Pallas backend's
+        # decode steps one kernel, pallas_attention.ROPE_KV_WRITE_KERNEL)
+        o, cache = attn.attend_qkv(
+            qkv, cos, sin, cache, c["index"], md, num_heads=cfg.num_heads,
+            scale=cfg.attn_scale, window=c["window"],
+            bias=(w["bq"], w["bk"], w["bv"]) if cfg.attention_bias else None,
+            q_norm=w["q_norm"] if cfg.qk_norm else None,
+            k_norm=w["k_norm"] if cfg.qk_norm else None, eps=eps)
         o = _proj(o.reshape(T, cfg.q_size), w, "wo", *kern)
         if cfg.post_norms:
             o = rms_norm(o, w["post_attn_norm"], eps)

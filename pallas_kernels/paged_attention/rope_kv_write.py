@@ -18,8 +18,9 @@ The rotation is HF transformers' half layout (``jaxinfer.layers.rope.apply_rope`
 frequencies, so the second half equals the first), ``out[:D/2] = x1 c - x2 s`` and
 ``out[D/2:] = x2 c + x1 s`` in float32, cast to the QKV dtype, then quantized for the cache
 as ``reference.quantize_kv`` does: what ``apply_rope`` followed by ``write_kv_ref`` stores.
-No bias or QK norm (Qwen2's bias, Qwen3 / Gemma 3's q/k norms sit between the GEMM and the
-rotation): the engine uses the kernel only without them.
+Optional, in the engine's order before the rotation: the QKV bias (Qwen2) and a per-head
+RMSNorm of q and k (Qwen3, Gemma 3), each result rounded to the activation dtype where the
+XLA path rounds it (``q + bq``, ``rms_norm``'s output).
 """
 
 from __future__ import annotations
@@ -36,29 +37,47 @@ from pallas_kernels.paged_attention.kv_write import kv_write_supported, null_pag
 from pallas_kernels.paged_attention.reference import quantize_kv
 
 
-def _kernel(*refs, has_ks: bool, has_vs: bool, P: int, ps: int, D: int, Hq: int,
-            Hkv: int):
+def _kernel(*refs, has_ks: bool, has_vs: bool, has_bias: bool, has_norm: bool, eps: float,
+            P: int, ps: int, D: int, Hq: int, Hkv: int):
     it = iter(refs)
     layer_ref, slot_ref = next(it), next(it)
     ks_ref = next(it) if has_ks else None
     vs_ref = next(it) if has_vs else None
     qkv_ref, cos_ref, sin_ref = next(it), next(it), next(it)
+    bias_refs = (next(it), next(it), next(it)) if has_bias else None  # bq, bk, bv
+    norm_refs = (next(it), next(it)) if has_norm else None  # q_norm, k_norm
     next(it), next(it)  # the caches as inputs: aliased to the outputs below
     q_ref, kc_ref, vc_ref = next(it), next(it), next(it)
     t, h = pl.program_id(0), pl.program_id(1)
     half = D // 2
     dtype = qkv_ref.dtype
 
-    def rotated(col):  # the head's row starting at column col, rotated: two [1, half] halves
+    def rounded(x):  # a float32 value as the model's activations hold it
+        return x.astype(dtype).astype(jnp.float32)
+
+    def load(col, which, head, start, n):  # row t's n values at col + start (+ bias)
+        x = qkv_ref[pl.ds(t, 1), pl.ds(col + start, n)].astype(jnp.float32)
+        if has_bias:
+            b = bias_refs[which][pl.ds(head * D + start, n)].astype(jnp.float32)
+            x = rounded(x + b.reshape(1, n))
+        return x
+
+    def rotated(col, which, head):  # q (which 0) or k (1) of a head, rotated: two halves
+        x1, x2 = load(col, which, head, 0, half), load(col, which, head, half, half)
+        if has_norm:  # RMSNorm over the head's D values (jaxinfer.layers.norm.rms_norm)
+            ss = jnp.sum(x1 * x1, axis=-1, keepdims=True) + jnp.sum(x2 * x2, axis=-1,
+                                                                    keepdims=True)
+            inv = jax.lax.rsqrt(ss / D + eps)
+            w = norm_refs[which]
+            x1 = rounded(x1 * inv * w[pl.ds(0, half)].astype(jnp.float32).reshape(1, half))
+            x2 = rounded(x2 * inv * w[pl.ds(half, half)].astype(jnp.float32).reshape(1, half))
         c = cos_ref[pl.ds(t, 1), pl.ds(0, half)]
         s = sin_ref[pl.ds(t, 1), pl.ds(0, half)]
-        x1 = qkv_ref[pl.ds(t, 1), pl.ds(col, half)].astype(jnp.float32)
-        x2 = qkv_ref[pl.ds(t, 1), pl.ds(col + half, half)].astype(jnp.float32)
         return (x1 * c - x2 * s).astype(dtype), (x2 * c + x1 * s).astype(dtype)
 
     @pl.when(h < Hq)
     def _():
-        lo, hi = rotated(h * D)
+        lo, hi = rotated(h * D, 0, h)
         q_ref[pl.ds(t, 1), pl.ds(h, 1), pl.ds(0, half)] = lo.reshape(1, 1, half)
         q_ref[pl.ds(t, 1), pl.ds(h, 1), pl.ds(half, half)] = hi.reshape(1, 1, half)
 
@@ -73,10 +92,11 @@ def _kernel(*refs, has_ks: bool, has_vs: bool, P: int, ps: int, D: int, Hq: int,
             cache_ref[pl.ds(layer, 1), pl.ds(g, 1), pl.ds(page, 1), pl.ds(off, 1),
                       pl.ds(start, n)] = x.reshape(1, 1, 1, 1, n)
 
-        lo, hi = rotated((Hq + g) * D)
+        lo, hi = rotated((Hq + g) * D, 1, g)
         put(kc_ref, lo, ks_ref, 0, half)
         put(kc_ref, hi, ks_ref, half, half)
-        put(vc_ref, qkv_ref[pl.ds(t, 1), pl.ds((Hq + Hkv + g) * D, D)], vs_ref, 0, D)
+        v = load((Hq + Hkv + g) * D, 2, g, 0, D)
+        put(vc_ref, v, vs_ref, 0, D)
 
 
 def rope_kv_write_supported(head_dim: int) -> bool:
@@ -90,10 +110,14 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
                          slot_mapping: jax.Array, num_heads: int,
                          k_scale: jax.Array | float | None = None,
                          v_scale: jax.Array | float | None = None, *,
+                         bias: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+                         q_norm: jax.Array | None = None, k_norm: jax.Array | None = None,
+                         eps: float = 1e-6,
                          interpret: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Rotate q and k of the QKV projection's output and write k / v into their pages, one
     Pallas kernel (vLLM's ``rotary_embedding`` + ``reshape_and_cache_flash``). Same values as
-    ``apply_rope`` on q and k, then ``reference.write_kv_ref(method="rows")``.
+    the engine's XLA path: ``+ bias``, per-head ``rms_norm`` of q and k, ``apply_rope``, then
+    ``reference.write_kv_ref(method="rows")`` (each step rounded to qkv's dtype as there).
 
     Args:
       k_cache, v_cache: [L, Hkv, P, ps, D] (bf16 / f16 / f32, or float8_e4m3fn with scales).
@@ -105,6 +129,11 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
         page's must not repeat; slots outside ``[0, P * ps)`` land in the null page's slot 0.
       num_heads: query heads Hq (static).
       k_scale, v_scale: FP8 scales (stored = clip(value / scale, ±448)), or None.
+      bias: ``(bq [Hq D], bk [Hkv D], bv [Hkv D])`` added to the projection first (Qwen2's
+        QKV bias), or None.
+      q_norm, k_norm: [D] RMSNorm weights applied per head to q and k before the rotation
+        (Qwen3, Gemma 3 with its ``1 + w`` folded in), both or neither; ``eps`` their
+        epsilon.
       interpret: run in Pallas interpret mode (CPU tests).
     Returns:
       ``(q, k_cache, v_cache)``: rotated queries [T, Hq, D] in qkv's dtype and the updated
@@ -112,8 +141,9 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
     Raises:
       ValueError: caches not 5-D or differing, a qkv width other than (Hq + 2 Hkv) D, cos /
         sin not [T, D], a slot mapping that is not a 1-D integer array of T slots, a head
-        dim :func:`rope_kv_write_supported` does not take, or a static ``layer`` outside
-        ``[0, L)`` (a traced one is the caller's to keep in range).
+        dim :func:`rope_kv_write_supported` does not take, bias or norm weights of other
+        lengths (or one norm without the other), or a static ``layer`` outside ``[0, L)``
+        (a traced one is the caller's to keep in range).
     """
     if k_cache.ndim != 5:
         raise ValueError(f"rope_write_kv_pallas: caches must be [L, Hkv, P, ps, D], got "
@@ -136,28 +166,40 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
     if cos.shape != (T, D) or sin.shape != (T, D):
         raise ValueError(f"rope_write_kv_pallas: cos / sin must be [{T}, {D}], got "
                          f"{cos.shape} / {sin.shape}")
+    if bias is not None and tuple(b.shape for b in bias) != (
+            (num_heads * D,), (Hkv * D,), (Hkv * D,)):
+        raise ValueError(f"rope_write_kv_pallas: bias must be (bq [{num_heads * D}], bk "
+                         f"[{Hkv * D}], bv [{Hkv * D}]), got {[b.shape for b in bias]}")
+    if (q_norm is None) != (k_norm is None) or (
+            q_norm is not None and (q_norm.shape, k_norm.shape) != ((D,), (D,))):
+        raise ValueError(f"rope_write_kv_pallas: q_norm and k_norm must both be [{D}] or "
+                         f"both None, got {getattr(q_norm, 'shape', None)} / "
+                         f"{getattr(k_norm, 'shape', None)}")
     if isinstance(layer, (int, np.integer)) and not 0 <= layer < L:
         raise ValueError(f"rope_write_kv_pallas: layer {layer} is outside the cache's {L} "
                          f"layers")
     if T == 0:
         return jnp.zeros((0, num_heads, D), qkv.dtype), k_cache, v_cache
+    norms = None if q_norm is None else (q_norm, k_norm)
     return _rope_write(k_cache, v_cache, layer, qkv, cos, sin, slot_mapping, k_scale, v_scale,
-                  num_heads=num_heads, interpret=interpret)
+                       bias, norms, num_heads=num_heads, eps=float(eps), interpret=interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("num_heads", "interpret"))
-def _rope_write(k_cache, v_cache, layer, qkv, cos, sin, slot_mapping, k_scale, v_scale, *,
-           num_heads: int, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("num_heads", "eps", "interpret"))
+def _rope_write(k_cache, v_cache, layer, qkv, cos, sin, slot_mapping, k_scale, v_scale, bias,
+                norms, *, num_heads: int, eps: float, interpret: bool):
     L, Hkv, P, ps, D = k_cache.shape
     T = qkv.shape[0]
     scales = [jnp.asarray(s, jnp.float32).reshape(1) for s in (k_scale, v_scale)
               if s is not None]
     args = [jnp.asarray(layer, jnp.int32).reshape(1), slot_mapping.astype(jnp.int32),
-            *scales, qkv, cos.astype(jnp.float32), sin.astype(jnp.float32), k_cache, v_cache]
+            *scales, qkv, cos.astype(jnp.float32), sin.astype(jnp.float32),
+            *(bias or ()), *(norms or ()), k_cache, v_cache]
     n_caches = len(args) - 2
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
         functools.partial(_kernel, has_ks=k_scale is not None, has_vs=v_scale is not None,
+                          has_bias=bias is not None, has_norm=norms is not None, eps=eps,
                           P=P, ps=ps, D=D, Hq=num_heads, Hkv=Hkv),
         out_shape=(jax.ShapeDtypeStruct((T, num_heads, D), qkv.dtype),
                    jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import pytest
 
 from jaxinfer import LLM, SamplingParams
 from tests.conftest import tiny_loaded
@@ -51,12 +52,16 @@ def test_kv_write_kernel_engine_equals_the_scatter(monkeypatch):
         np.testing.assert_allclose(lp[0], lp[1], atol=1e-5)
 
 
-def test_rope_kv_write_kernel_engine_equals_xla(monkeypatch):
-    """pallas_attention.ROPE_KV_WRITE_KERNEL: decode steps rotate q / k and write K / V in one
-    Pallas kernel (interpret mode) from the QKV output and give the same greedy tokens and
-    logprobs as XLA's rotation and scatters (float32 engine, FP8 KV cache: the kernel
-    quantizes K / V on the way in); prefill keeps XLA's. Scanned layers (a traced layer
-    index) and unrolled ones."""
+@pytest.mark.parametrize("family,extra", [
+    ("llama", {}), ("llama", {"attention_bias": True}), ("llama", {"qk_norm": True}),
+    ("gemma3", {})])
+def test_rope_kv_write_kernel_engine_equals_xla(monkeypatch, family, extra):
+    """pallas_attention.ROPE_KV_WRITE_KERNEL: decode steps take QKV bias (Qwen2), QK norm
+    (Qwen3), RoPE (Gemma 3: local and global frequencies, sliding layers) and the K / V
+    write in one Pallas kernel (interpret mode) from the QKV output and give the same greedy
+    tokens and logprobs as XLA's path (float32 engine, FP8 KV cache: the kernel quantizes
+    K / V on the way in); prefill keeps XLA's. Scanned layers (a traced layer index) and
+    unrolled ones."""
     import numpy as np
 
     from jaxinfer.layers import pallas_attention as pa
@@ -73,7 +78,7 @@ def test_rope_kv_write_kernel_engine_equals_xla(monkeypatch):
                             lambda *a, **k: traced.append(a[3].shape[0]) or real(*a, **k))
         for on in (False, True):
             monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", on)
-            llm = LLM(tiny_loaded("llama", head_dim=32), attention_backend="pallas",
+            llm = LLM(tiny_loaded(family, head_dim=32, **extra), attention_backend="pallas",
                       scan_layers=scan, **kw)
             outs[on] = llm.generate(prompts, sp)
             assert bool(traced) == on  # in the programs only when switched on
@@ -87,8 +92,8 @@ def test_rope_kv_write_kernel_engine_equals_xla(monkeypatch):
 
 def test_rope_kv_write_kernel_in_the_h200_decode_program(monkeypatch):
     """With ROPE_KV_WRITE_KERNEL the unrolled H200 decode program (bf16, FP8 KV) runs one
-    rope_kv_write kernel a layer and no scatter (XLA's K / V writes), and a Qwen2-style model
-    (QKV bias: the kernel does not apply) keeps XLA's scatters."""
+    rope_kv_write kernel a layer and no scatter (XLA's K / V writes), with and without QKV
+    bias and QK norm (the kernel takes the bias vectors and norm weights as operands)."""
     from jaxinfer.batch import Bucket
     from jaxinfer.layers import attention
     from jaxinfer.layers import pallas_attention as pa
@@ -96,17 +101,19 @@ def test_rope_kv_write_kernel_in_the_h200_decode_program(monkeypatch):
     from tests.engine.test_fp8_kernels import _cuda_program_text
 
     monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", True)
-    texts = {}
-    for arch, bias in (("llama", False), ("llama", True)):
-        cfg = tiny_config(arch, hidden_size=256, intermediate_size=512, num_heads=4,
-                          num_kv_heads=2, head_dim=64, num_layers=3, attention_bias=bias)
-        texts[bias] = _cuda_program_text(
-            monkeypatch, cfg, Bucket("decode", 4, 4, 4), max_num_batched_tokens=128,
-            prefill_buckets=(128,), attention_backend="pallas", kv_cache_dtype="fp8",
-            quantization=None, matmul_backend="xla")
-    assert 'name = "rope_kv_write"' in texts[False]  # the kernel, under its own jit
-    assert texts[False].count("call @_rope_write(") == 3
-    assert "stablehlo.scatter" not in texts[False]
-    assert "rope_kv_write" not in texts[True]
-    assert texts[True].count("stablehlo.scatter") >= 2 * 3
+    for on in (True, False):
+        monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", on)
+        for extra in ({}, {"attention_bias": True, "qk_norm": True}):
+            cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
+                              num_kv_heads=2, head_dim=64, num_layers=3, **extra)
+            text = _cuda_program_text(
+                monkeypatch, cfg, Bucket("decode", 4, 4, 4), max_num_batched_tokens=128,
+                prefill_buckets=(128,), attention_backend="pallas", kv_cache_dtype="fp8",
+                quantization=None, matmul_backend="xla")
+            if on:
+                assert 'name = "rope_kv_write"' in text  # the kernel, under its own jit
+                assert text.count("call @_rope_write(") == 3
+                assert "stablehlo.scatter" not in text
+            else:
+                assert "rope_kv_write" not in text
+                assert text.count("stablehlo.scatter") >= 2 * 3

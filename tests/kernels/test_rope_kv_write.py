@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxinfer.layers.norm import rms_norm
 from jaxinfer.layers.rope import apply_rope, inv_frequencies, rope_cos_sin
 from pallas_kernels.paged_attention import reference as ref
 from pallas_kernels.paged_attention.rope_kv_write import (
@@ -54,50 +55,73 @@ def _assert_one_step(got: jax.Array, want: jax.Array, max_frac: float = 0.02):
     assert (steps > 0).mean() <= max_frac, f"{(steps > 0).mean():.3%} of the values differ"
 
 
-def _reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks, vs):
+def _reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks, vs, bias=None, norms=None,
+               eps=1e-6):
+    """The engine's XLA path (AttentionBackend.attend_qkv's order): split, + bias, per-head
+    rms_norm of q and k, apply_rope, write_kv_ref."""
     T, D = qkv.shape[0], kc.shape[-1]
     Hkv = kc.shape[1]
     q, k, v = jnp.split(qkv, [Hq * D, (Hq + Hkv) * D], -1)
-    q = apply_rope(q.reshape(T, Hq, D), cos, sin)
-    k = apply_rope(k.reshape(T, Hkv, D), cos, sin)
-    kc, vc = ref.write_kv_ref(kc, vc, layer, k, v.reshape(T, Hkv, D), slots, k_scale=ks,
-                              v_scale=vs, method="rows")
+    if bias is not None:
+        q, k, v = q + bias[0], k + bias[1], v + bias[2]
+    q, k, v = q.reshape(T, Hq, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D)
+    if norms is not None:
+        q, k = rms_norm(q, norms[0], eps), rms_norm(k, norms[1], eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    kc, vc = ref.write_kv_ref(kc, vc, layer, k, v, slots, k_scale=ks, v_scale=vs,
+                              method="rows")
     return q, kc, vc
+
+
+def _extras(rng, Hq, Hkv, D, extra):
+    """(bias, norms) of a test case: Qwen2's bias, Qwen3 / Gemma 3's q / k norm, both."""
+    bf = jnp.bfloat16
+    bias = norms = None
+    if extra in ("bias", "both"):
+        bias = tuple(jnp.asarray(rng.standard_normal(n * D), bf) for n in (Hq, Hkv, Hkv))
+    if extra in ("norm", "both"):
+        norms = tuple(jnp.asarray(1 + 0.3 * rng.standard_normal(D), bf) for _ in range(2))
+    return bias, norms
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, E4M3, jnp.float32])
 @pytest.mark.parametrize("T,Hq,Hkv,D", [(1, 4, 2, 32), (5, 3, 1, 64), (9, 8, 2, 32)])
-def test_equals_rope_then_write_kv_ref(dtype, T, Hq, Hkv, D):
+@pytest.mark.parametrize("extra", ["none", "bias", "norm", "both"])
+def test_equals_the_xla_path(dtype, T, Hq, Hkv, D, extra):
     L, P, ps = 3, 12, 4
     rng = np.random.default_rng(T * 100 + Hq)
     qkv, cos, sin, slots = _inputs(rng, T, Hq, Hkv, D, P, ps, dtype,
                                    padding=min(2, T - 1))
+    bias, norms = _extras(rng, Hq, Hkv, D, extra)
+    if norms is not None and dtype == E4M3:  # normed K is O(1): make the saturation visible
+        norms = (norms[0], norms[1] * 2000)
     kc = jnp.full((L, Hkv, P, ps, D), -7, dtype)  # poisoned: values no write produces
     vc = jnp.full((L, Hkv, P, ps, D), 5, dtype)
     ks, vs = (jnp.float32(2.0), jnp.float32(0.25)) if dtype == E4M3 else (None, None)
     layer = 1
     got = jax.jit(lambda kc, vc, lay, *a: rope_write_kv_pallas(
-        kc, vc, lay, *a, num_heads=Hq, k_scale=ks, v_scale=vs, interpret=True))(
+        kc, vc, lay, *a, num_heads=Hq, k_scale=ks, v_scale=vs, bias=bias,
+        q_norm=None if norms is None else norms[0],
+        k_norm=None if norms is None else norms[1], eps=1e-5, interpret=True))(
         kc, vc, jnp.int32(layer), qkv, cos, sin, slots)
-    want = _reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks, vs)
+    want = _reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks, vs, bias, norms, 1e-5)
     f32 = np.float32
     assert got[0].shape == (T, Hq, D) and got[0].dtype == qkv.dtype
     _assert_one_step(got[0], want[0])
     for g, w in zip(got[1:], want[1:]):  # outside the null page, where padding writes
         assert g.dtype == dtype
         _assert_one_step(g[:, :, 1:], w[:, :, 1:])
-    # V is stored, not computed: exactly the reference's
+    # V is stored (+ bias), not computed: exactly the reference's
     np.testing.assert_array_equal(np.asarray(got[2]).astype(f32)[:, :, 1:],
                                   np.asarray(want[2]).astype(f32)[:, :, 1:])
     others = [x for x in range(L) if x != layer]
     assert np.all(np.asarray(got[1])[others].astype(f32) == -7)
     assert np.all(np.asarray(got[2])[others].astype(f32) == 5)
-    # the rotation happened: k as written is not the projection's raw k (cos != 1 at pos > 0)
     s = int(slots[0])
     raw_k = np.asarray(qkv[0, Hq * D:(Hq + 1) * D]).astype(f32)
-    if dtype == jnp.float32:
+    if dtype == jnp.float32:  # the rotation (and bias / norm) happened: not the raw k
         assert not np.allclose(np.asarray(got[1])[layer, 0, s // ps, s % ps], raw_k)
-    if dtype == E4M3:  # the saturated value: 3000 rotated stays far past 448 * 2
+    if dtype == E4M3:  # a K value far past 448 * 2: saturated
         row = np.asarray(got[1])[layer, 0, s // ps, s % ps].astype(f32)
         assert np.abs(row).max() == 448.0
 
@@ -131,6 +155,14 @@ def test_refuses_bad_input():
     with pytest.raises(ValueError, match="head dim 16"):
         rope_write_kv_pallas(kc16, kc16, 0, qkv[:, :128], cs[:, :16], cs[:, :16], s, 4,
                              interpret=True)
+    w32, b = jnp.ones(32, jnp.bfloat16), jnp.zeros(64, jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"q_norm and k_norm must both be \[32\]"):
+        rope_write_kv_pallas(kc, kc, 0, qkv, cs, cs, s, 4, q_norm=w32, interpret=True)
+    with pytest.raises(ValueError, match=r"q_norm and k_norm must both be \[32\]"):
+        rope_write_kv_pallas(kc, kc, 0, qkv, cs, cs, s, 4, q_norm=w32, k_norm=w32[:16],
+                             interpret=True)
+    with pytest.raises(ValueError, match=r"bias must be \(bq \[128\], bk \[64\], bv \[64\]\)"):
+        rope_write_kv_pallas(kc, kc, 0, qkv, cs, cs, s, 4, bias=(b, b, b), interpret=True)
     assert [rope_kv_write_supported(d) for d in (16, 32, 64, 96, 128, 256)] == [
         False, True, True, False, True, True]
     q, k, v = rope_write_kv_pallas(kc, kc, 0, qkv[:0], cs[:0], cs[:0], s[:0], 4,
@@ -157,3 +189,24 @@ def test_lowers_for_an_h200(dtype, scales, T, Hq, Hkv, D):
     text = lower_for_cuda(fn, *args)
     assert "rope_kv_write" in text and "__gpu$xla.gpu.triton" in text
     assert "output_operand_aliases" in text
+
+
+def test_check_script_cpu_smoke_checks_and_fails_on_a_wrong_kernel(tmp_path, monkeypatch):
+    """benchmarks/kernels/check_rope_kv_write.py (the device check) passes on the kernel in
+    interpret mode, records every point, and exits 1 when the kernel's output is wrong."""
+    import json
+
+    from benchmarks.kernels import check_rope_kv_write as chk
+
+    assert chk.main(["--cpu-smoke", "--out", str(tmp_path)]) == 0
+    recs = json.loads((tmp_path / "rope_kv_write.json").read_text())
+    assert {r["config"]["extra"] for r in recs} == {"norm", "bias", "none"}
+    assert all(r["config"]["check"] == "ok" for r in recs)
+    real = chk.rope_write_kv_pallas
+
+    def broken(*a, **k):  # q one step off everywhere
+        q, kc, vc = real(*a, **k)
+        return q * 1.02, kc, vc
+
+    monkeypatch.setattr(chk, "rope_write_kv_pallas", broken)
+    assert chk.main(["--cpu-smoke", "--out", str(tmp_path)]) == 1

@@ -2,10 +2,11 @@
 ``apply_rope`` + ``write_kv_ref`` on one GPU: device check first, then kernel time.
 
 For each (tokens T, Hq, Hkv, D, KV dtype) it runs both on fresh random inputs (positions up
-to 8k, Llama 3's rope theta; Gemma 3 270M's point with QK norm, Qwen2-7B's with QKV bias)
-and requires every rotated q and every stored K / V value to
-equal the reference's or its neighbour in the dtype (the float32 rotation may round the last
-bit differently, FMA or not), at most 2 % differing, V exact. Then it times one jitted call of
+to 8k, Llama 3's rope theta; Gemma 3 270M's point with QK norm, Qwen2-7B's with QKV bias, the
+8B's with the FP8 QKV GEMM's split-K partials) and requires every rotated q and every stored
+K / V value to equal the reference's or its neighbour in the dtype (the float32 rotation may
+round the last bit differently, FMA or not), at most 2 % differing, V exact unless it is
+summed from partials. Then it times one jitted call of
 ``--layers`` straight-line layers (caches donated and carried, as the engine's decode) by
 CUPTI: µs of kernels a layer, and the launches a layer, kernel vs XLA. The table prints last;
 records (``make_record``) go to ``--out/rope_kv_write.json``. Exits 1 when a check fails.
@@ -30,15 +31,20 @@ import numpy as np  # noqa: E402
 from benchmarks.kernels.kernel_bench import Cupti, RunRecords  # noqa: E402
 from jaxinfer.layers.norm import rms_norm  # noqa: E402
 from jaxinfer.layers.rope import apply_rope, inv_frequencies, rope_cos_sin  # noqa: E402
+from pallas_kernels.matmul.triton_gemm import SplitKPartials  # noqa: E402
 from pallas_kernels.paged_attention import reference as ref  # noqa: E402
 from pallas_kernels.paged_attention.rope_kv_write import rope_write_kv_pallas  # noqa: E402
 
 F8 = jnp.float8_e4m3fn
 # (name, T, Hq, Hkv, D, extra): Llama-3.1-8B's decode buckets, Gemma 3 270M's (QK norm),
 # Qwen2-7B's (QKV bias), SmolLM2-135M's
+# ("splitK": the QKV GEMM's float32 partials [S, T, W] with their scales, as the FP8 engine
+# hands them over: 2 splits at 1 row, 4 at 64 rows)
 GRID = [("8b_b1", 1, 32, 8, 128, ""), ("8b_b64", 64, 32, 8, 128, ""),
+        ("8b_b1_sk2", 1, 32, 8, 128, "split2"), ("8b_b64_sk4", 64, 32, 8, 128, "split4"),
         ("8b_b256", 256, 32, 8, 128, ""), ("g270_b32", 32, 4, 1, 256, "norm"),
-        ("qwen2_b64", 64, 28, 4, 128, "bias"), ("smol_b8", 8, 9, 3, 64, "")]
+        ("qwen2_b64", 64, 28, 4, 128, "bias"), ("smol_b8", 8, 9, 3, 64, ""),
+        ("smol_b8_sk2", 8, 9, 3, 64, "split2")]
 
 
 def order(x: np.ndarray) -> np.ndarray:
@@ -59,6 +65,8 @@ def reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks=None, vs=None, *, bias
               q_norm=None, k_norm=None, eps=1e-6):
     """XLA's path, the engine's default (AttentionBackend.attend_qkv): split, + bias,
     per-head rms_norm, apply_rope on q and k, write_kv_ref."""
+    if isinstance(qkv, SplitKPartials):  # the GEMM's epilogue, fused by XLA into its users
+        qkv = qkv.reduce()
     T, D, Hkv = qkv.shape[0], kc.shape[-1], kc.shape[1]
     q, k, v = jnp.split(qkv, [Hq * D, (Hq + Hkv) * D], -1)
     if bias is not None:
@@ -112,11 +120,11 @@ def main(argv=None) -> int:
     p.add_argument("--pages", type=int, default=4096)
     p.add_argument("--out", default="")
     p.add_argument("--cpu-smoke", action="store_true",
-                   help="interpret mode, the last three points, checks only (tests)")
+                   help="interpret mode, four points, checks only (tests)")
     args = p.parse_args(argv)
     grid = GRID
     if args.cpu_smoke:
-        grid, args.layers, args.pages = GRID[-3:], 2, 160
+        grid, args.layers, args.pages = GRID[-4:], 2, 160
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     records = RunRecords("benchmarks/kernels/check_rope_kv_write.py", args.out or None,
@@ -129,6 +137,12 @@ def main(argv=None) -> int:
             ps, L = 16, args.layers
             qkv, cos, sin, slots = inputs(rng, T, Hq, Hkv, D, args.pages, ps)
             kw = extras(rng, Hq, Hkv, D, extra)
+            if extra.startswith("split"):
+                S, W = int(extra[5:]), qkv.shape[1]
+                qkv = SplitKPartials(
+                    jnp.asarray(rng.standard_normal((S, T, W)), jnp.float32),
+                    jnp.asarray(rng.uniform(0.01, 0.05, T), jnp.float32),
+                    jnp.asarray(rng.uniform(0.5, 2.0, W), jnp.float32) * 10, jnp.bfloat16)
             scales = (jnp.float32(0.5), jnp.float32(0.25)) if dtype == F8 else ()
             shape = (L, Hkv, args.pages, ps, D)
             kc = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(dtype)
@@ -141,7 +155,8 @@ def main(argv=None) -> int:
             q_steps, q_frac = steps_apart(got[0], want[0])
             k_steps, k_frac = steps_apart(got[1][:, :, 1:], want[1][:, :, 1:])
             v_steps, _ = steps_apart(got[2][:, :, 1:], want[2][:, :, 1:])
-            ok = max(q_steps, k_steps) <= 1 and max(q_frac, k_frac) <= 0.02 and v_steps == 0
+            v_ok = v_steps <= (1 if extra.startswith("split") else 0)
+            ok = max(q_steps, k_steps) <= 1 and max(q_frac, k_frac) <= 0.02 and v_ok
             failed |= not ok
             row = dict(point=name, kv=jnp.dtype(dtype).name, check="ok" if ok else "FAIL",
                        q_steps=q_steps, q_frac=q_frac, k_steps=k_steps, k_frac=k_frac)

@@ -47,6 +47,7 @@ import numpy as np
 
 from jaxinfer.layers.norm import rms_norm
 from jaxinfer.layers.rope import apply_rope
+from pallas_kernels.matmul.triton_gemm import SplitKPartials
 from pallas_kernels.paged_attention import reference as ref
 
 Scale = jax.Array | float | None
@@ -231,11 +232,14 @@ class AttentionBackend:
                    q_norm: jax.Array | None = None, k_norm: jax.Array | None = None,
                    eps: float = 1e-6) -> tuple[jax.Array, KVCache]:
         """The layer's attention from its QKV projection: qkv [T, (Hq + 2 Hkv) D] (q's heads,
-        then k's, then v's) and RoPE's cos / sin [T, D] float32 -> (attention output
-        [T, Hq, D], updated cache). ``bias``: (bq, bk, bv) added first (Qwen2); ``q_norm`` /
-        ``k_norm``: [D] per-head RMSNorm weights (Qwen3, Gemma 3), epsilon ``eps``. Here in
-        XLA: split, bias, norms, :func:`apply_rope` on q and k, then :meth:`__call__`; a
-        backend may do all of it in its KV write (PallasAttentionBackend)."""
+        then k's, then v's; or a split-K GEMM's ``SplitKPartials`` of it) and RoPE's cos /
+        sin [T, D] float32 -> (attention output [T, Hq, D], updated cache). ``bias``: (bq,
+        bk, bv) added first (Qwen2); ``q_norm`` / ``k_norm``: [D] per-head RMSNorm weights
+        (Qwen3, Gemma 3), epsilon ``eps``. Here in XLA: the partials summed, split, bias,
+        norms, :func:`apply_rope` on q and k, then :meth:`__call__`; a backend may do all of
+        it in its KV write (PallasAttentionBackend)."""
+        if isinstance(qkv, SplitKPartials):
+            qkv = qkv.reduce()
         T, D = qkv.shape[0], cos.shape[-1]
         q_size = num_heads * D
         kv_size = (qkv.shape[1] - q_size) // 2

@@ -88,7 +88,7 @@ FUSE_SWIGLU_QUANT = True
 
 def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = False,
           interpret: bool = False, norm: jax.Array | None = None, eps: float = 0.0,
-          gate_up: bool = False) -> jax.Array:
+          gate_up: bool = False, unreduced: bool = False) -> jax.Array:
     """``h @ w[name]``, after ``rms_norm(h, norm, eps)`` when ``norm`` is given. FP8 weights:
     with ``kernels`` and a per-channel scale the weight is held as ``[N, K]`` and runs on the
     Pallas GEMMs the measured policy picks for the row count
@@ -99,7 +99,9 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
     two or three). Otherwise an FP8 weight is widened to h's dtype in an XLA GEMM (W8A16)
     and scaled per channel after it, or per group of input rows (block-FP8 checkpoints;
     jaxinfer.quantization.fp8_weight_linear). ``gate_up``: the FP8 kernels' ``[2F, K]``
-    gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``)."""
+    gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``). ``unreduced``:
+    a split-K Triton GEMM's ``SplitKPartials`` for the consumer to sum (the QKV projection:
+    the attention backend's attend_qkv), else the array."""
     scale = w.get(name + "_scale")
     if kernels and scale is not None and scale.ndim == 1:
         from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
@@ -109,10 +111,11 @@ def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = Fals
         if fp8_takes_quantized_x(h.shape[0], h.shape[1], w[name].shape[0], gate_up):
             xq, xs = norm_quant_fp8(h, norm, eps, interpret=interpret)
             return _fp8_kernel_linear(xq, w[name], scale, gate_up=gate_up, interpret=interpret,
-                                      x_scale=xs, out_dtype=h.dtype, env=env)
+                                      x_scale=xs, out_dtype=h.dtype, env=env,
+                                      unreduced=unreduced)
         h = h if norm is None else rms_norm(h, norm, eps)
         return _fp8_kernel_linear(h, w[name], scale, gate_up=gate_up, interpret=interpret,
-                                  env=env)
+                                  env=env, unreduced=unreduced)
     if gate_up:
         raise ValueError(f"_proj: gate_up needs the FP8 kernels and a per-channel scale ({name})")
     h = h if norm is None else rms_norm(h, norm, eps)
@@ -146,11 +149,13 @@ def kernel_env_key() -> tuple[tuple[str, str], ...]:
     return tuple(sorted(env_values().items()))
 
 
-@functools.partial(jax.jit, static_argnames=("gate_up", "interpret", "out_dtype", "env"))
+@functools.partial(jax.jit, static_argnames=("gate_up", "interpret", "out_dtype", "env",
+                                             "unreduced"))
 def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up: bool = False,
                        interpret: bool = False, x_scale: jax.Array | None = None,
                        out_dtype: jnp.dtype | None = None,
-                       env: tuple[tuple[str, str], ...] = ()) -> jax.Array:
+                       env: tuple[tuple[str, str], ...] = (),
+                       unreduced: bool = False) -> jax.Array:
     """pallas_kernels.matmul.fp8_plan.fp8_engine_linear under its own ``jit``: the unrolled layers'
     calls of one shape share one traced and lowered function (XLA inlines it), so a kernel's
     Python lowering runs once per shape, not once per layer. Lowering a Mosaic GPU GEMM took
@@ -159,7 +164,8 @@ def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up:
     from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
 
     return fp8_engine_linear(h, w_nk, scale, gate_up=gate_up, interpret=interpret,
-                             x_scale=x_scale, out_dtype=out_dtype or h.dtype)
+                             x_scale=x_scale, out_dtype=out_dtype or h.dtype,
+                             unreduced=unreduced)
 
 
 def _to_kernel_layout(weights: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -306,7 +312,8 @@ class CausalLM(nnx.Module):
         T = x.shape[0]
         eps = cfg.rms_norm_eps
         kern = (self.fp8_kernels, self.interpret)
-        qkv = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps)
+        # (an FP8 split-K GEMM's partials unsummed: the backend's kernel may sum them itself)
+        qkv = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps, unreduced=True)
         # split, bias, QK norm, RoPE and the KV write: the backend's (on the Pallas backend's
         # decode steps one kernel, pallas_attention.ROPE_KV_WRITE_KERNEL)
         o, cache = attn.attend_qkv(

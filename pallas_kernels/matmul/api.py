@@ -173,7 +173,8 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
            act_group: int = 0, backend: str = "auto", interpret: bool = False,
            triton_config: triton_gemm.TritonConfig | None = None,
            mgpu_config: mgpu_gemm.MgpuConfig | None = None,
-           x_scale: jax.Array | None = None, out_dtype: jnp.dtype | None = None) -> jax.Array:
+           x_scale: jax.Array | None = None, out_dtype: jnp.dtype | None = None,
+           unreduced: bool = False) -> jax.Array:
     """A linear layer ``x @ W`` (with FP8 scaling / fused SwiGLU), dispatched to a kernel.
 
     Args:
@@ -192,6 +193,8 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
       x_scale: [M] f32 per-token scales of an ``x`` already quantized to float8_e4m3fn
         (``row_quant.norm_quant_fp8``); needs act_quant=True, no act_group and out_dtype.
       out_dtype: the result dtype (default x.dtype).
+      unreduced: on ``"triton"``, a split-K result as ``triton_gemm.SplitKPartials`` (the
+        caller sums it); every other case returns the array as usual.
     Returns:
       [M, N] in ``out_dtype`` ([M, F] for a gate_up weight: ``silu(gate) * up``).
     Raises:
@@ -250,7 +253,8 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
     if backend == "triton":
         return triton_gemm.triton_linear(x_in, w.w, w.scale, x_scale, layer=layer,
                                          gate_up=w.gate_up, config=triton_config,
-                                         out_dtype=out_dtype, interpret=interpret)
+                                         out_dtype=out_dtype, interpret=interpret,
+                                         unreduced=unreduced)
     w_nk, scale = w.w, w.scale
     if w.stacked:
         w_nk = w_nk[layer]

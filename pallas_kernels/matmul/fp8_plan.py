@@ -274,7 +274,8 @@ def fp8_gate_up_in_epilogue(M: int, K: int, N: int) -> bool:
 def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
                       gate_up: bool = False, interpret: bool = False,
                       x_scale: jax.Array | None = None,
-                      out_dtype: jnp.dtype = jnp.bfloat16) -> jax.Array:
+                      out_dtype: jnp.dtype = jnp.bfloat16,
+                      unreduced: bool = False) -> jax.Array:
     """The engine's FP8 projection: ``x [M, K]`` bf16 times an FP8 weight ``w_nk [N, K]``
     with per-output-channel ``w_scale [N]`` f32 -> ``[M, N]`` in ``x.dtype``, on the kernel
     :func:`fp8_engine_plan` picks for M (W8A8 on the kernels: activation scales per token,
@@ -287,6 +288,9 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     ``x_scale``: ``x`` is float8_e4m3fn, quantized per token by the caller with these [M]
     scales (where :func:`fp8_takes_quantized_x`); the result is then ``out_dtype`` (the
     activations' dtype before quantization).
+
+    ``unreduced``: where the plan's Triton decode GEMM splits K, return its
+    ``triton_gemm.SplitKPartials`` for the consumer to sum (not with gate_up).
 
     Raises:
       LinearError: mismatched shapes (see :func:`linear`), an odd gate_up row count, an
@@ -319,4 +323,5 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
     return linear(x, PreparedWeight(w_nk, w_scale, gate_up), act_quant=act_quant,
                   act_group=group, backend=backend, interpret=interpret, triton_config=tc,
                   mgpu_config=mc, x_scale=x_scale,
-                  out_dtype=out_dtype if x_scale is not None else None)
+                  out_dtype=out_dtype if x_scale is not None else None,
+                  unreduced=unreduced and not gate_up)

@@ -288,10 +288,36 @@ def _xla_epilogue(partials: jax.Array, w_scale: jax.Array | None, x_scale: jax.A
     return acc.astype(out_dtype)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SplitKPartials:
+    """A split-K GEMM's result before its epilogue, for a consumer that sums it itself (one
+    launch less: rope_kv_write takes it): ``partials`` [S, M, N] float32, ``x_scale`` [M] /
+    ``w_scale`` [N] float32 or None, ``out_dtype`` the dtype the epilogue casts to.
+    :meth:`reduce` is the epilogue XLA runs otherwise: ``out = (sum_s partials[s] * x_scale
+    * w_scale).astype(out_dtype)``, in that order."""
+
+    partials: jax.Array
+    x_scale: jax.Array | None
+    w_scale: jax.Array | None
+    out_dtype: jnp.dtype = dataclasses.field(metadata=dict(static=True),
+                                             default=jnp.bfloat16)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[M, N] of the reduced output."""
+        return self.partials.shape[1:]
+
+    def reduce(self) -> jax.Array:
+        """[M, N] in ``out_dtype``: the GEMM's output (the XLA epilogue)."""
+        return _xla_epilogue(self.partials, self.w_scale, self.x_scale, False, self.out_dtype)
+
+
 def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
                   x_scale: jax.Array | None = None, *, layer: jax.Array | int | None = None,
                   gate_up: bool = False, config: TritonConfig | None = None,
-                  out_dtype: jnp.dtype = jnp.bfloat16, interpret: bool = False) -> jax.Array:
+                  out_dtype: jnp.dtype = jnp.bfloat16, interpret: bool = False,
+                  unreduced: bool = False) -> jax.Array | SplitKPartials:
     """Skinny GEMM ``x [M, K] · w_nkᵀ`` -> ``[M, N]`` (``[M, F]`` for ``gate_up``).
 
     Args:
@@ -302,6 +328,8 @@ def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = Non
       layer: int32 scalar selecting the layer of a stacked weight.
       gate_up: ``w_nk`` is ``[2F, K]`` (gate rows, then up rows); returns ``silu(g) * u``.
       config: tiles; :func:`default_config` when None.
+      unreduced: where the config splits K without the in-kernel merge (and not gate_up),
+        return the :class:`SplitKPartials` instead of summing them (XLA's epilogue fusion).
     Raises:
       ValueError: mismatched shapes, K not a multiple of ``split_k * bk``, or ``act_group``
         without an FP8 weight, with FP8 / scaled x, or not dividing ``bk``.
@@ -379,4 +407,8 @@ def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = Non
     ws = w_scale
     if ws is not None and stacked:
         ws = ws[layer]
+    if unreduced and not gate_up:
+        return SplitKPartials(out, None if x_scale is None else x_scale.astype(jnp.float32),
+                              None if ws is None else ws.astype(jnp.float32),
+                              jnp.dtype(out_dtype))
     return _xla_epilogue(out, ws, x_scale, gate_up, out_dtype)

@@ -18,6 +18,11 @@ The rotation is HF transformers' half layout (``jaxinfer.layers.rope.apply_rope`
 frequencies, so the second half equals the first), ``out[:D/2] = x1 c - x2 s`` and
 ``out[D/2:] = x2 c + x1 s`` in float32, cast to the QKV dtype, then quantized for the cache
 as ``reference.quantize_kv`` does: what ``apply_rope`` followed by ``write_kv_ref`` stores.
+With FP8 weights the QKV GEMM at decode sizes splits K and leaves float32 partials
+``[S, T, W]`` whose sum, scales and cast XLA would fuse into its consumers (the rotation and
+scatters); this kernel takes them as they are (``triton_gemm.SplitKPartials``) and runs that
+epilogue itself, so no fusion sits between the GEMM and this kernel.
+
 Optional, in the engine's order before the rotation: the QKV bias (Qwen2) and a per-head
 RMSNorm of q and k (Qwen3, Gemma 3), each result rounded to the activation dtype where the
 XLA path rounds it (``q + bq``, ``rms_norm``'s output).
@@ -33,30 +38,44 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+from pallas_kernels.matmul.triton_gemm import SplitKPartials
 from pallas_kernels.paged_attention.kv_write import kv_write_supported, null_page_slot
 from pallas_kernels.paged_attention.reference import quantize_kv
 
 
 def _kernel(*refs, has_ks: bool, has_vs: bool, has_bias: bool, has_norm: bool, eps: float,
-            P: int, ps: int, D: int, Hq: int, Hkv: int):
+            splits: int, has_xs: bool, has_ws: bool, dtype, P: int, ps: int, D: int, Hq: int,
+            Hkv: int):
     it = iter(refs)
     layer_ref, slot_ref = next(it), next(it)
     ks_ref = next(it) if has_ks else None
     vs_ref = next(it) if has_vs else None
     qkv_ref, cos_ref, sin_ref = next(it), next(it), next(it)
+    xs_ref = next(it) if has_xs else None  # split-K partials' epilogue scales
+    ws_ref = next(it) if has_ws else None
     bias_refs = (next(it), next(it), next(it)) if has_bias else None  # bq, bk, bv
     norm_refs = (next(it), next(it)) if has_norm else None  # q_norm, k_norm
     next(it), next(it)  # the caches as inputs: aliased to the outputs below
     q_ref, kc_ref, vc_ref = next(it), next(it), next(it)
     t, h = pl.program_id(0), pl.program_id(1)
     half = D // 2
-    dtype = qkv_ref.dtype
 
     def rounded(x):  # a float32 value as the model's activations hold it
         return x.astype(dtype).astype(jnp.float32)
 
     def load(col, which, head, start, n):  # row t's n values at col + start (+ bias)
-        x = qkv_ref[pl.ds(t, 1), pl.ds(col + start, n)].astype(jnp.float32)
+        cols = pl.ds(col + start, n)
+        if splits:  # the GEMM's split-K epilogue (SplitKPartials.reduce's order)
+            x = qkv_ref[0, pl.ds(t, 1), cols]
+            for s in range(1, splits):
+                x = x + qkv_ref[s, pl.ds(t, 1), cols]
+            if has_xs:
+                x = x * xs_ref[t]
+            if has_ws:
+                x = x * ws_ref[cols].reshape(1, n)
+            x = rounded(x)
+        else:
+            x = qkv_ref[pl.ds(t, 1), cols].astype(jnp.float32)
         if has_bias:
             b = bias_refs[which][pl.ds(head * D + start, n)].astype(jnp.float32)
             x = rounded(x + b.reshape(1, n))
@@ -106,7 +125,7 @@ def rope_kv_write_supported(head_dim: int) -> bool:
 
 
 def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array | int,
-                         qkv: jax.Array, cos: jax.Array, sin: jax.Array,
+                         qkv: jax.Array | SplitKPartials, cos: jax.Array, sin: jax.Array,
                          slot_mapping: jax.Array, num_heads: int,
                          k_scale: jax.Array | float | None = None,
                          v_scale: jax.Array | float | None = None, *,
@@ -123,7 +142,9 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
       k_cache, v_cache: [L, Hkv, P, ps, D] (bf16 / f16 / f32, or float8_e4m3fn with scales).
       layer: int32 scalar, which layer to write (traced or static).
       qkv: [T, (num_heads + 2 Hkv) * D], q's heads, then k's, then v's (the layout of the
-        engine's fused QKV weight), in the activation dtype; T = 0 is a no-op.
+        engine's fused QKV weight), in the activation dtype; T = 0 is a no-op. Or a split-K
+        GEMM's ``SplitKPartials`` of it ([S, T, W] float32 partials and their scales),
+        summed here in the epilogue's order and rounded to its ``out_dtype``.
       cos, sin: [T, D] float32 rows of ``rope_cos_sin`` (frequencies repeated twice).
       slot_mapping: [T] integer flat slots ``page * ps + offset``; slots other than the null
         page's must not repeat; slots outside ``[0, P * ps)`` land in the null page's slot 0.
@@ -155,7 +176,7 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
     if not rope_kv_write_supported(D):
         raise ValueError(f"rope_write_kv_pallas: head dim {D} is not a power of two >= 32")
     width = (num_heads + 2 * Hkv) * D
-    if qkv.ndim != 2 or qkv.shape[1] != width:
+    if len(qkv.shape) != 2 or qkv.shape[1] != width:
         raise ValueError(f"rope_write_kv_pallas: qkv must be [T, {width}] ({num_heads} query "
                          f"+ 2 x {Hkv} KV heads of {D}), got {qkv.shape}")
     T = qkv.shape[0]
@@ -178,8 +199,9 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
     if isinstance(layer, (int, np.integer)) and not 0 <= layer < L:
         raise ValueError(f"rope_write_kv_pallas: layer {layer} is outside the cache's {L} "
                          f"layers")
+    dtype = qkv.out_dtype if isinstance(qkv, SplitKPartials) else qkv.dtype
     if T == 0:
-        return jnp.zeros((0, num_heads, D), qkv.dtype), k_cache, v_cache
+        return jnp.zeros((0, num_heads, D), dtype), k_cache, v_cache
     norms = None if q_norm is None else (q_norm, k_norm)
     return _rope_write(k_cache, v_cache, layer, qkv, cos, sin, slot_mapping, k_scale, v_scale,
                        bias, norms, num_heads=num_heads, eps=float(eps), interpret=interpret)
@@ -192,16 +214,23 @@ def _rope_write(k_cache, v_cache, layer, qkv, cos, sin, slot_mapping, k_scale, v
     T = qkv.shape[0]
     scales = [jnp.asarray(s, jnp.float32).reshape(1) for s in (k_scale, v_scale)
               if s is not None]
+    split = isinstance(qkv, SplitKPartials)
+    epilogue = [a for a in (qkv.x_scale, qkv.w_scale) if a is not None] if split else []
     args = [jnp.asarray(layer, jnp.int32).reshape(1), slot_mapping.astype(jnp.int32),
-            *scales, qkv, cos.astype(jnp.float32), sin.astype(jnp.float32),
-            *(bias or ()), *(norms or ()), k_cache, v_cache]
+            *scales, qkv.partials if split else qkv, cos.astype(jnp.float32),
+            sin.astype(jnp.float32), *epilogue, *(bias or ()), *(norms or ()), k_cache,
+            v_cache]
+    dtype = qkv.out_dtype if split else qkv.dtype
     n_caches = len(args) - 2
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
         functools.partial(_kernel, has_ks=k_scale is not None, has_vs=v_scale is not None,
                           has_bias=bias is not None, has_norm=norms is not None, eps=eps,
+                          splits=qkv.partials.shape[0] if split else 0,
+                          has_xs=split and qkv.x_scale is not None,
+                          has_ws=split and qkv.w_scale is not None, dtype=dtype,
                           P=P, ps=ps, D=D, Hq=num_heads, Hkv=Hkv),
-        out_shape=(jax.ShapeDtypeStruct((T, num_heads, D), qkv.dtype),
+        out_shape=(jax.ShapeDtypeStruct((T, num_heads, D), dtype),
                    jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
                    jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
         grid=(T, num_heads + Hkv), in_specs=[any_spec] * len(args),

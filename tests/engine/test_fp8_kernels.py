@@ -313,3 +313,49 @@ def test_a_kernel_switch_changed_in_process_retraces_the_fp8_gemm(monkeypatch):
                                 out_dtype=F32))
     for out in outs:
         assert out.shape == (M, N) and np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_rope_kv_write_takes_the_qkv_gemms_split_k_partials(monkeypatch, request):
+    """hidden 2048: the FP8 QKV GEMM at the 4-row decode bucket splits K (2 x 1024) and
+    hands its float32 partials unsummed (triton_gemm.SplitKPartials) to the attention
+    backend; with pallas_attention.ROPE_KV_WRITE_KERNEL the RoPE + KV write kernel sums them
+    (its epilogue) and the engine's greedy tokens and logprobs equal XLA's path (float32
+    engine, FP8 KV); off, the backend reduces them as XLA did before. The H200 decode program
+    then hands the [2, 4, 512] partials straight to the kernel."""
+    import re
+
+    from jaxinfer.batch import Bucket
+    from jaxinfer.layers import attention
+    from jaxinfer.layers import pallas_attention as pa
+    from pallas_kernels.matmul import triton_gemm
+    from tests.conftest import tiny_config
+
+    H = 2048
+    assert fp8_plan.fp8_decode_config(4, H, 512).split_k == 2
+    model = tiny_loaded("llama", hidden_size=H, intermediate_size=128, num_heads=4,
+                        num_kv_heads=2, head_dim=64, num_layers=1)
+    prompts = [[5, 6, 7], list(range(10, 27))]
+    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1)
+    seen = []
+    real = pa.rope_write_kv_pallas
+    monkeypatch.setattr(pa, "rope_write_kv_pallas", lambda *a, **k: seen.append(
+        type(a[3]).__name__) or real(*a, **k))
+    request.addfinalizer(jax.clear_caches)
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", on)
+        jax.clear_caches()
+        outs[on] = _llm("pallas", model, dtype="float32", kv_cache_dtype="fp8",
+                        attention_backend="pallas").generate(prompts, sp)
+    assert set(seen) == {triton_gemm.SplitKPartials.__name__}
+    _assert_same_outputs(outs[True], outs[False], atol=1e-5)
+
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
+    cfg = tiny_config("llama", hidden_size=H, intermediate_size=512, num_heads=4,
+                      num_kv_heads=2, head_dim=64, num_layers=2)
+    text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 4, 4, 4),
+                              max_num_batched_tokens=128, prefill_buckets=(128,),
+                              attention_backend="pallas", kv_cache_dtype="fp8")
+    calls = re.findall(r"call @_rope_write\(([^)]*)\) : \(([^)]*)\)", text)
+    assert len(calls) == 2
+    assert all("tensor<2x4x512xf32>" in types for _, types in calls)

@@ -200,7 +200,7 @@ def test_check_script_cpu_smoke_checks_and_fails_on_a_wrong_kernel(tmp_path, mon
 
     assert chk.main(["--cpu-smoke", "--out", str(tmp_path)]) == 0
     recs = json.loads((tmp_path / "rope_kv_write.json").read_text())
-    assert {r["config"]["extra"] for r in recs} == {"norm", "bias", "none"}
+    assert {r["config"]["extra"] for r in recs} == {"norm", "bias", "none", "split2"}
     assert all(r["config"]["check"] == "ok" for r in recs)
     real = chk.rope_write_kv_pallas
 
@@ -210,3 +210,33 @@ def test_check_script_cpu_smoke_checks_and_fails_on_a_wrong_kernel(tmp_path, mon
 
     monkeypatch.setattr(chk, "rope_write_kv_pallas", broken)
     assert chk.main(["--cpu-smoke", "--out", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("splits,scaled", [(2, True), (4, True), (3, False)])
+@pytest.mark.parametrize("extra", ["none", "both"])
+def test_takes_split_k_partials(splits, scaled, extra):
+    """qkv as a split-K GEMM's unreduced partials (triton_gemm.SplitKPartials): the kernel
+    sums them in the epilogue's order and gives what it gives on the reduced output."""
+    from pallas_kernels.matmul.triton_gemm import SplitKPartials
+
+    T, Hq, Hkv, D, L, P, ps = 5, 4, 2, 32, 2, 12, 4
+    rng = np.random.default_rng(splits)
+    W = (Hq + 2 * Hkv) * D
+    parts = SplitKPartials(
+        jnp.asarray(rng.standard_normal((splits, T, W)), jnp.float32),
+        jnp.asarray(rng.uniform(0.5, 2, T), jnp.float32) if scaled else None,
+        jnp.asarray(rng.uniform(0.5, 2, W), jnp.float32) if scaled else None, jnp.bfloat16)
+    _, cos, sin, slots = _inputs(rng, T, Hq, Hkv, D, P, ps, E4M3, padding=1)
+    bias, norms = _extras(rng, Hq, Hkv, D, extra)
+    kc = jnp.zeros((L, Hkv, P, ps, D), E4M3)
+    kw = dict(k_scale=jnp.float32(0.5), v_scale=jnp.float32(0.25), bias=bias,
+              q_norm=None if norms is None else norms[0],
+              k_norm=None if norms is None else norms[1], interpret=True)
+    got = rope_write_kv_pallas(kc, kc, 1, parts, cos, sin, slots, Hq, **kw)
+    want = rope_write_kv_pallas(kc, kc, 1, parts.reduce(), cos, sin, slots, Hq, **kw)
+    assert got[0].dtype == jnp.bfloat16
+    for g, w in zip(got, want):
+        _assert_one_step(g, w)
+    ref_q = _reference(kc, kc, 1, parts.reduce(), cos, sin, slots, Hq, kw["k_scale"],
+                       kw["v_scale"], bias, norms)[0]
+    _assert_one_step(got[0], ref_q)

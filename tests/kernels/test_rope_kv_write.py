@@ -200,7 +200,7 @@ def test_check_script_cpu_smoke_checks_and_fails_on_a_wrong_kernel(tmp_path, mon
 
     assert chk.main(["--cpu-smoke", "--out", str(tmp_path)]) == 0
     recs = json.loads((tmp_path / "rope_kv_write.json").read_text())
-    assert {r["config"]["extra"] for r in recs} == {"norm", "bias", "none", "split2"}
+    assert {r["config"]["extra"] for r in recs} == {"norm", "none", "split2"}
     assert all(r["config"]["check"] == "ok" for r in recs)
     real = chk.rope_write_kv_pallas
 

@@ -54,7 +54,12 @@ _mo = T.model_options
 T.model_options = lambda ec: {**_mo(ec), "interpret": False}
 if a.gemm == "nojit":
     from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
-    T._fp8_kernel_linear = lambda h, w, s, interpret=False: fp8_engine_linear(h, w, s, interpret=interpret)
+    import jaxinfer.models.projection as Proj
+
+    def _nojit(h, w, s, env=(), **kw):  # the FP8 GEMM inlined, without its module-level jit
+        return fp8_engine_linear(h, w, s, **kw)
+
+    T._fp8_kernel_linear = Proj.fp8_kernel_linear = _nojit
 if a.attention != "reference":  # off a GPU get_backend would pick interpret mode
     from jaxinfer.layers.pallas_attention import PallasAttentionBackend
     A.get_backend = lambda name: PallasAttentionBackend(

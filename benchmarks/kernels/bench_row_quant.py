@@ -1,7 +1,9 @@
 """The decode GEMMs' input kernels on one GPU: ``row_quant.norm_quant_fp8`` (RMSNorm and / or
 per-token FP8 quantization, one program a row) at the engine's sites and row counts, by
 ``num_warps``; and SwiGLU + the down input's quantization as XLA's SwiGLU fusion then the
-kernel ("unfused", the engine's path above 16 rows) against ``swiglu=True`` (one kernel).
+kernel ("unfused", the engine's path above 16 rows) against ``swiglu=True`` (one kernel); and
+the o / down GEMMs' split-K partials summed and added in front of the next norm-quant
+(``residual=SplitKPartials``) against XLA's epilogue + add fusion then the kernel.
 
 Why: the 8B FP8 decode step at 64 rows (profile_decode, session 22/23) spends 5.6 µs a layer
 in the down input's quantization ([64, 14336]: 64 programs, 4 warps, ~1.8 MB) and ~2.3 µs
@@ -39,11 +41,15 @@ import numpy as np  # noqa: E402
 from benchmarks.kernels.kernel_bench import Cupti, RunRecords, time_fn  # noqa: E402
 from pallas_kernels.matmul.reference import silu_mul_ref  # noqa: E402
 from pallas_kernels.matmul.row_quant import norm_quant_fp8  # noqa: E402
+from pallas_kernels.matmul.triton_gemm import SplitKPartials  # noqa: E402
 
 BF16, F32 = jnp.bfloat16, jnp.float32
-# site name -> (input columns, norm, swiglu): Llama-3.1-8B's
-SITES = {"norm4096": (4096, True, False), "quant4096": (4096, False, False),
-         "quant14336": (14336, False, False), "swiglu14336": (28672, False, True)}
+# site name -> (input columns, norm, swiglu, split-K residual splits): Llama-3.1-8B's; the
+# last is the gate/up (or QKV) site with the o (down) GEMM's 4 split-K partials added in front
+# (transformer.FUSE_SPLITK_RESIDUAL; "unfused": XLA's epilogue + add fusion, then the kernel)
+SITES = {"norm4096": (4096, True, False, 0), "quant4096": (4096, False, False, 0),
+         "quant14336": (14336, False, False, 0), "swiglu14336": (28672, False, True, 0),
+         "splitk4096": (4096, True, False, 4)}
 INTERPRET = False  # --cpu-smoke: Pallas interpret mode
 
 
@@ -52,7 +58,14 @@ def site_fn(site: str, variant: str):
     "w<N>" norm_quant_fp8 with N warps, a pass per step; "w<N>s" the same reading the row
     once (one_pass); "unfused" (swiglu sites) XLA's silu_mul_ref then the kernel's plain
     quantization (4 warps, passes: the engine's default before this bench)."""
-    K, norm, swiglu = SITES[site]
+    K, norm, swiglu, splits = SITES[site]
+    if splits:  # x is (x, SplitKPartials); (q, scale) of x + the partials' sum
+        if variant == "unfused":
+            return lambda xp, w: norm_quant_fp8(xp[0] + xp[1].reduce(), w, 1e-5,
+                                                interpret=INTERPRET)
+        warps, one = int(variant[1:].rstrip("s")), variant.endswith("s")
+        return lambda xp, w: norm_quant_fp8(xp[0], w, 1e-5, residual=xp[1], num_warps=warps,
+                                            one_pass=one, interpret=INTERPRET)[:2]
     if variant == "unfused":
         return lambda x, w: norm_quant_fp8(silu_mul_ref(x), num_warps=4, one_pass=False,
                                            interpret=INTERPRET)
@@ -71,11 +84,17 @@ def make_run(site: str, variant: str, layers: int):
 
 
 def inputs(site: str, M: int, layers: int, seed: int = 0):
-    K = SITES[site][0]
-    kx, kw = jax.random.split(jax.random.PRNGKey(seed))
+    K, _, swiglu, splits = SITES[site]
+    kx, kw, kp, ks = jax.random.split(jax.random.PRNGKey(seed), 4)
     xs = (jax.random.normal(kx, (layers, M, K), F32) * 2).astype(BF16)
     w = (jax.random.normal(kw, (K,), F32) * 0.1 + 1).astype(F32)
-    return [xs[i] for i in range(layers)], w[: K // 2 if SITES[site][2] else K]
+    xs = [xs[i] for i in range(layers)]
+    if splits:  # the o / down GEMM's partials and epilogue scales, one set a layer
+        ps = jax.random.normal(kp, (layers, splits, M, K), F32)
+        xsc = jax.random.uniform(ks, (layers, M), F32, 0.01, 0.05)
+        wsc = jax.random.uniform(ks, (K,), F32, 0.5, 2.0)
+        xs = [(x, SplitKPartials(ps[i], xsc[i], wsc, BF16)) for i, x in enumerate(xs)]
+    return xs, w[: K // 2 if swiglu else K]
 
 
 def close(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -89,7 +108,8 @@ def close(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 def check(site: str, variants: list[str], M: int) -> dict:
     """Each kernel variant against the first (bit-identical, or :func:`close` where the norm
-    runs) and, for SwiGLU, the first kernel variant against the unfused pair (close)."""
+    runs) and, for SwiGLU and the split-K residual, the first kernel variant against the
+    unfused pair (close)."""
     xs, w = inputs(site, M, 1, seed=1)
     outs = {v: [np.asarray(a.astype(F32)) for a in site_fn(site, v)(xs[0], w)]
             for v in variants}
@@ -130,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, failed = [], []
     for site in ns.sites.split(","):
         variants = ns.variants.split(",")
-        if SITES[site][2]:
+        if SITES[site][2] or SITES[site][3]:
             variants = ["unfused"] + variants
         for M in ms:
             if time.perf_counter() - t0 > ns.deadline_s:
@@ -138,8 +158,10 @@ def main(argv: list[str] | None = None) -> None:
                 break
             ok = check(site, variants, M)
             failed += [f"{site} M={M} {k}" for k, v in ok.items() if not v]
-            K, _, swiglu = SITES[site]
-            moved = M * K * 2 + M * (K // 2 if swiglu else K) + 4 * M  # bf16 in, e4m3 out
+            K, _, swiglu, splits = SITES[site]
+            # bf16 in, e4m3 out (+ float32 partials in, the bf16 sum out)
+            moved = M * K * 2 + M * (K // 2 if swiglu else K) + 4 * M + splits * M * K * 4
+            moved += M * K * 2 if splits else 0
             xs, w = inputs(site, M, ns.layers)
             for v in variants:
                 run = make_run(site, v, ns.layers)

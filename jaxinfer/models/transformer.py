@@ -25,8 +25,6 @@ proportional to depth; GEMMs that read the stacked weight in place (pallas_kerne
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +35,12 @@ from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, KVCac
 from jaxinfer.layers.norm import rms_norm
 from jaxinfer.layers.rope import inv_frequencies, rope_cos_sin
 from jaxinfer.models.params import FP8_PROJECTIONS, check_params, fp8_names
-from jaxinfer.quantization import fp8_weight_linear, quantize_params_fp8
+from jaxinfer.models.projection import fp8_kernel_linear as _fp8_kernel_linear
+from jaxinfer.models.projection import kernel_env_key
+from jaxinfer.models.projection import project as _proj
+from jaxinfer.models.projection import reduced as _reduced
+from jaxinfer.models.projection import to_kernel_layout as _to_kernel_layout
+from jaxinfer.quantization import quantize_params_fp8
 
 _NO_WINDOW = 0
 
@@ -84,44 +87,12 @@ def _as(name: str, value, dtype) -> jax.Array:
 # pair, device busy 4.276 vs 4.296 ms. Equal outputs either way
 # (tests/engine/test_fp8_kernels.py).
 FUSE_SWIGLU_QUANT = True
-
-
-def _proj(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = False,
-          interpret: bool = False, norm: jax.Array | None = None, eps: float = 0.0,
-          gate_up: bool = False, unreduced: bool = False) -> jax.Array:
-    """``h @ w[name]``, after ``rms_norm(h, norm, eps)`` when ``norm`` is given. FP8 weights:
-    with ``kernels`` and a per-channel scale the weight is held as ``[N, K]`` and runs on the
-    Pallas GEMMs the measured policy picks for the row count
-    (pallas_kernels.matmul.fp8_plan.fp8_engine_linear: W8A8 on the Triton or Mosaic GPU
-    kernels, W8A16 on XLA where none takes the shape); where that is the Triton decode GEMM
-    the norm and the per-token quantization run as one kernel first
-    (pallas_kernels.matmul.row_quant.norm_quant_fp8: one CUDA-graph node instead of XLA's
-    two or three). Otherwise an FP8 weight is widened to h's dtype in an XLA GEMM (W8A16)
-    and scaled per channel after it, or per group of input rows (block-FP8 checkpoints;
-    jaxinfer.quantization.fp8_weight_linear). ``gate_up``: the FP8 kernels' ``[2F, K]``
-    gate/up weight, returning ``silu(gate) * up`` (only with ``kernels``). ``unreduced``:
-    a split-K Triton GEMM's ``SplitKPartials`` for the consumer to sum (the QKV projection:
-    the attention backend's attend_qkv), else the array."""
-    scale = w.get(name + "_scale")
-    if kernels and scale is not None and scale.ndim == 1:
-        from pallas_kernels.matmul.fp8_plan import fp8_takes_quantized_x
-        from pallas_kernels.matmul.row_quant import norm_quant_fp8
-
-        env = kernel_env_key()
-        if fp8_takes_quantized_x(h.shape[0], h.shape[1], w[name].shape[0], gate_up):
-            xq, xs = norm_quant_fp8(h, norm, eps, interpret=interpret)
-            return _fp8_kernel_linear(xq, w[name], scale, gate_up=gate_up, interpret=interpret,
-                                      x_scale=xs, out_dtype=h.dtype, env=env,
-                                      unreduced=unreduced)
-        h = h if norm is None else rms_norm(h, norm, eps)
-        return _fp8_kernel_linear(h, w[name], scale, gate_up=gate_up, interpret=interpret,
-                                  env=env, unreduced=unreduced)
-    if gate_up:
-        raise ValueError(f"_proj: gate_up needs the FP8 kernels and a per-channel scale ({name})")
-    h = h if norm is None else rms_norm(h, norm, eps)
-    if scale is None:
-        return h @ w[name]
-    return fp8_weight_linear(h, w[name], scale)
+# The o and down projections' split-K partials summed inside the next norm_quant_fp8 with the
+# residual add (the gate/up site's, and the next layer's QKV site's with unrolled layers)
+# instead of XLA's epilogue + add fusion (2 launches a layer: 8B FP8 decode, 141 µs a step at
+# 64 rows, 102 at 1 row, session 24's profiles). Session 23 moved only the add (no gain: the
+# sum stayed a fusion). FP8 kernels without post-norms. Off until timed on the GPU.
+FUSE_SPLITK_RESIDUAL = False
 
 
 def _swiglu_quant_applies(T: int, w: dict[str, jax.Array]) -> bool:
@@ -136,50 +107,6 @@ def _swiglu_quant_applies(T: int, w: dict[str, jax.Array]) -> bool:
             and not fp8_plan.fp8_gate_up_in_epilogue(T, H, F2)
             and fp8_plan.fp8_takes_quantized_x(T, H, F2)
             and fp8_plan.fp8_takes_quantized_x(T, F, w["w_down"].shape[0]))
-
-
-def kernel_env_key() -> tuple[tuple[str, str], ...]:
-    """The FP8 GEMM plan's environment switches in effect (``fp8_plan.env_values``), as a
-    hashable static argument of :func:`_fp8_kernel_linear`: its trace cache outlives an
-    engine, and the switches are read while tracing, so without it an engine built after a
-    switch changed in the same process would reuse the traces made under the old value.
-    Raises LinearError for a value a switch does not take (the engine checks at start)."""
-    from pallas_kernels.matmul.fp8_plan import env_values
-
-    return tuple(sorted(env_values().items()))
-
-
-@functools.partial(jax.jit, static_argnames=("gate_up", "interpret", "out_dtype", "env",
-                                             "unreduced"))
-def _fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up: bool = False,
-                       interpret: bool = False, x_scale: jax.Array | None = None,
-                       out_dtype: jnp.dtype | None = None,
-                       env: tuple[tuple[str, str], ...] = (),
-                       unreduced: bool = False) -> jax.Array:
-    """pallas_kernels.matmul.fp8_plan.fp8_engine_linear under its own ``jit``: the unrolled layers'
-    calls of one shape share one traced and lowered function (XLA inlines it), so a kernel's
-    Python lowering runs once per shape, not once per layer. Lowering a Mosaic GPU GEMM took
-    0.4-1 s a call: an 8B prefill program with 128 of them compiled in ~130 s, not ~20 s.
-    ``env``: :func:`kernel_env_key` where the call is traced (part of the trace cache key)."""
-    from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
-
-    return fp8_engine_linear(h, w_nk, scale, gate_up=gate_up, interpret=interpret,
-                             x_scale=x_scale, out_dtype=out_dtype or h.dtype,
-                             unreduced=unreduced)
-
-
-def _to_kernel_layout(weights: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """FP8 projections with per-channel scales ``[K, N]`` -> ``[N, K]`` (the layout the
-    Pallas GEMMs stream: rows of K contiguous bytes; pallas_kernels.matmul.api); stacked
-    ``[L, K, N]`` (scales ``[L, N]``, the scanned layers) -> ``[L, N, K]``. Block-scaled
-    weights (scales with as many axes as the weight) stay as they are (XLA W8A16)."""
-    out = dict(weights)
-    for name, value in weights.items():
-        scale = weights.get(name + "_scale")
-        if (value.dtype == jnp.float8_e4m3fn and scale is not None
-                and scale.ndim == value.ndim - 1):
-            out[name] = jnp.swapaxes(value, -1, -2)
-    return out
 
 
 def model_options(ec) -> dict:
@@ -286,34 +213,62 @@ class CausalLM(nnx.Module):
         else:
             cos_l, sin_l = cos_g, sin_g
 
+        # FUSE_SPLITK_RESIDUAL with unrolled layers: each layer hands its MLP output f to the
+        # next unadded (a split-K GEMM's partials), the next layer's QKV norm-quant adds it
+        # (x + f is that layer's input); the final norm's input adds the last one
+        fuse = self._fuse_splitk_residual()
+        carry_f = fuse and not self.scan_layers
+
         def layer(carry, xs):
-            x, cache = carry
+            x, f, cache = carry
             w, c = xs
             if isinstance(c["local_rope"], bool):
                 cos, sin = (cos_l, sin_l) if c["local_rope"] else (cos_g, sin_g)
             else:
                 cos = jnp.where(c["local_rope"], cos_l, cos_g)
                 sin = jnp.where(c["local_rope"], sin_l, sin_g)
-            x, cache = self._block(x, cache, w, c, cos, sin, md, attn)
-            return (x, cache), None
+            if carry_f:
+                x, f, cache = self._block(x, cache, w, c, cos, sin, md, attn, pending=f,
+                                          carry_f=True, fuse=True)
+            else:  # (the plain call: quantization_gptq records and replays it)
+                x, cache = self._block(x, cache, w, c, cos, sin, md, attn,
+                                       **({"fuse": True} if fuse else {}))
+            return (x, f, cache), None
 
         consts = self._layer_constants()
         if self.scan_layers:
-            (x, cache), _ = jax.lax.scan(layer, (x, cache), (self._layer_weights(), consts))
+            (x, _, cache), _ = jax.lax.scan(layer, (x, None, cache),
+                                            (self._layer_weights(), consts))
         else:
+            f = None
             for i in range(cfg.num_layers):
                 c = {k: v[i] for k, v in consts.items()}
-                (x, cache), _ = layer((x, cache), (self._layer_weights(f"layer{i}__"), c))
+                (x, f, cache), _ = layer((x, f, cache),
+                                         (self._layer_weights(f"layer{i}__"), c))
+            x = x if f is None else x + _reduced(f)
         return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), cache
 
-    def _block(self, x, cache, w, c, cos, sin, md, attn):
-        """One decoder layer: x [T, H] -> [T, H]."""
+    def _fuse_splitk_residual(self) -> bool:
+        """Whether :data:`FUSE_SPLITK_RESIDUAL` applies: FP8 kernels, no post-norms (Gemma 3
+        norms o and f before the add)."""
+        return FUSE_SPLITK_RESIDUAL and self.fp8_kernels and not self.cfg.post_norms
+
+    def _block(self, x, cache, w, c, cos, sin, md, attn, *, pending=None, carry_f=False,
+               fuse=False):
+        """One decoder layer: x [T, H] -> ``(x', cache)``. With ``carry_f`` the layer's input
+        is ``x + pending`` (``pending`` the previous layer's MLP output not yet added, or
+        None) and it returns ``(x', f, cache)``, its output ``x' + f`` with f unadded (a
+        split-K GEMM's partials, or an array). ``fuse``: the o projection's partials go to the
+        gate/up norm-quant unadded (FUSE_SPLITK_RESIDUAL)."""
         cfg = self.cfg
         T = x.shape[0]
         eps = cfg.rms_norm_eps
         kern = (self.fp8_kernels, self.interpret)
         # (an FP8 split-K GEMM's partials unsummed: the backend's kernel may sum them itself)
-        qkv = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps, unreduced=True)
+        qkv = _proj(x, w, "wqkv", *kern, norm=w["attn_norm"], eps=eps, unreduced=True,
+                    residual=pending)
+        if pending is not None:
+            qkv, x = qkv
         # split, bias, QK norm, RoPE and the KV write: the backend's (on the Pallas backend's
         # decode steps one kernel, pallas_attention.ROPE_KV_WRITE_KERNEL)
         o, cache = attn.attend_qkv(
@@ -322,10 +277,29 @@ class CausalLM(nnx.Module):
             bias=(w["bq"], w["bk"], w["bv"]) if cfg.attention_bias else None,
             q_norm=w["q_norm"] if cfg.qk_norm else None,
             k_norm=w["k_norm"] if cfg.qk_norm else None, eps=eps)
-        o = _proj(o.reshape(T, cfg.q_size), w, "wo", *kern)
+        o = _proj(o.reshape(T, cfg.q_size), w, "wo", *kern, unreduced=fuse)
         if cfg.post_norms:
             o = rms_norm(o, w["post_attn_norm"], eps)
-        x = x + o
+        if not fuse:
+            x, o = x + o, None
+        x, f = self._mlp(x, o, w, carry_f)
+        if carry_f:
+            return x, f, cache
+        return x + _reduced(f), cache
+
+    def _mlp(self, x, mid, w, unreduced: bool):
+        """The MLP half: ``h = x + mid`` (``mid`` the o projection's unadded output, or None:
+        x is h) -> ``(h, f)``, f the down projection's output (its split-K partials where
+        ``unreduced`` and the GEMM splits)."""
+        cfg = self.cfg
+        T = x.shape[0]
+        eps = cfg.rms_norm_eps
+        kern = (self.fp8_kernels, self.interpret)
+
+        def gate_up_proj(**kw):  # (out, h): the gate/up projection of h = x + mid
+            out = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps, residual=mid,
+                        **kw)
+            return out if mid is not None else (out, x)
 
         scale = w.get("w_gate_up_scale")
         fp8_gate_up = (kern[0] and cfg.hidden_act == "silu" and scale is not None
@@ -334,29 +308,29 @@ class CausalLM(nnx.Module):
             # [T, 2F] from the GEMM, SwiGLU and the down input's quantization in one kernel
             from pallas_kernels.matmul.row_quant import norm_quant_fp8
 
-            gate_up = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps)
+            gate_up, x = gate_up_proj()
             aq, a_scale = norm_quant_fp8(gate_up, swiglu=True, interpret=self.interpret)
             f = _fp8_kernel_linear(aq, w["w_down"], w["w_down_scale"],
                                    interpret=self.interpret, x_scale=a_scale,
-                                   out_dtype=x.dtype, env=kernel_env_key())
+                                   out_dtype=x.dtype, env=kernel_env_key(),
+                                   unreduced=unreduced)
         else:
             if fp8_gate_up:
                 # the FP8 kernels' gate_up form: silu(gate) * up from the GEMM (in its
                 # epilogue on the Triton decode GEMM), not a [T, 2F] round trip
-                act_up = _proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"], eps=eps,
-                               gate_up=True)
+                act_up, x = gate_up_proj(gate_up=True)
             else:
-                gate, up = jnp.split(_proj(x, w, "w_gate_up", *kern, norm=w["ffn_norm"],
-                                           eps=eps), 2, axis=-1)
+                gate_up, x = gate_up_proj()
+                gate, up = jnp.split(gate_up, 2, axis=-1)
                 if cfg.hidden_act == "silu":
                     act = jax.nn.silu(gate)
                 else:
                     act = jax.nn.gelu(gate, approximate=True)
                 act_up = act * up
-            f = _proj(act_up, w, "w_down", *kern)
+            f = _proj(act_up, w, "w_down", *kern, unreduced=unreduced)
         if cfg.post_norms:
             f = rms_norm(f, w["post_ffn_norm"], eps)
-        return x + f, cache
+        return x, f
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [N, H] -> logits [N, V] float32 (tied to the embedding when configured)."""

@@ -28,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
+from pallas_kernels.matmul.triton_gemm import SplitKPartials
 
 # Widest row one program takes, and the most chunks it walks a row in (the row is read in
 # power-of-two chunks of at most 4096 columns, each pass unrolled).
@@ -61,11 +62,13 @@ def row_quant_supported(K: int) -> bool:
     return 0 < K <= ROW_QUANT_MAX_K and c > 0 and K // c <= ROW_QUANT_MAX_CHUNKS
 
 
-def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, one_pass: bool,
-            K: int, C: int):
+def _kernel(*refs, eps: float, norm: bool, residual: bool, splits: int, has_xs: bool,
+            has_ws: bool, swiglu: bool, one_pass: bool, K: int, C: int):
     refs = list(refs)
     x_ref = refs.pop(0)
     d_ref = refs.pop(0) if residual else None
+    xs_ref = refs.pop(0) if has_xs else None  # a split-K residual's epilogue scales
+    ws_ref = refs.pop(0) if has_ws else None
     w_ref = refs.pop(0) if norm else None
     q_ref, s_ref = refs[:2]
     h_ref = refs[2] if residual else None
@@ -79,9 +82,21 @@ def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, one_pas
             u = x_ref[pl.ds(r, 1), pl.ds(K + c * C, C)].astype(jnp.float32)
             x = (g * jax.nn.sigmoid(g) * u).astype(x.dtype)
         if residual:
-            x = (x.astype(jnp.float32)
-                 + d_ref[pl.ds(r, 1), pl.ds(c * C, C)].astype(jnp.float32)).astype(x.dtype)
+            x = (x.astype(jnp.float32) + delta(c, x.dtype)).astype(x.dtype)
         return x.astype(jnp.float32)
+
+    def delta(c, dtype):  # [1, C] float32: the residual's chunk as x's dtype holds it
+        cols = pl.ds(c * C, C)
+        if not splits:
+            return d_ref[pl.ds(r, 1), cols].astype(jnp.float32)
+        d = d_ref[0, pl.ds(r, 1), cols]  # the GEMM's epilogue (SplitKPartials.reduce)
+        for s in range(1, splits):
+            d = d + d_ref[s, pl.ds(r, 1), cols]
+        if has_xs:
+            d = d * xs_ref[r]
+        if has_ws:
+            d = d * ws_ref[cols].reshape(1, C)
+        return d.astype(dtype).astype(jnp.float32)
 
     # one_pass: the row read once and held in registers (float32 chunks) to the end; else
     # each pass reads it again (the re-reads hit the L1 / L2)
@@ -111,7 +126,7 @@ def _kernel(*refs, eps: float, norm: bool, residual: bool, swiglu: bool, one_pas
 @functools.partial(jax.jit, static_argnames=("eps", "swiglu", "num_warps", "one_pass",
                                              "interpret"))
 def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *,
-                   residual: jax.Array | None = None, swiglu: bool = False,
+                   residual: jax.Array | SplitKPartials | None = None, swiglu: bool = False,
                    num_warps: int | None = None, one_pass: bool | None = None,
                    interpret: bool = False) -> tuple[jax.Array, ...]:
     """Per-token FP8 quantization of ``x`` rows, after an RMSNorm when ``weight`` is given;
@@ -127,7 +142,11 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
       weight: [K] RMSNorm weight (Gemma's ``1 + w`` folded in), or None for no norm.
       eps: added to the mean square.
       residual: [M, K] in x's dtype, or None: ``h = (x + residual)`` rounded to x's dtype
-        (as XLA's add of the two) is normed / quantized and returned.
+        (as XLA's add of the two) is normed / quantized and returned. Or a split-K GEMM's
+        unreduced output (``triton_gemm.SplitKPartials`` with ``out_dtype`` x's dtype: the o /
+        down projection's [S, M, K] float32 partials and scales), summed here in its
+        epilogue's order first: the GEMM's output, the residual add, the norm and the
+        quantization in one kernel, where XLA ran the epilogue + add as a fusion of its own.
       swiglu: x is ``[M, 2K]``, gate columns then up columns; the rows quantized are
         ``silu(gate) * up`` computed in float32 and rounded to x's dtype
         (``reference.silu_mul_ref``). Not with ``weight`` or ``residual``.
@@ -161,16 +180,25 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
     if norm and weight.shape != (K,):
         raise ValueError(f"norm_quant_fp8: weight must be [{K}], got {weight.shape}")
     add = residual is not None
-    if add and (residual.shape != x.shape or residual.dtype != x.dtype):
+    split = isinstance(residual, SplitKPartials)
+    r_dtype = jnp.dtype(residual.out_dtype if split else residual.dtype) if add else None
+    if add and (tuple(residual.shape) != x.shape or r_dtype != x.dtype):
         raise ValueError(f"norm_quant_fp8: residual must be {x.shape} {x.dtype.name}, got "
-                         f"{residual.shape} {residual.dtype.name}")
-    args = (x,) + ((residual,) if add else ()) + ((weight.reshape(1, K),) if norm else ())
+                         f"{tuple(residual.shape)} {r_dtype.name}")
+    epilogue = ()
+    if split:
+        epilogue = tuple(a for a in (residual.x_scale, residual.w_scale) if a is not None)
+    args = ((x,) + (((residual.partials if split else residual),) if add else ()) + epilogue
+            + ((weight.reshape(1, K),) if norm else ()))
     out_shape = (jax.ShapeDtypeStruct((M, K), FP8), jax.ShapeDtypeStruct((M, 1), jnp.float32))
     if add:
         out_shape += (jax.ShapeDtypeStruct((M, K), x.dtype),)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     out = pl.pallas_call(
-        functools.partial(_kernel, eps=eps, norm=norm, residual=add, swiglu=swiglu,
+        functools.partial(_kernel, eps=eps, norm=norm, residual=add,
+                          splits=residual.partials.shape[0] if split else 0,
+                          has_xs=split and residual.x_scale is not None,
+                          has_ws=split and residual.w_scale is not None, swiglu=swiglu,
                           one_pass=ROW_QUANT_ONE_PASS if one_pass is None else one_pass,
                           K=K, C=_chunk(K)),
         out_shape=out_shape,

@@ -315,8 +315,17 @@ def test_a_kernel_switch_changed_in_process_retraces_the_fp8_gemm(monkeypatch):
         assert out.shape == (M, N) and np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
 
 
+def _force_split_k(monkeypatch) -> None:
+    """Two K splits wherever K allows (triton_gemm.split_to_fill asks for 1024 K a split, so
+    only hidden sizes >= 2048 would split: slow in interpret mode)."""
+    from pallas_kernels.matmul import triton_gemm
+
+    monkeypatch.setattr(triton_gemm, "split_to_fill",
+                        lambda programs, K, bk, target=264: 2 if K % (2 * bk) == 0 else 1)
+
+
 def test_rope_kv_write_takes_the_qkv_gemms_split_k_partials(monkeypatch, request):
-    """hidden 2048: the FP8 QKV GEMM at the 4-row decode bucket splits K (2 x 1024) and
+    """The FP8 QKV GEMM at the 4-row decode bucket split in two (forced at hidden 512) and
     hands its float32 partials unsummed (triton_gemm.SplitKPartials) to the attention
     backend; with pallas_attention.ROPE_KV_WRITE_KERNEL the RoPE + KV write kernel sums them
     (its epilogue) and the engine's greedy tokens and logprobs equal XLA's path (float32
@@ -330,7 +339,8 @@ def test_rope_kv_write_takes_the_qkv_gemms_split_k_partials(monkeypatch, request
     from pallas_kernels.matmul import triton_gemm
     from tests.conftest import tiny_config
 
-    H = 2048
+    _force_split_k(monkeypatch)
+    H = 512
     assert fp8_plan.fp8_decode_config(4, H, 512).split_k == 2
     model = tiny_loaded("llama", hidden_size=H, intermediate_size=128, num_heads=4,
                         num_kv_heads=2, head_dim=64, num_layers=1)
@@ -359,3 +369,63 @@ def test_rope_kv_write_takes_the_qkv_gemms_split_k_partials(monkeypatch, request
     calls = re.findall(r"call @_rope_write\(([^)]*)\) : \(([^)]*)\)", text)
     assert len(calls) == 2
     assert all("tensor<2x4x512xf32>" in types for _, types in calls)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_split_k_residual_fused_engine_equals_xla(scan, monkeypatch, request):
+    """transformer.FUSE_SPLITK_RESIDUAL with the decode GEMMs split in two (forced at hidden
+    / q_size / intermediate 512): the o projection's partials are summed and added inside the
+    gate/up norm-quant and (unrolled) the down projection's inside the next layer's QKV
+    norm-quant, the last one before the final norm; the float32 engine's greedy tokens and
+    logprobs equal XLA's epilogue + add. The H200 decode program (2 layers, unrolled) then
+    hands [2, 4, 512] partials to 3 norm-quant kernels (both gate/up sites, the second
+    layer's QKV site)."""
+    import re
+
+    from jaxinfer.batch import Bucket
+    from jaxinfer.models import transformer as T
+    from tests.conftest import tiny_config
+
+    _force_split_k(monkeypatch)
+    H = 512
+    assert fp8_plan.fp8_decode_config(4, H, H).split_k == 2
+    dims = dict(hidden_size=H, intermediate_size=H, num_heads=8, num_kv_heads=4,
+                head_dim=64, num_layers=2)
+    model = tiny_loaded("llama", **dims)
+    prompts = [[5, 6, 7], list(range(10, 27))]
+    sp = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=1)
+    seen = []
+    real = T._reduced
+    monkeypatch.setattr(T, "_reduced", lambda f: seen.append(type(f).__name__) or real(f))
+    request.addfinalizer(jax.clear_caches)
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setattr(T, "FUSE_SPLITK_RESIDUAL", on)
+        jax.clear_caches()
+        outs[on] = _llm("pallas", model, dtype="float32",
+                        scan_layers=scan).generate(prompts, sp)
+    _assert_same_outputs(outs[True], outs[False], atol=1e-5)
+    if scan:  # no carry: f reduced where it is made; o's partials still go unsummed
+        return
+    assert "SplitKPartials" in seen  # the last layer's f, before the final norm
+    # with the RoPE + KV write kernel too (the QKV site: residual in, partials out)
+    from jaxinfer.layers import pallas_attention as pa
+
+    monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", True)
+    jax.clear_caches()
+    both = _llm("pallas", model, dtype="float32", kv_cache_dtype="fp8",
+                attention_backend="pallas").generate(prompts, sp)
+    monkeypatch.setattr(T, "FUSE_SPLITK_RESIDUAL", False)
+    monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", False)
+    jax.clear_caches()
+    neither = _llm("pallas", model, dtype="float32", kv_cache_dtype="fp8",
+                   attention_backend="pallas").generate(prompts, sp)
+    _assert_same_outputs(both, neither, atol=1e-5)
+    monkeypatch.setattr(T, "FUSE_SPLITK_RESIDUAL", True)
+    cfg = tiny_config("llama", **dims)
+    text = _cuda_program_text(monkeypatch, cfg, Bucket("decode", 4, 4, 4),
+                              max_num_batched_tokens=128, prefill_buckets=(128,))
+    names = re.findall(r"func\.func private @(norm_quant_fp8\w*)\(([^)]*)\)", text)
+    with_parts = {n for n, a in names if "tensor<2x4x512xf32>" in a}
+    calls = re.findall(r"call @(norm_quant_fp8\w*)\(", text)
+    assert sum(c in with_parts for c in calls) == 3

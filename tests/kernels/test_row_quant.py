@@ -4,6 +4,7 @@ an H200, and the engine's decode program using it at every FP8 projection."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jax
@@ -78,6 +79,50 @@ def test_residual_add_fused_in_front(dtype, M, K, norm):
     # the sum matters: without it the scales differ (the test can tell the paths apart)
     assert not np.array_equal(np.asarray(s), np.asarray(norm_quant_fp8(
         x, w if norm else None, 1e-5, interpret=True)[1]))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, F32])
+@pytest.mark.parametrize("M,K,S", [(1, 64, 2), (5, 576, 4), (4, 4096, 4), (2, 14336, 3)])
+@pytest.mark.parametrize("scaled", [True, False])
+def test_split_k_residual_summed_in_front(dtype, M, K, S, scaled):
+    """residual= a split-K GEMM's unreduced output (triton_gemm.SplitKPartials: the o / down
+    projection's partials): the kernel runs the GEMM's epilogue (sum, x_scale, w_scale, cast
+    to x's dtype) before the add, and gives what it gives on the reduced output, h included
+    (interpret mode: the same float32 sums in the same order)."""
+    from pallas_kernels.matmul.triton_gemm import SplitKPartials
+
+    x, w = _inputs(M * K + 3, M, K, dtype)
+    keys = jax.random.split(jax.random.PRNGKey(M + K + S), 3)
+    parts = SplitKPartials(
+        jax.random.normal(keys[0], (S, M, K), F32),
+        jax.random.uniform(keys[1], (M,), F32, 0.5, 2.0) if scaled else None,
+        jax.random.uniform(keys[2], (K,), F32, 0.5, 2.0) if scaled else None, dtype)
+    got = norm_quant_fp8(x, w, 1e-5, residual=parts, interpret=True)
+    # the epilogue with the partials summed in order (the kernel's; XLA's jnp.sum may pair
+    # them differently: float32 sums one ulp apart, below a bf16 rounding but not an f32 one)
+    acc = functools.reduce(jnp.add, list(parts.partials))
+    acc = acc if not scaled else acc * parts.x_scale[:, None] * parts.w_scale[None, :]
+    want = norm_quant_fp8(x, w, 1e-5, residual=acc.astype(dtype), interpret=True)
+    for i, (g, r) in enumerate(zip(got, want)):  # q, scale, h
+        assert g.dtype == r.dtype and g.shape == r.shape
+        g, r = np.asarray(g.astype(F32)), np.asarray(r.astype(F32))
+        if dtype == jnp.bfloat16:  # the cast to bf16 before the add: bit-exact
+            np.testing.assert_array_equal(g, r)
+        elif i == 0:  # float32 all the way: the CPU contracts the add into an FMA or not,
+            # h and the scales move by an ulp, a quantized value rarely by an e4m3 step
+            np.testing.assert_allclose(g, r, rtol=0.13)
+            assert (g != r).mean() <= 0.01
+        else:  # (cancellation in x + delta: an ulp of the addends, not of the sum)
+            np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6 * np.abs(r).max())
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(norm_quant_fp8(
+        x, w, 1e-5, residual=parts.reduce(), interpret=True)[1]), rtol=1e-6)
+    # the partials matter: a different split's sum gives other scales
+    other = SplitKPartials(parts.partials[:1], parts.x_scale, parts.w_scale, dtype)
+    assert not np.array_equal(np.asarray(got[1]), np.asarray(norm_quant_fp8(
+        x, w, 1e-5, residual=other, interpret=True)[1]))
+    with pytest.raises(ValueError, match="residual must be"):
+        norm_quant_fp8(x.astype(F32 if dtype != F32 else jnp.bfloat16), w, residual=parts,
+                       interpret=True)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, F32])
@@ -173,12 +218,15 @@ def test_swiglu_lowers_for_an_h200(M, F):
 def test_bench_row_quant_cpu_smoke_checks_and_times(tmp_path):
     from benchmarks.kernels import bench_row_quant
 
-    bench_row_quant.main(["--cpu-smoke", "--sites", "norm4096,swiglu14336",
+    bench_row_quant.main(["--cpu-smoke", "--sites", "norm4096,swiglu14336,splitk4096",
                           "--variants", "w4,w8s", "--out", str(tmp_path)])
     recs = json.loads((tmp_path / "row_quant.json").read_text())
     got = {(r["config"]["site"], r["config"]["variant"]) for r in recs}
     assert got == {("norm4096", "w4"), ("norm4096", "w8s"), ("swiglu14336", "unfused"),
-                   ("swiglu14336", "w4"), ("swiglu14336", "w8s")}
+                   ("swiglu14336", "w4"), ("swiglu14336", "w8s"), ("splitk4096", "unfused"),
+                   ("splitk4096", "w4"), ("splitk4096", "w8s")}
+    assert all("fused_vs_unfused" in r["config"]["checks"] for r in recs
+               if r["config"]["site"] != "norm4096")
     assert all(all(r["config"]["checks"].values()) and r["value"] > 0 for r in recs)
 
 
@@ -195,3 +243,19 @@ def test_bench_row_quant_check_fails_on_a_wrong_variant(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         bench_row_quant.main(["--cpu-smoke", "--sites", "quant4096", "--variants", "w4,w4s",
                               "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("M,K,S", [(1, 4096, 4), (64, 4096, 4), (1, 8192, 2)])
+def test_split_k_residual_lowers_for_an_h200(M, K, S):
+    """The 8B / 70B decode sites' split-K residual (the o / down GEMMs' partials)."""
+    from pallas_kernels.matmul.triton_gemm import SplitKPartials
+
+    sds = jax.ShapeDtypeStruct
+
+    def fn(x, p, xs, ws, w):
+        return norm_quant_fp8(x, w, 1e-5, residual=SplitKPartials(p, xs, ws, jnp.bfloat16))
+
+    text = lower_for_cuda(fn, sds((M, K), jnp.bfloat16), sds((S, M, K), F32), sds((M,), F32),
+                          sds((K,), F32), sds((K,), jnp.bfloat16))
+    assert "norm_quant_fp8" in text and "__gpu$xla.gpu.triton" in text
+    assert f"tensor<{S}x{M}x{K}xf32>" in text

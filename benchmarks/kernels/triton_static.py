@@ -11,6 +11,9 @@ cp311 here):
     #    /tmp/tri311/bin/pip install triton==3.6.0): compile for sm_90, read the SASS
     /tmp/tri311/bin/python benchmarks/kernels/triton_static.py compile --dir /tmp/ttir
 
+``capture-gemm`` (the FP8 decode GEMM) and ``capture-small`` (session 24's RoPE + KV write and
+split-K norm-quant kernels) capture other kernels for the same compile step.
+
 Prints, per config: registers, shared memory, programs an SM can hold (registers and shared
 memory of an H200 SM: 64 K registers, 227 KB), the SASS instructions of the inner loop (the
 largest backward branch) with the counts that matter here (HMMA, one-byte LDS.U8 gathers,
@@ -114,6 +117,66 @@ def capture_gemm(args) -> None:
             json.dump({"shape": f"K,N = {K},{N}", "configs": index}, f, indent=1)
 
 
+def capture_small(args) -> None:
+    """Session 24's small kernels at the 8B decode shapes: rope_kv_write (RoPE + KV write:
+    bf16 QKV at 1 row, the FP8 GEMM's split-K partials at 64 rows, Gemma 3 270M's QK norm
+    at D 256, Qwen2's QKV bias) and norm_quant_fp8 with a split-K residual (1 / 64 rows,
+    4096 columns, 4 partials): do they compile for sm_90, registers, spills."""
+    sys.path.insert(0, os.getcwd())
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.matmul import row_quant
+    from pallas_kernels.matmul.triton_gemm import SplitKPartials
+    from pallas_kernels.paged_attention.rope_kv_write import rope_write_kv_pallas
+    from tests.kernels.cuda_lowering import lower_for_cuda, triton_ir
+
+    sds, bf, f32, f8 = jax.ShapeDtypeStruct, jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn
+    cases = []
+    for name, T, Hq, Hkv, D, extra in (("rope_8b_b1", 1, 32, 8, 128, ""),
+                                       ("rope_8b_b64_sk4", 64, 32, 8, 128, "split4"),
+                                       ("rope_g270_b32_norm", 32, 4, 1, 256, "norm"),
+                                       ("rope_qwen2_b64_bias", 64, 28, 4, 128, "bias")):
+        W = (Hq + 2 * Hkv) * D
+        pool = sds((2, Hkv, 4096, 16, D), f8)
+
+        def fn(kc, vc, lay, qkv, cos, sin, slots, ks, vs, *ex, Hq=Hq, D=D, extra=extra):
+            kw = {}
+            if extra == "split4":
+                qkv = SplitKPartials(qkv, ex[0], ex[1], bf)
+            elif extra == "norm":
+                kw = dict(q_norm=ex[0], k_norm=ex[1])
+            elif extra == "bias":
+                kw = dict(bias=ex)
+            return rope_write_kv_pallas(kc, vc, lay, qkv, cos, sin, slots, Hq, ks, vs, **kw)
+
+        qkv = sds((4, T, W), f32) if extra == "split4" else sds((T, W), bf)
+        ex = {"split4": [sds((T,), f32), sds((W,), f32)], "norm": [sds((D,), bf)] * 2,
+              "bias": [sds((Hq * D,), bf), sds((Hkv * D,), bf), sds((Hkv * D,), bf)]}
+        avals = [pool, pool, sds((), jnp.int32), qkv, sds((T, D), f32), sds((T, D), f32),
+                 sds((T,), jnp.int32), sds((), f32), sds((), f32), *ex.get(extra, [])]
+        cases.append((name, fn, avals, 1))
+    for M in (1, 64):
+        def nq(x, p, xs, ws, w):
+            return row_quant.norm_quant_fp8(x, w, 1e-5,
+                                            residual=SplitKPartials(p, xs, ws, bf))
+        cases.append((f"normquant_sk4_m{M}", nq,
+                      [sds((M, 4096), bf), sds((4, M, 4096), f32), sds((M,), f32),
+                       sds((4096,), f32), sds((4096,), bf)], row_quant.ROW_QUANT_WARPS))
+    os.makedirs(args.dir, exist_ok=True)
+    index = []
+    with triton_ir() as seen:
+        for name, fn, avals, warps in cases:
+            seen.clear()
+            lower_for_cuda(fn, *avals)
+            with open(os.path.join(args.dir, f"{name}.ttir"), "w") as f:
+                f.write(seen[0])
+            index.append({"name": name, "num_warps": warps, "num_stages": 1})
+            print("captured", name, flush=True)
+    with open(os.path.join(args.dir, "index.json"), "w") as f:
+        json.dump({"shape": "session 24 small kernels", "configs": index}, f, indent=1)
+
+
 def loop_ops(sass: str) -> collections.Counter:
     """Opcode counts of the largest loop (backward branch) in ``cuobjdump -sass`` text."""
     ins = [(int(m.group(1), 16), m.group(2).strip()) for m in
@@ -179,7 +242,7 @@ def compile_all(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("step", choices=["capture", "capture-gemm", "compile"])
+    p.add_argument("step", choices=["capture", "capture-gemm", "capture-small", "compile"])
     p.add_argument("--dir", default="/tmp/paged_decode_ttir")
     p.add_argument("--shape", default="32,2048", help="B,ctx (capture)")
     p.add_argument("--configs", default="", help="comma list of sweep names (capture)")
@@ -187,7 +250,8 @@ def main() -> None:
     p.add_argument("--heads", default="32/8/128", help="Hq/Hkv/D (capture)")
     p.add_argument("--gemm", default="8192,28672", help="K,N (capture-gemm)")
     args = p.parse_args()
-    {"capture": capture, "capture-gemm": capture_gemm, "compile": compile_all}[args.step](args)
+    {"capture": capture, "capture-gemm": capture_gemm, "capture-small": capture_small,
+     "compile": compile_all}[args.step](args)
 
 
 if __name__ == "__main__":

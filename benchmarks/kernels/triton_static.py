@@ -232,7 +232,7 @@ def compile_all(args) -> None:
               f"{sum(v for o, v in ops.items() if 'GMMA' in o):4d} {ops['LDS.U8']:6d} "
               f"{sum(v for o, v in ops.items() if o.startswith('F2FP')):4d} "
               f"{spills:5d}  {' '.join(sorted(set(bufs)))}", flush=True)
-        all_ops[c["name"]] = {"regs": regs, "smem_bytes": k.metadata.shared,
+        all_ops[c["name"]] = {"regs": regs, "smem_bytes": k.metadata.shared, "spills": spills,
                               "loop_ops": dict(sorted(ops.items()))}
     # every opcode of each config's inner loop (the table above shows a few columns)
     with open(os.path.join(args.dir, "loop_ops.json"), "w") as f:

@@ -97,7 +97,7 @@ def fp8_kernel_linear(h: jax.Array, w_nk: jax.Array, scale: jax.Array, gate_up: 
                        interpret: bool = False, x_scale: jax.Array | None = None,
                        out_dtype: jnp.dtype | None = None,
                        env: tuple[tuple[str, str], ...] = (),
-                       unreduced: bool = False) -> jax.Array:
+                       unreduced: bool = False) -> jax.Array | SplitKPartials:
     """pallas_kernels.matmul.fp8_plan.fp8_engine_linear under its own ``jit``: the unrolled layers'
     calls of one shape share one traced and lowered function (XLA inlines it), so a kernel's
     Python lowering runs once per shape, not once per layer. Lowering a Mosaic GPU GEMM took

@@ -174,7 +174,7 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
            triton_config: triton_gemm.TritonConfig | None = None,
            mgpu_config: mgpu_gemm.MgpuConfig | None = None,
            x_scale: jax.Array | None = None, out_dtype: jnp.dtype | None = None,
-           unreduced: bool = False) -> jax.Array:
+           unreduced: bool = False) -> jax.Array | triton_gemm.SplitKPartials:
     """A linear layer ``x @ W`` (with FP8 scaling / fused SwiGLU), dispatched to a kernel.
 
     Args:

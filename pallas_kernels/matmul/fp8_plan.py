@@ -275,7 +275,7 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
                       gate_up: bool = False, interpret: bool = False,
                       x_scale: jax.Array | None = None,
                       out_dtype: jnp.dtype = jnp.bfloat16,
-                      unreduced: bool = False) -> jax.Array:
+                      unreduced: bool = False) -> jax.Array | triton_gemm.SplitKPartials:
     """The engine's FP8 projection: ``x [M, K]`` bf16 times an FP8 weight ``w_nk [N, K]``
     with per-output-channel ``w_scale [N]`` f32 -> ``[M, N]`` in ``x.dtype``, on the kernel
     :func:`fp8_engine_plan` picks for M (W8A8 on the kernels: activation scales per token,

@@ -161,7 +161,8 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
       eps))``; with ``residual``, ``(q, scale, h [M, K] x.dtype)``.
     Raises:
       ValueError: x not 2-D, K unsupported, weight not [K], residual not x's shape and
-        dtype, swiglu with an odd column count or with weight / residual.
+        dtype (split-K partials: also ``SplitKPartials.check``), swiglu with an odd column
+        count or with weight / residual.
     """
     if x.ndim != 2:
         raise ValueError(f"norm_quant_fp8: x must be [M, K], got shape {x.shape}")
@@ -181,6 +182,8 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
         raise ValueError(f"norm_quant_fp8: weight must be [{K}], got {weight.shape}")
     add = residual is not None
     split = isinstance(residual, SplitKPartials)
+    if split:
+        residual.check("norm_quant_fp8")
     r_dtype = jnp.dtype(residual.out_dtype if split else residual.dtype) if add else None
     if add and (tuple(residual.shape) != x.shape or r_dtype != x.dtype):
         raise ValueError(f"norm_quant_fp8: residual must be {x.shape} {x.dtype.name}, got "

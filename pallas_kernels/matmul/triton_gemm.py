@@ -308,6 +308,20 @@ class SplitKPartials:
         """[M, N] of the reduced output."""
         return self.partials.shape[1:]
 
+    def check(self, where: str) -> None:
+        """Raises ValueError unless ``partials`` is [S >= 1, M, N] float32 and the scales are
+        [M] / [N] float32 or None (a kernel indexes them per row / column: a broadcastable
+        per-tensor scale would be read out of bounds)."""
+        p = self.partials
+        if p.ndim != 3 or p.shape[0] < 1 or p.dtype != jnp.float32:
+            raise ValueError(f"{where}: split-K partials must be [S >= 1, M, N] float32, got "
+                             f"{p.shape} {p.dtype}")
+        for name, a, n in (("x_scale", self.x_scale, p.shape[1]),
+                           ("w_scale", self.w_scale, p.shape[2])):
+            if a is not None and (a.shape != (n,) or a.dtype != jnp.float32):
+                raise ValueError(f"{where}: split-K {name} must be [{n}] float32 or None, "
+                                 f"got {a.shape} {a.dtype}")
+
     def reduce(self) -> jax.Array:
         """[M, N] in ``out_dtype``: the GEMM's output (the XLA epilogue)."""
         return _xla_epilogue(self.partials, self.w_scale, self.x_scale, False, self.out_dtype)

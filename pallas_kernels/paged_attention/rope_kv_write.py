@@ -163,7 +163,8 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
       ValueError: caches not 5-D or differing, a qkv width other than (Hq + 2 Hkv) D, cos /
         sin not [T, D], a slot mapping that is not a 1-D integer array of T slots, a head
         dim :func:`rope_kv_write_supported` does not take, bias or norm weights of other
-        lengths (or one norm without the other), or a static ``layer`` outside ``[0, L)``
+        lengths (or one norm without the other), split-K partials or scales of other shapes
+        (``SplitKPartials.check``), or a static ``layer`` outside ``[0, L)``
         (a traced one is the caller's to keep in range).
     """
     if k_cache.ndim != 5:
@@ -176,6 +177,8 @@ def rope_write_kv_pallas(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Arra
     if not rope_kv_write_supported(D):
         raise ValueError(f"rope_write_kv_pallas: head dim {D} is not a power of two >= 32")
     width = (num_heads + 2 * Hkv) * D
+    if isinstance(qkv, SplitKPartials):
+        qkv.check("rope_write_kv_pallas")
     if len(qkv.shape) != 2 or qkv.shape[1] != width:
         raise ValueError(f"rope_write_kv_pallas: qkv must be [T, {width}] ({num_heads} query "
                          f"+ 2 x {Hkv} KV heads of {D}), got {qkv.shape}")

@@ -394,9 +394,18 @@ def test_split_k_residual_fused_engine_equals_xla(scan, monkeypatch, request):
     model = tiny_loaded("llama", **dims)
     prompts = [[5, 6, 7], list(range(10, 27))]
     sp = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=1)
-    seen = []
+    from pallas_kernels.matmul import row_quant
+
+    seen, residuals = [], {}
     real = T._reduced
     monkeypatch.setattr(T, "_reduced", lambda f: seen.append(type(f).__name__) or real(f))
+    real_nq = row_quant.norm_quant_fp8
+
+    def spy_nq(*a, residual=None, **k):  # the kinds of residual the norm-quants take
+        residuals.setdefault(on, set()).add(type(residual).__name__)
+        return real_nq(*a, residual=residual, **k)
+
+    monkeypatch.setattr(row_quant, "norm_quant_fp8", spy_nq)
     request.addfinalizer(jax.clear_caches)
     outs = {}
     for on in (False, True):
@@ -405,6 +414,8 @@ def test_split_k_residual_fused_engine_equals_xla(scan, monkeypatch, request):
         outs[on] = _llm("pallas", model, dtype="float32",
                         scan_layers=scan).generate(prompts, sp)
     _assert_same_outputs(outs[True], outs[False], atol=1e-5)
+    # on, the o projection's partials reach a norm-quant (scanned too); off, none do
+    assert "SplitKPartials" in residuals[True] and "SplitKPartials" not in residuals[False]
     if scan:  # no carry: f reduced where it is made; o's partials still go unsummed
         return
     assert "SplitKPartials" in seen  # the last layer's f, before the final norm

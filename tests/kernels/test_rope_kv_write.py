@@ -163,6 +163,14 @@ def test_refuses_bad_input():
                              interpret=True)
     with pytest.raises(ValueError, match=r"bias must be \(bq \[128\], bk \[64\], bv \[64\]\)"):
         rope_write_kv_pallas(kc, kc, 0, qkv, cs, cs, s, 4, bias=(b, b, b), interpret=True)
+    from pallas_kernels.matmul.triton_gemm import SplitKPartials
+
+    parts = jnp.zeros((2, 3, 256), jnp.float32)
+    for bad, msg in ((SplitKPartials(parts, jnp.ones(1), None), r"x_scale must be \[3\]"),
+                     (SplitKPartials(parts, None, jnp.ones(255)), r"w_scale must be \[256\]"),
+                     (SplitKPartials(parts.astype(jnp.bfloat16), None, None), "float32")):
+        with pytest.raises(ValueError, match=msg):
+            rope_write_kv_pallas(kc, kc, 0, bad, cs, cs, s, 4, interpret=True)
     assert [rope_kv_write_supported(d) for d in (16, 32, 64, 96, 128, 256)] == [
         False, True, True, False, True, True]
     q, k, v = rope_write_kv_pallas(kc, kc, 0, qkv[:0], cs[:0], cs[:0], s[:0], 4,

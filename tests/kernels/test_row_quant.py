@@ -184,6 +184,15 @@ def test_bad_input_is_refused():
                        interpret=True)
     with pytest.raises(ValueError, match="residual must be"):
         norm_quant_fp8(jnp.ones((2, 64)), residual=jnp.ones((1, 64)), interpret=True)
+    from pallas_kernels.matmul.triton_gemm import SplitKPartials
+
+    p = jnp.zeros((3, 2, 64), F32)
+    with pytest.raises(ValueError, match=r"norm_quant_fp8: split-K x_scale must be \[2\]"):
+        norm_quant_fp8(jnp.ones((2, 64)), residual=SplitKPartials(p, jnp.ones(1), None, F32),
+                       interpret=True)
+    with pytest.raises(ValueError, match="residual must be"):
+        norm_quant_fp8(jnp.ones((2, 64)), residual=SplitKPartials(p, None, None),
+                       interpret=True)  # out_dtype bf16 vs x f32
     with pytest.raises(ValueError, match="swiglu takes"):
         norm_quant_fp8(jnp.ones((2, 129)), swiglu=True, interpret=True)
     with pytest.raises(ValueError, match="swiglu takes"):

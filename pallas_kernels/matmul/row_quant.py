@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
-from pallas_kernels.matmul.triton_gemm import SplitKPartials
+from pallas_kernels.matmul.triton_gemm import SplitKPartials, splitk_epilogue_row
 
 # Widest row one program takes, and the most chunks it walks a row in (the row is read in
 # power-of-two chunks of at most 4096 columns, each pass unrolled).
@@ -89,14 +89,7 @@ def _kernel(*refs, eps: float, norm: bool, residual: bool, splits: int, has_xs: 
         cols = pl.ds(c * C, C)
         if not splits:
             return d_ref[pl.ds(r, 1), cols].astype(jnp.float32)
-        d = d_ref[0, pl.ds(r, 1), cols]  # the GEMM's epilogue (SplitKPartials.reduce)
-        for s in range(1, splits):
-            d = d + d_ref[s, pl.ds(r, 1), cols]
-        if has_xs:
-            d = d * xs_ref[r]
-        if has_ws:
-            d = d * ws_ref[cols].reshape(1, C)
-        return d.astype(dtype).astype(jnp.float32)
+        return splitk_epilogue_row(d_ref, xs_ref, ws_ref, r, cols, C, splits, dtype)
 
     # one_pass: the row read once and held in registers (float32 chunks) to the end; else
     # each pass reads it again (the re-reads hit the L1 / L2)

@@ -327,6 +327,22 @@ class SplitKPartials:
         return _xla_epilogue(self.partials, self.w_scale, self.x_scale, False, self.out_dtype)
 
 
+def splitk_epilogue_row(p_ref, xs_ref, ws_ref, row, cols, n: int, splits: int,
+                        dtype) -> jax.Array:
+    """Inside a Pallas kernel that takes a :class:`SplitKPartials`: ``[1, n]`` float32 of the
+    GEMM's output at ``row`` and columns ``cols`` (a ``pl.ds`` of n) as :meth:`reduce`
+    computes it: the partials summed in order, times ``x_scale[row]`` and ``w_scale[cols]``
+    (``xs_ref`` / ``ws_ref`` None where absent), rounded to ``dtype``."""
+    x = p_ref[0, pl.ds(row, 1), cols]
+    for s in range(1, splits):
+        x = x + p_ref[s, pl.ds(row, 1), cols]
+    if xs_ref is not None:
+        x = x * xs_ref[row]
+    if ws_ref is not None:
+        x = x * ws_ref[cols].reshape(1, n)
+    return x.astype(dtype).astype(jnp.float32)
+
+
 def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
                   x_scale: jax.Array | None = None, *, layer: jax.Array | int | None = None,
                   gate_up: bool = False, config: TritonConfig | None = None,

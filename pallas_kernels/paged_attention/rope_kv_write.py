@@ -38,7 +38,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas_kernels.matmul.triton_gemm import SplitKPartials
+from pallas_kernels.matmul.triton_gemm import SplitKPartials, splitk_epilogue_row
 from pallas_kernels.paged_attention.kv_write import kv_write_supported, null_page_slot
 from pallas_kernels.paged_attention.reference import quantize_kv
 
@@ -66,14 +66,7 @@ def _kernel(*refs, has_ks: bool, has_vs: bool, has_bias: bool, has_norm: bool, e
     def load(col, which, head, start, n):  # row t's n values at col + start (+ bias)
         cols = pl.ds(col + start, n)
         if splits:  # the GEMM's split-K epilogue (SplitKPartials.reduce's order)
-            x = qkv_ref[0, pl.ds(t, 1), cols]
-            for s in range(1, splits):
-                x = x + qkv_ref[s, pl.ds(t, 1), cols]
-            if has_xs:
-                x = x * xs_ref[t]
-            if has_ws:
-                x = x * ws_ref[cols].reshape(1, n)
-            x = rounded(x)
+            x = splitk_epilogue_row(qkv_ref, xs_ref, ws_ref, t, cols, n, splits, dtype)
         else:
             x = qkv_ref[pl.ds(t, 1), cols].astype(jnp.float32)
         if has_bias:

@@ -89,8 +89,8 @@ def _as(name: str, value, dtype) -> jax.Array:
 FUSE_SWIGLU_QUANT = True
 # The o and down projections' split-K partials summed inside the next norm_quant_fp8 with the
 # residual add (the gate/up site's, and the next layer's QKV site's with unrolled layers)
-# instead of XLA's epilogue + add fusion (2 launches a layer: 8B FP8 decode, 141 µs a step at
-# 64 rows, 102 at 1 row, session 24's profiles). Session 23 moved only the add (no gain: the
+# instead of XLA's epilogue + add fusion (2 launches a layer: 8B FP8 decode, 142 µs a step at
+# 64 rows, 100 at 1 row, session 24's profiles). Session 23 moved only the add (no gain: the
 # sum stayed a fusion). FP8 kernels without post-norms. Off until timed on the GPU.
 FUSE_SPLITK_RESIDUAL = False
 

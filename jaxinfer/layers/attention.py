@@ -47,7 +47,7 @@ import numpy as np
 
 from jaxinfer.layers.norm import rms_norm
 from jaxinfer.layers.rope import apply_rope
-from pallas_kernels.matmul.triton_gemm import SplitKPartials
+from pallas_kernels.matmul.splitk import SplitKPartials
 from pallas_kernels.paged_attention import reference as ref
 
 Scale = jax.Array | float | None

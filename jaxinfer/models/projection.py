@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxinfer.layers.norm import rms_norm
 from jaxinfer.quantization import fp8_weight_linear
-from pallas_kernels.matmul.triton_gemm import SplitKPartials
+from pallas_kernels.matmul.splitk import SplitKPartials
 
 
 def project(h: jax.Array, w: dict[str, jax.Array], name: str, kernels: bool = False,

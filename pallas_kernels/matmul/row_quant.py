@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from pallas_kernels.matmul.reference import FP8, FP8_MAX, MIN_ABSMAX
-from pallas_kernels.matmul.triton_gemm import SplitKPartials, splitk_epilogue_row
+from pallas_kernels.matmul.splitk import SplitKPartials, splitk_epilogue_row
 
 # Widest row one program takes, and the most chunks it walks a row in (the row is read in
 # power-of-two chunks of at most 4096 columns, each pass unrolled).
@@ -136,7 +136,7 @@ def norm_quant_fp8(x: jax.Array, weight: jax.Array | None = None, eps: float = 1
       eps: added to the mean square.
       residual: [M, K] in x's dtype, or None: ``h = (x + residual)`` rounded to x's dtype
         (as XLA's add of the two) is normed / quantized and returned. Or a split-K GEMM's
-        unreduced output (``triton_gemm.SplitKPartials`` with ``out_dtype`` x's dtype: the o /
+        unreduced output (``splitk.SplitKPartials`` with ``out_dtype`` x's dtype: the o /
         down projection's [S, M, K] float32 partials and scales), summed here in its
         epilogue's order first: the GEMM's output, the residual add, the norm and the
         quantization in one kernel, where XLA ran the epilogue + add as a fusion of its own.

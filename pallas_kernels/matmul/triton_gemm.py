@@ -42,6 +42,10 @@ from jax.experimental.pallas import triton as plt
 
 from pallas_kernels.matmul import fp8_fast_accum
 from pallas_kernels.matmul.reference import FP8, quantize_rows_fp8
+from pallas_kernels.matmul.splitk import SplitKPartials, splitk_epilogue_row, xla_epilogue
+
+__all__ = ["SplitKPartials", "TritonConfig", "default_config", "fit_smem", "smem_bytes",
+           "split_to_fill", "splitk_epilogue_row", "triton_linear"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,74 +279,6 @@ def _kernel(*refs, M: int, Nw: int, K: int, F: int, cfg: TritonConfig, gate_up: 
         plt.store(cnt_ref.at[pn, pm], jnp.zeros((), jnp.int32))  # zeros in, zeros out
 
 
-def _xla_epilogue(partials: jax.Array, w_scale: jax.Array | None, x_scale: jax.Array | None,
-                  gate_up: bool, out_dtype: jnp.dtype) -> jax.Array:
-    acc = jnp.sum(partials, axis=0)  # [M, Nw] f32
-    if x_scale is not None:
-        acc = acc * x_scale[:, None]
-    if w_scale is not None:
-        acc = acc * w_scale[None, :]
-    if gate_up:
-        f = acc.shape[1] // 2
-        acc = jax.nn.silu(acc[:, :f]) * acc[:, f:]
-    return acc.astype(out_dtype)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class SplitKPartials:
-    """A split-K GEMM's result before its epilogue, for a consumer that sums it itself (one
-    launch less: rope_kv_write takes it): ``partials`` [S, M, N] float32, ``x_scale`` [M] /
-    ``w_scale`` [N] float32 or None, ``out_dtype`` the dtype the epilogue casts to.
-    :meth:`reduce` is the epilogue XLA runs otherwise: ``out = (sum_s partials[s] * x_scale
-    * w_scale).astype(out_dtype)``, in that order."""
-
-    partials: jax.Array
-    x_scale: jax.Array | None
-    w_scale: jax.Array | None
-    out_dtype: jnp.dtype = dataclasses.field(metadata=dict(static=True),
-                                             default=jnp.bfloat16)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """[M, N] of the reduced output."""
-        return self.partials.shape[1:]
-
-    def check(self, where: str) -> None:
-        """Raises ValueError unless ``partials`` is [S >= 1, M, N] float32 and the scales are
-        [M] / [N] float32 or None (a kernel indexes them per row / column: a broadcastable
-        per-tensor scale would be read out of bounds)."""
-        p = self.partials
-        if p.ndim != 3 or p.shape[0] < 1 or p.dtype != jnp.float32:
-            raise ValueError(f"{where}: split-K partials must be [S >= 1, M, N] float32, got "
-                             f"{p.shape} {p.dtype}")
-        for name, a, n in (("x_scale", self.x_scale, p.shape[1]),
-                           ("w_scale", self.w_scale, p.shape[2])):
-            if a is not None and (a.shape != (n,) or a.dtype != jnp.float32):
-                raise ValueError(f"{where}: split-K {name} must be [{n}] float32 or None, "
-                                 f"got {a.shape} {a.dtype}")
-
-    def reduce(self) -> jax.Array:
-        """[M, N] in ``out_dtype``: the GEMM's output (the XLA epilogue)."""
-        return _xla_epilogue(self.partials, self.w_scale, self.x_scale, False, self.out_dtype)
-
-
-def splitk_epilogue_row(p_ref, xs_ref, ws_ref, row, cols, n: int, splits: int,
-                        dtype) -> jax.Array:
-    """Inside a Pallas kernel that takes a :class:`SplitKPartials`: ``[1, n]`` float32 of the
-    GEMM's output at ``row`` and columns ``cols`` (a ``pl.ds`` of n) as :meth:`reduce`
-    computes it: the partials summed in order, times ``x_scale[row]`` and ``w_scale[cols]``
-    (``xs_ref`` / ``ws_ref`` None where absent), rounded to ``dtype``."""
-    x = p_ref[0, pl.ds(row, 1), cols]
-    for s in range(1, splits):
-        x = x + p_ref[s, pl.ds(row, 1), cols]
-    if xs_ref is not None:
-        x = x * xs_ref[row]
-    if ws_ref is not None:
-        x = x * ws_ref[cols].reshape(1, n)
-    return x.astype(dtype).astype(jnp.float32)
-
-
 def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
                   x_scale: jax.Array | None = None, *, layer: jax.Array | int | None = None,
                   gate_up: bool = False, config: TritonConfig | None = None,
@@ -441,4 +377,4 @@ def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = Non
         return SplitKPartials(out, None if x_scale is None else x_scale.astype(jnp.float32),
                               None if ws is None else ws.astype(jnp.float32),
                               jnp.dtype(out_dtype))
-    return _xla_epilogue(out, ws, x_scale, gate_up, out_dtype)
+    return xla_epilogue(out, ws, x_scale, gate_up, out_dtype)

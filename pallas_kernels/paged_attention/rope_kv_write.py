@@ -20,7 +20,7 @@ frequencies, so the second half equals the first), ``out[:D/2] = x1 c - x2 s`` a
 as ``reference.quantize_kv`` does: what ``apply_rope`` followed by ``write_kv_ref`` stores.
 With FP8 weights the QKV GEMM at decode sizes splits K and leaves float32 partials
 ``[S, T, W]`` whose sum, scales and cast XLA would fuse into its consumers (the rotation and
-scatters); this kernel takes them as they are (``triton_gemm.SplitKPartials``) and runs that
+scatters); this kernel takes them as they are (``splitk.SplitKPartials``) and runs that
 epilogue itself, so no fusion sits between the GEMM and this kernel.
 
 Optional, in the engine's order before the rotation: the QKV bias (Qwen2) and a per-head
@@ -38,7 +38,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas_kernels.matmul.triton_gemm import SplitKPartials, splitk_epilogue_row
+from pallas_kernels.matmul.splitk import SplitKPartials, splitk_epilogue_row
 from pallas_kernels.paged_attention.kv_write import kv_write_supported, null_page_slot
 from pallas_kernels.paged_attention.reference import quantize_kv
 

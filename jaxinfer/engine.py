@@ -148,14 +148,26 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def encode_prompt(self, prompt: str | Seq[int]) -> list[int]:
-        """Token ids of a text prompt (tokenizer's special tokens added) or ids as given."""
+        """Token ids of a text prompt (tokenizer's special tokens added) or ids as given.
+
+        Raises RequestError for an empty prompt, a text prompt without a tokenizer, ids outside
+        the vocabulary, or a prompt longer than ``max_model_len`` -- the last checked before
+        encoding a text (``Tokenizer.min_tokens``) or reading ids one by one, so an oversized
+        request is refused in microseconds (``add_request`` also refuses one of exactly
+        ``max_model_len`` tokens: no room to generate)."""
+        limit = self.config.max_model_len
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestError("prompt is empty")
             if self.tokenizer is None:
                 raise RequestError("this model has no tokenizer: pass prompt token ids "
                                    "(jaxinfer generate --token-ids)")
+            if (n := self.tokenizer.min_tokens(prompt)) > limit:
+                raise RequestError(f"prompt has {len(prompt)} characters, so at least {n} "
+                                   f"tokens; max_model_len is {limit}")
             return self.tokenizer.encode(prompt)
+        if hasattr(prompt, "__len__") and len(prompt) > limit:  # = limit: prompt_logits' most
+            raise RequestError(f"prompt has {len(prompt)} tokens; max_model_len is {limit}")
         ids = list(prompt)
         if not ids:
             raise RequestError("prompt is empty")

@@ -88,6 +88,10 @@ class Tokenizer:
         vocab = hf.get_vocab()
         eos += [vocab[t] for t in TURN_END_TOKENS if t in template and t in vocab]
         self._eos = tuple(dict.fromkeys(eos))
+        # The longest vocabulary string: byte-level BPE spells a token one character a byte,
+        # SentencePiece one a character, an added token as its text -- so no token covers
+        # more input characters than this (see min_tokens).
+        self.max_token_chars = max((len(t) for t in vocab), default=1)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -110,6 +114,20 @@ class Tokenizer:
         return t if isinstance(t, str) and t else None
 
     # ----------------------------------------------------------------- text <-> ids
+    def min_tokens(self, *texts: str) -> int:
+        """The fewest tokens ``texts`` (together or one by one) can encode to, without
+        encoding: their characters over four times :attr:`max_token_chars` (four: room for
+        normalizers that merge characters, e.g. NFC). Lets a caller refuse a prompt that
+        cannot fit before spending seconds encoding megabytes of it.
+
+        A true lower bound where every token spells out the characters it covers: byte-level
+        BPE and SentencePiece with byte fallback -- the Llama 3, Mistral, Qwen2/3, Gemma 3 and
+        SmolLM2 tokenizers. A tokenizer that folds any run of unknown characters into one
+        ``<unk>`` (WordLevel, or BPE with ``fuse_unk`` and no byte fallback) can encode such
+        a run to fewer tokens; a prompt refused on this count there is mostly unknown text.
+        """
+        return sum(len(t) for t in texts) // (4 * self.max_token_chars)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` adds BOS where the model wants one."""
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))

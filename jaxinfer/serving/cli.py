@@ -49,15 +49,22 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     from jaxinfer.cli import _engine_args
     from jaxinfer.engine import LLMEngine
-    from jaxinfer.serving.server import serve
+    from jaxinfer.serving.server import ServerError, check_port_free, serve
 
     args = _engine_args(ns)
     for name in ("max_num_batched_tokens", "num_kv_pages"):
         if name not in args and getattr(ns, name, None) is not None:
             args[name] = getattr(ns, name)
-    engine = LLMEngine(ns.model, **args)
-    return asyncio.run(serve(engine, ns.host, ns.port, ns.metrics_port, ns.max_queue_len,
-                             ns.drain_timeout, warmup=not ns.no_warmup))
+    try:  # a taken port fails here, before the model loads, and again at the real bind
+        check_port_free(ns.host, ns.port)
+        if ns.metrics_port is not None:
+            check_port_free(ns.host, ns.metrics_port, "serve metrics")
+        engine = LLMEngine(ns.model, **args)
+        return asyncio.run(serve(engine, ns.host, ns.port, ns.metrics_port, ns.max_queue_len,
+                                 ns.drain_timeout, warmup=not ns.no_warmup))
+    except ServerError as e:
+        print(f"jaxinfer: error: {e}", file=sys.stderr)
+        return 2
 
 
 def add_client_parser(sub: Any) -> None:

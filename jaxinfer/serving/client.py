@@ -75,8 +75,8 @@ class InferenceClient:
                         **kw: Any) -> Iterator[pb.GenerateResponse]:
         """Stream of responses (new token ids + text delta; the last has finish_reason and
         usage; with ``n`` > 1 each message is one sample's, ``index``, and each sample's last
-        has its finish_reason and usage). Keywords: see :func:`build_request`. ``.cancel()`` on the returned iterator
-        aborts the request on the server."""
+        has its finish_reason and usage). Keywords: see :func:`build_request`. ``.cancel()``
+        on the returned iterator aborts the request on the server."""
         return self.stub.Generate(build_request(prompt, **kw), timeout=self._t(timeout))
 
     def generate(self, prompt: str | None = None, *, timeout: float | None = None,

@@ -136,11 +136,15 @@ def prompt_token_ids(engine: Any, req: pb.GenerateRequest) -> tuple[list[int], s
             text = req.prompt
             ids = engine.encode_prompt(req.prompt)
         elif kind == "prompt_token_ids":
-            ids = engine.encode_prompt(list(req.prompt_token_ids.ids))
+            ids = engine.encode_prompt(req.prompt_token_ids.ids)  # length checked first
         else:
             msgs = chat_messages(req.chat)
             if engine.tokenizer is None:
                 raise InvalidRequest("chat: this model has no tokenizer, so no chat template")
+            limit = engine.config.max_model_len
+            if (n := engine.tokenizer.min_tokens(*(m["content"] for m in msgs))) > limit:
+                raise InvalidRequest(f"chat: the messages have at least {n} tokens; "
+                                     f"max_model_len is {limit}")
             add_gen = (req.chat.add_generation_prompt
                        if req.chat.HasField("add_generation_prompt") else True)
             ids = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_gen)

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
+import socket
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -26,10 +27,9 @@ from jaxinfer.config import ConfigError
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.serving import DEFAULT_PORT
 from jaxinfer.serving import jaxinfer_pb2 as pb
-from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
 from jaxinfer.serving.engine_thread import EngineThread
 from jaxinfer.serving.metrics import ServingMetrics
-from jaxinfer.serving.servicer import InferenceServicer
+from jaxinfer.serving.servicer import InferenceServicer, add_to_server
 
 if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
@@ -41,6 +41,23 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # "jaxinfe
 
 class ServerError(RuntimeError):
     """The server cannot start (e.g. the port cannot be bound)."""
+
+
+def check_port_free(host: str, port: int, what: str = "listen") -> None:
+    """Raise ServerError now if ``host:port`` cannot be bound (taken, or not an address of this
+    machine), so ``jaxinfer serve`` fails before spending seconds loading a model. Binds a
+    probe socket with SO_REUSEADDR, as gRPC's listener does, and closes it; port 0 always
+    passes. The server's own bind still decides (the port may be taken in between)."""
+    if not port:
+        return
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(addr)
+    except OSError as e:
+        raise ServerError(f"cannot {what} on {host}:{port}: {e.strerror or e}") from e
 
 
 def set_max_queue_len(engine: LLMEngine, max_queue_len: int | None) -> None:
@@ -114,6 +131,7 @@ class InferenceServer:
         self.engine_thread: EngineThread | None = None
         self.health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
+        self._servicer: InferenceServicer | None = None
         self.warmup_seconds = 0.0
 
     async def start(self) -> None:
@@ -122,8 +140,8 @@ class InferenceServer:
         server = self._server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share
             ("grpc.max_receive_message_length", 64 * 2**20)])
-        pb_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.engine_thread, self.metrics), server)
+        self._servicer = InferenceServicer(self.engine_thread, self.metrics)
+        add_to_server(self._servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -138,7 +156,12 @@ class InferenceServer:
         self.port = port
         await server.start()
         if self.metrics_port is not None:
-            self.metrics_port = self.metrics.serve_http(self.metrics_port, self.host)
+            try:
+                self.metrics_port = self.metrics.serve_http(self.metrics_port, self.host)
+            except OSError as e:
+                await server.stop(None)
+                raise ServerError(f"cannot serve metrics on {self.host}:{self.metrics_port}: "
+                                  f"{e.strerror or e}") from e
         if self.warmup:  # health answers NOT_SERVING meanwhile
             self.warmup_seconds = await loop.run_in_executor(None, warm_up, self.engine)
             log.info("warm-up: %.1f s, %d programs compiled", self.warmup_seconds,
@@ -155,6 +178,8 @@ class InferenceServer:
             await self._server.stop(grace)
         if self.engine_thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.engine_thread.stop)
+        if self._servicer is not None:
+            self._servicer.close()
         self.metrics.close()
 
     async def wait_for_termination(self) -> None:
@@ -187,6 +212,7 @@ async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | Non
 
 __all__ = [
     "SERVICE_NAME",
+    "check_port_free",
     "ConfigError",
     "InferenceServer",
     "ServerError",

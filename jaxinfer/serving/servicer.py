@@ -9,19 +9,30 @@ asks for ``n > 1`` samples. When a stream ends early -- the client cancelled,
 its deadline passed, the server is stopping -- the handler's ``finally`` aborts the request,
 which frees its KV pages at the engine's next step boundary.
 
+Tokenization (a request's prompt or chat, the Tokenize RPC) runs on one worker thread, not on
+the event loop, so a long prompt does not hold up other streams, requests given as token ids
+or the health check (text requests are encoded one at a time, in arrival order); a prompt
+that cannot fit ``max_model_len`` is refused before it is encoded (``Tokenizer.min_tokens``).
+:func:`add_to_server` registers the RPCs with a deserializer that turns bytes which do not parse
+(e.g. a string field that is not UTF-8) into INVALID_ARGUMENT instead of gRPC's UNKNOWN.
+
 Status codes: INVALID_ARGUMENT (bad parameters, empty / too long prompt, malformed chat,
-unknown fields); RESOURCE_EXHAUSTED (the waiting queue is at ``max_queue_len``); UNAVAILABLE
-(shutting down); INTERNAL (a fault while serving that request; the server keeps serving).
+unknown fields, a request that does not parse); RESOURCE_EXHAUSTED (the waiting queue is at
+``max_queue_len``); UNAVAILABLE (shutting down); INTERNAL (a fault while serving that
+request; the server keeps serving).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
@@ -63,6 +74,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self.engine = engine_thread.engine  # read-only here: tokenizer, configs
         self.metrics = metrics
         self._info = model_info(self.engine)
+        # One thread: encodes stay in arrival order and the tokenizer is never entered by two
+        # encodes at once (the engine thread only decodes).
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="jaxinfer-tokenize")
+
+    def close(self) -> None:
+        """Stop the tokenization thread (after the server stopped)."""
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
 
     # ------------------------------------------------------------------ generation
     async def _start(self, req: pb.GenerateRequest,
@@ -70,7 +91,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         arrival = time.monotonic()  # TTFT / end-to-end clocks include tokenization
         try:
             params = sampling_params_from_proto(req.sampling)
-            ids, text = prompt_token_ids(self.engine, req)
+            if req.WhichOneof("input") == "prompt_token_ids":  # no tokenizer: checked here
+                ids, text = prompt_token_ids(self.engine, req)
+            else:  # one tokenizer thread, as vLLM's API server (its tokenizer executor)
+                ids, text = await self._off_loop(prompt_token_ids, self.engine, req)
         except InvalidRequest as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e),
                               "invalid_argument")
@@ -187,9 +211,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             if kind == "text":
                 add = (request.add_special_tokens if request.HasField("add_special_tokens")
                        else True)
-                ids = tok.encode(request.text, add_special_tokens=add)
+                ids = await self._off_loop(tok.encode, request.text, add)
             elif kind == "chat":
-                ids = tok.apply_chat_template(chat_messages(request.chat))
+                ids = await self._off_loop(tok.apply_chat_template, chat_messages(request.chat))
             else:
                 raise InvalidRequest("request has no input: set text or chat")
         except Exception as e:  # noqa: BLE001 - InvalidRequest, TokenizerError, jinja2 errors
@@ -212,6 +236,64 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                         context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
         return self._info
 
+
+
+class _Malformed:
+    """Handed to an RPC's behaviour in place of a request whose bytes did not parse."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _deserializer(cls: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except DecodeError as e:  # e.g. "String field had bad UTF-8"
+            return _Malformed(f"the {cls.DESCRIPTOR.name} does not parse: {e}")
+    return parse
+
+
+def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer``'s RPCs on ``server`` (as the generated
+    ``add_InferenceServicer_to_server``, from the same service descriptor), with requests
+    that do not parse answered INVALID_ARGUMENT (and counted as such in the metrics)."""
+    service = pb.DESCRIPTOR.services_by_name["Inference"]
+
+    async def refuse(request: _Malformed, context: grpc.aio.ServicerContext) -> None:
+        await servicer._abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.error,
+                              "invalid_argument")
+
+    def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                await refuse(request, context)
+            return await behavior(request, context)
+        return handle
+
+    def streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if isinstance(request, _Malformed):
+                await refuse(request, context)
+            responses = behavior(request, context)
+            try:
+                async for r in responses:
+                    yield r
+            finally:  # its own finally (the request's abort) runs now, not at GC
+                await responses.aclose()
+        return handle
+
+    handlers = {}
+    for m in service.methods:
+        make, wrap = ((grpc.unary_stream_rpc_method_handler, streaming) if m.server_streaming
+                      else (grpc.unary_unary_rpc_method_handler, unary))
+        request_cls, response_cls = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
+        handlers[m.name] = make(wrap(getattr(servicer, m.name)),
+                                request_deserializer=_deserializer(request_cls),
+                                response_serializer=response_cls.SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
 
 
 def _by_sample(items: list[StreamItem]) -> list[tuple[int, list[StreamItem]]]:

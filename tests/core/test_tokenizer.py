@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers
@@ -203,3 +204,30 @@ def test_incremental_detokenizer_sentencepiece_spaces(gemma: Tokenizer) -> None:
     text = " there was a café in 東京 with 👍🏽 and   spaces."
     gen = gemma.encode(text, add_special_tokens=False)
     assert "".join(_stream(gemma, prompt, gen)) == gemma.decode(gen) == text
+
+
+_BOUND_TEXTS = ["Hello world, how are you?", " " * 5000, "\n" * 3000, "a" * 20000,
+                "ab " * 4000, "日本語のテキスト" * 500, "😀🚀👍🏽" * 700,
+                "e\u0301" * 3000, "def f(x):\n    return x\n" * 400, "<|im_start|>" * 300,
+                "<start_of_turn>" * 300]
+
+
+def _check_min_tokens(tok: Tokenizer) -> None:
+    rng = np.random.default_rng(0)
+    texts = list(_BOUND_TEXTS) + ["".join(chr(int(c)) for c in rng.integers(32, 0x3000, 4000))
+                                  for _ in range(3)]
+    for text in texts:
+        n = len(tok.encode(text))
+        assert tok.min_tokens(text) <= n, (text[:20], tok.min_tokens(text), n)
+    assert tok.min_tokens(*texts[:2]) == (len(texts[0]) + len(texts[1])) // (
+        4 * tok.max_token_chars)
+    assert tok.min_tokens("x" * (4 * tok.max_token_chars * 1000)) == 1000
+
+
+def test_min_tokens_is_a_lower_bound_smollm2(smollm: Tokenizer) -> None:
+    _check_min_tokens(smollm)
+
+
+@pytest.mark.slow
+def test_min_tokens_is_a_lower_bound_gemma3(gemma: Tokenizer) -> None:
+    _check_min_tokens(gemma)

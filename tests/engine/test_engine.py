@@ -224,3 +224,30 @@ def test_stop_token_ids_outside_the_vocabulary_are_rejected_at_admission(llama_l
     with pytest.raises(RequestError, match="stop_token_ids"):
         llama_llm.engine.add_request([3, 4], SamplingParams(stop_token_ids=[V]))
     assert not llama_llm.engine.has_unfinished_requests()
+
+
+def test_oversized_prompts_are_refused_before_encoding(monkeypatch, llama_llm):
+    """A prompt that cannot fit max_model_len is refused from its length alone: a text from
+    its characters (Tokenizer.min_tokens) before the tokenizer runs, ids before they are read
+    -- a 10^12-id prompt would not fit in memory if they were."""
+    from tests.core.test_tokenizer import _tiny_tokenizer
+
+    tok = _tiny_tokenizer()
+
+    def encode(*args, **kw):
+        raise AssertionError("the oversized prompt was encoded")
+
+    engine = llama_llm.engine
+    monkeypatch.setattr(engine, "tokenizer", tok)
+    limit = engine.config.max_model_len
+    fits = "hello " * (limit // 2)  # the bound is no tighter than the real token count
+    assert tok.min_tokens(fits) < limit <= tok.min_tokens(fits * 8 * tok.max_token_chars)
+    monkeypatch.setattr(tok, "encode", encode)
+    with pytest.raises(RequestError, match=rf"prompt has {len(fits) * 8 * tok.max_token_chars} "
+                                           rf"characters, so at least \d+ tokens; "
+                                           rf"max_model_len is {limit}"):
+        llama_llm.generate([fits * 8 * tok.max_token_chars], GREEDY)
+    with pytest.raises(RequestError, match=rf"prompt has {10**12} tokens; max_model_len"):
+        engine.encode_prompt(range(10**12))
+    assert not engine.has_unfinished_requests()
+    assert _tokens(llama_llm.generate([[3, 4, 5]], GREEDY))[0]

@@ -1,4 +1,5 @@
-"""``jaxinfer serve`` as a subprocess: SIGTERM stops accepting, drains in-flight streams, exits 0."""
+"""``jaxinfer serve``: SIGTERM stops accepting, drains in-flight streams, exits 0 (a
+subprocess); a taken port fails in one line before the model loads."""
 
 from __future__ import annotations
 
@@ -66,3 +67,56 @@ def test_sigterm_drains_in_flight_streams_and_exits_0(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("which", ["grpc", "metrics"])
+def test_a_taken_port_fails_in_one_line_before_the_model_loads(monkeypatch, capsys, which):
+    import socket
+
+    from jaxinfer import engine as engine_module
+    from jaxinfer.cli import main
+
+    def no_engine(*args, **kw):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(engine_module.LLMEngine, "__init__", no_engine)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = (["--port", str(port)] if which == "grpc"
+                 else ["--port", "0", "--metrics-port", str(port)])
+        assert main(["serve", "--model", "dummy:tiny-llama", *ports]) == 2
+    what = "listen" if which == "grpc" else "serve metrics"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"jaxinfer: error: cannot {what} on 127.0.0.1:{port}: Address already in use"]
+
+
+def test_server_start_with_a_taken_metrics_port_is_a_server_error():
+    """The bind inside start() (the port taken after the CLI's check) raises ServerError
+    naming the port and leaves no gRPC server running."""
+    import asyncio
+    import socket
+
+    from jaxinfer.llm import LLM
+    from jaxinfer.serving.server import InferenceServer, ServerError
+    from tests.conftest import tiny_loaded
+    from tests.serving.conftest import TINY_ARGS
+
+    llm = LLM(tiny_loaded("llama"), **TINY_ARGS)
+
+    async def start(port: int) -> InferenceServer:
+        server = InferenceServer(llm.engine, port=0, metrics_port=port, warmup=False)
+        with pytest.raises(ServerError, match=rf"cannot serve metrics on 127\.0\.0\.1:{port}: "
+                                              r"Address already in use"):
+            await server.start()
+        return server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = asyncio.run(start(port))
+    with pytest.raises(grpc.RpcError):  # nothing listens on the gRPC port any more
+        with InferenceClient(f"127.0.0.1:{server.port}", timeout=2) as c:
+            c.health()

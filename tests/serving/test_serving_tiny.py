@@ -219,6 +219,73 @@ def test_bad_requests_get_invalid_argument_and_server_keeps_serving(tiny_server,
     wait_until(lambda: _all_free(st))
 
 
+def _metrics(st) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{st.server.metrics_port}/metrics",
+                                  timeout=10).read().decode()
+    return {ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in text.splitlines()
+            if ln and not ln.startswith("#")}
+
+
+@pytest.mark.parametrize("rpc", ["Generate", "GenerateUnary", "Tokenize"])
+def test_request_that_does_not_parse_gets_invalid_argument(tiny_server, rpc):
+    """Bytes that are not a valid message (a string field holding bad UTF-8) get
+    INVALID_ARGUMENT naming the message, are counted as such, and the server keeps serving."""
+    st, prompts, params, ref = tiny_server
+    cls = pb.TokenizeRequest if rpc == "Tokenize" else pb.GenerateRequest
+    good = cls(text="hellx") if rpc == "Tokenize" else cls(prompt="hellx")
+    raw = good.SerializeToString().replace(b"hellx", b"\xff\xfe\xfd\xfc\xfb")
+    with pytest.raises(Exception, match="UTF-8|utf-8"):
+        cls.FromString(raw)  # what the server receives: it does not parse
+    key = 'jaxinfer_requests_total{outcome="invalid_argument"}'
+    before = _metrics(st).get(key, 0.0)
+    with grpc.insecure_channel(st.target) as ch:
+        streaming = rpc == "Generate"
+        call = (ch.unary_stream if streaming else ch.unary_unary)(
+            f"/jaxinfer.v1.Inference/{rpc}", request_serializer=None,
+            response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as e:
+            r = call(raw, timeout=30)
+            if streaming:
+                list(r)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"the {cls.DESCRIPTOR.name} does not parse" in e.value.details()
+        ok = pb_grpc.InferenceStub(ch).GenerateUnary(
+            build_request(token_ids=prompts[0], **_sampling(params[0])), timeout=30)
+        assert list(ok.token_ids) == ref[0].outputs[0].token_ids
+    assert _metrics(st).get(key, 0.0) == before + 1
+
+
+def test_tokenizing_a_prompt_does_not_hold_up_the_server(tiny_server, monkeypatch):
+    """A prompt is encoded off the event loop: while one encode is under way, the health
+    check and another request are answered (both return before the encode ends)."""
+    from tests.core.test_tokenizer import _tiny_tokenizer
+
+    st, prompts, params, ref = tiny_server
+    tok = _tiny_tokenizer()
+    encode, started, finished = tok.encode, threading.Event(), threading.Event()
+
+    def slow_encode(*args, **kw):
+        started.set()
+        time.sleep(8.0)
+        finished.set()
+        return encode(*args, **kw)
+
+    monkeypatch.setattr(tok, "encode", slow_encode)
+    monkeypatch.setattr(st.engine, "tokenizer", tok)
+    with grpc.insecure_channel(st.target) as ch:
+        stub = pb_grpc.InferenceStub(ch)
+        slow = stub.GenerateUnary.future(build_request("hello world", max_tokens=2,
+                                                       temperature=0.0), timeout=60)
+        assert started.wait(10)
+        with InferenceClient(st.target, timeout=10) as c:
+            assert c.health() == "SERVING"
+        ok = stub.GenerateUnary(build_request(token_ids=prompts[0], **_sampling(params[0])),
+                                timeout=30)
+        assert not finished.is_set(), "health and the request waited for the encode"
+        assert list(ok.token_ids) == ref[0].outputs[0].token_ids
+        assert len(slow.result().token_ids) == 2
+
+
 def test_chat_with_an_unknown_role_gets_invalid_argument(tiny_server, monkeypatch):
     from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
 

@@ -104,8 +104,8 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
         ``*_scale`` (jaxinfer/models/params.py): read from an FP8 converted copy in the cache
         (``jaxinfer convert --quantization fp8``) when one matches, else quantized from the
         float32 weights now (``quantization.quantize_params_fp8``; dummy weights are made
-        as FP8 directly, per output channel). Checkpoints that carry FP8 weights come back as they are either way
-        (projections they keep in float stay float).
+        as FP8 directly, per output channel). Checkpoints that carry FP8 weights come back
+        as they are either way (projections they keep in float stay float).
 
     Returns:
       LoadedModel with params ``param_shapes(config)`` (plus the FP8 scales).

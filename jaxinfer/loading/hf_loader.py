@@ -90,12 +90,18 @@ def _rope_params(c: Any) -> dict[str, Any]:
     return base
 
 
+# Fields that give a model's shape; missing ones are an error, not the config class' default.
+_SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads")
+
+
 def config_from_hf(raw: dict[str, Any], source: str,
                    generation_config: dict[str, Any] | None = None) -> ModelConfig:
     """ModelConfig from a parsed ``config.json`` (and optional ``generation_config.json``).
 
-    Raises CheckpointError naming the architecture when it is not supported, or the feature
-    (o_proj/MLP bias, logit soft-capping, YaRN RoPE ...) the engine lacks.
+    Raises CheckpointError naming the architecture when it is not supported, a shape field
+    the config lacks, or the feature (o_proj/MLP bias, logit soft-capping, YaRN RoPE ...) the
+    engine lacks.
     """
     import transformers
 
@@ -104,6 +110,10 @@ def config_from_hf(raw: dict[str, Any], source: str,
     if arch not in SUPPORTED_HF_ARCHS:
         raise CheckpointError(f"{source}: architecture {arch!r} is not supported "
                               f"(supported: {', '.join(SUPPORTED_HF_ARCHS)})")
+    missing = [k for k in _SHAPE_FIELDS if k not in raw]
+    if missing:  # transformers would fill in its class defaults (e.g. 32 heads) silently
+        raise CheckpointError(f"{source}: config.json lacks {', '.join(missing)} (every "
+                              f"{arch} config gives the model's shape)")
     cls = getattr(transformers, SUPPORTED_HF_ARCHS[arch])
     try:
         c = cls.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})

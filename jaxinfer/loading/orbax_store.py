@@ -35,7 +35,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxinfer.config import ModelConfig
-from jaxinfer.loading.base import CheckpointError, LoadedModel, np_dtype
+from jaxinfer.loading.base import CheckpointError, LoadedModel, check_finite, np_dtype
 from jaxinfer.models.params import WeightError, check_params, fp8_names, param_shapes
 from jaxinfer.tokenizer import Tokenizer, TokenizerError
 
@@ -226,6 +226,8 @@ def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
                 f"{sorted(on_disk_fp8)}, in the manifest: {sorted(fp8)}; other differences: "
                 f"{sorted(set(stored) ^ set(names))[:5]})")
     params = {k: v for k, v in _flatten(tree).items() if k in names}
+    for k, v in params.items():  # a flipped byte restores without complaint
+        check_finite(v, k, str(d))
     try:
         check_params(cfg, params, str(d))
     except WeightError as e:

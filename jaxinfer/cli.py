@@ -160,6 +160,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     from jaxinfer.llm import LLM
 
     params = _sampling(ns)
+    if ns.chat and (empty := [i for i, p in enumerate(ns.prompt) if not p.strip()]):
+        raise ValueError(f"--chat: prompt {empty[0]} is empty (nothing to say)")
     t_start = time.perf_counter()
     llm = LLM(ns.model, **_engine_args(ns))
     t_load = time.perf_counter() - t_start

@@ -157,9 +157,12 @@ def unit_of(key: str) -> str:
 
 
 def format_table(rows: list[tuple[str, Any]], title: str = "") -> str:
-    """Two aligned columns: name, value (floats to 4 significant digits, big ints grouped)."""
+    """Two aligned columns: name, value (floats to 4 significant digits, big ints grouped;
+    None -- a figure the platform does not report, e.g. device memory on the CPU -- as n/a)."""
     def fmt(v: Any) -> str:
-        if isinstance(v, bool) or v is None:
+        if v is None:
+            return "n/a"
+        if isinstance(v, bool):
             return str(v)
         if isinstance(v, int):
             return f"{v:,}"

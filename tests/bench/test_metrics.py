@@ -98,3 +98,12 @@ def test_write_run_is_strict_json(tmp_path) -> None:
     [got] = json.loads(path.read_text())
     assert got["value"] is None and got["config"] == {"a": None, "b": [1.5]}
     assert set(got) == {"name", "value", "unit", "config", "device", "jax", "date", "command"}
+
+
+def test_format_table_shows_unreported_figures_as_n_a():
+    from jaxinfer.bench.metrics import format_table
+
+    text = format_table([("peak device memory (GiB)", None), ("flag", False),
+                         ("tokens", 12345), ("ratio", 0.123456), ("nan", float("nan"))], "t")
+    values = [line.split()[-1] for line in text.splitlines()[1:]]
+    assert values == ["n/a", "False", "12,345", "0.1235", "n/a"], text

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxinfer.quantization import FP8, FP8_MAX, QuantizationError, quantize_fp8_per_channel
+from jaxinfer.quantization import FP8_MAX, QuantizationError, quantize_fp8_per_channel
 from jaxinfer.quantization_gptq import (
     HessianAccumulator,
     gptq_fp8,

@@ -162,9 +162,7 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise RequestError("this model has no tokenizer: pass prompt token ids "
                                    "(jaxinfer generate --token-ids)")
-            if (n := self.tokenizer.min_tokens(prompt)) > limit:
-                raise RequestError(f"prompt has {len(prompt)} characters, so at least {n} "
-                                   f"tokens; max_model_len is {limit}")
+            self.check_text_fits(prompt)
             return self.tokenizer.encode(prompt)
         if hasattr(prompt, "__len__") and len(prompt) > limit:  # = limit: prompt_logits' most
             raise RequestError(f"prompt has {len(prompt)} tokens; max_model_len is {limit}")
@@ -176,6 +174,16 @@ class LLMEngine:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
                 raise RequestError(f"prompt token id {t!r} is not in [0, {V})")
         return [int(t) for t in ids]
+
+    def check_text_fits(self, *texts: str) -> None:
+        """Raise RequestError when ``texts`` (a prompt, or a conversation's messages) encode to
+        more than ``max_model_len`` tokens whatever they encode to (``Tokenizer.min_tokens``,
+        from their length alone): the check to make before encoding them. Needs a tokenizer."""
+        assert self.tokenizer is not None
+        limit = self.config.max_model_len
+        if (n := self.tokenizer.min_tokens(*texts)) > limit:
+            raise RequestError(f"prompt has {sum(map(len, texts))} characters, so at least {n} "
+                               f"tokens; max_model_len is {limit}")
 
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                     request_id: int | None = None,

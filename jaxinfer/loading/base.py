@@ -87,16 +87,23 @@ _NONFINITE_MASKS = {np.dtype(np.float64): np.uint64(0x7FF0000000000000),
 _UINTS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 
 
-def count_nonfinite(a: np.ndarray, chunk: int = 1 << 24) -> int:
+def count_nonfinite(a: np.ndarray, chunk: int = 1 << 22) -> int:
     """NaN and infinite elements of ``a`` (float64/32/16, bfloat16, float8_e4m3fn; 0 for
-    other dtypes), read from the bit patterns ``chunk`` elements at a time: no float
-    temporaries (ml_dtypes' bfloat16 arithmetic is slow), ~the cost of a copy."""
+    other dtypes), read from the bit patterns ``chunk`` elements at a time into one reused
+    buffer: no float temporaries (ml_dtypes' bfloat16 arithmetic is slow); a chunk is counted
+    only when its largest masked value shows a non-finite one (a clean chunk costs one
+    ``bitwise_and`` and one ``max``, less than copying it)."""
     mask = _NONFINITE_MASKS.get(a.dtype)
     if mask is None:
         return 0
     bits = np.ascontiguousarray(a).reshape(-1).view(_UINTS[a.dtype.itemsize])
-    return sum(int(np.count_nonzero((bits[i:i + chunk] & mask) == mask))
-               for i in range(0, bits.size, chunk))
+    buf = np.empty(min(chunk, bits.size), bits.dtype)
+    n = 0
+    for i in range(0, bits.size, chunk):
+        part = np.bitwise_and(bits[i:i + chunk], mask, out=buf[:min(chunk, bits.size - i)])
+        if part.size and part.max() == mask:
+            n += int(np.count_nonzero(part == mask))
+    return n
 
 
 def check_finite(a: np.ndarray, what: str, source: str) -> None:

@@ -141,10 +141,7 @@ def prompt_token_ids(engine: Any, req: pb.GenerateRequest) -> tuple[list[int], s
             msgs = chat_messages(req.chat)
             if engine.tokenizer is None:
                 raise InvalidRequest("chat: this model has no tokenizer, so no chat template")
-            limit = engine.config.max_model_len
-            if (n := engine.tokenizer.min_tokens(*(m["content"] for m in msgs))) > limit:
-                raise InvalidRequest(f"chat: the messages have at least {n} tokens; "
-                                     f"max_model_len is {limit}")
+            engine.check_text_fits(*(m["content"] for m in msgs))  # before rendering them
             add_gen = (req.chat.add_generation_prompt
                        if req.chat.HasField("add_generation_prompt") else True)
             ids = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_gen)

@@ -305,6 +305,30 @@ def test_chat_with_an_unknown_role_gets_invalid_argument(tiny_server, monkeypatc
         assert list(good.token_ids) == ref[0].outputs[0].token_ids
 
 
+def test_oversized_chat_is_refused_before_rendering(tiny_server, monkeypatch):
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    st, prompts, params, ref = tiny_server
+    tok = _tiny_tokenizer(_ROLE_TEMPLATE)
+
+    def render(*args, **kw):
+        raise AssertionError("the oversized conversation was rendered")
+
+    monkeypatch.setattr(tok, "apply_chat_template", render)
+    monkeypatch.setattr(st.engine, "tokenizer", tok)
+    limit = st.engine.config.max_model_len
+    half = "hello " * (limit * tok.max_token_chars)  # two of them: > 4 x longest x limit chars
+    with grpc.insecure_channel(st.target) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.InferenceStub(ch).GenerateUnary(build_request(
+                messages=[{"role": "user", "content": half}, {"role": "user", "content": half}],
+                max_tokens=2), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (f"chat: prompt has {2 * len(half)} characters, so at least "
+            f"{tok.min_tokens(half, half)} tokens; max_model_len is {limit}"
+            in e.value.details())
+
+
 def test_full_queue_gives_resource_exhausted(tiny_server):
     st = tiny_server[0]
     wait_until(lambda: _all_free(st))

@@ -7,7 +7,7 @@
 # XLA; (2) the 8B decode step per kernel (FP8 weights + FP8 KV, ctx 512) at 64 rows and 1 row,
 # kernel on vs off; (3) Gemma 3 270M (QK norm, head dim 256), bf16, 4 rows, ctx 2048 (a #3
 # gap: launch-bound), on vs off. Adopt where device busy drops.
-#   OUT=... bash scripts/gpu_call_next_s25.sh
+#   OUT=... bash scripts/gpu_call_s26_a.sh
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh

@@ -6,8 +6,8 @@
 # device check against XLA's epilogue + add then the kernel, CUPTI µs a call at 1 / 64 rows;
 # (2) the 8B decode step per kernel (FP8 weights + FP8 KV, ctx 512), 64 rows and 1 row: off,
 # on, and on together with the RoPE + KV write kernel (ROPE_KV_WRITE_KERNEL, see
-# gpu_call_next_s25.sh). Adopt what lowers device busy at both row counts.
-#   OUT=... bash scripts/gpu_call_next_s25_b.sh
+# gpu_call_s26_a.sh). Adopt what lowers device busy at both row counts.
+#   OUT=... bash scripts/gpu_call_s26_b.sh
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh

@@ -10,8 +10,8 @@ import argparse
 import logging
 import os
 import sys
-import warnings
 import time
+import warnings
 from typing import Sequence as Seq
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -212,8 +212,13 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         if not line:
             break
         history.append({"role": "user", "content": line})
-        ids = engine.tokenizer.apply_chat_template(history)
-        rid = engine.add_request(None, params, prompt_token_ids=ids)  # type: ignore[arg-type]
+        try:  # a turn that cannot fit: say why, drop it, keep the conversation
+            ids = engine.encode_chat(history)
+            rid = engine.add_request(None, params, prompt_token_ids=ids)  # type: ignore[arg-type]
+        except ValueError as err:  # RequestError, TokenizerError
+            print(f"jaxinfer chat: {err} (turn dropped)", file=sys.stderr)
+            history.pop()
+            continue
         shown = ""
         text = ""
         for out in iter_stream(engine, rid):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxinfer import engine_logits
+from jaxinfer import engine_logits, prompts
 from jaxinfer.batch import SlotTable, StepInputs, build_step
 from jaxinfer.config import ModelConfig
 from jaxinfer.engine_async import plan_next_decode
@@ -35,6 +35,7 @@ from jaxinfer.outputs import (
     RequestStates,
     logprobs_entry,
 )
+from jaxinfer.prompts import RequestError
 from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
@@ -51,10 +52,6 @@ class _Launched(NamedTuple):
     out: SchedulerOutput
     inputs: StepInputs
     result: Any  # sampling.SampleOutput on the device
-
-
-class RequestError(ValueError):
-    """A request cannot be accepted (empty or too-long prompt, bad parameters)."""
 
 
 class LLMEngine:
@@ -148,42 +145,19 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def encode_prompt(self, prompt: str | Seq[int]) -> list[int]:
-        """Token ids of a text prompt (tokenizer's special tokens added) or ids as given.
+        """Token ids of a text prompt (special tokens added) or ids as given; a prompt that
+        cannot fit ``max_model_len`` is refused before it is encoded or read
+        (:func:`jaxinfer.prompts.encode_prompt`). Raises RequestError."""
+        return prompts.encode_prompt(self.tokenizer, prompt, self.config.max_model_len,
+                                     self.model_config.vocab_size)
 
-        Raises RequestError for an empty prompt, a text prompt without a tokenizer, ids outside
-        the vocabulary, or a prompt longer than ``max_model_len`` -- the last checked before
-        encoding a text (``Tokenizer.min_tokens``) or reading ids one by one, so an oversized
-        request is refused in microseconds (``add_request`` also refuses one of exactly
-        ``max_model_len`` tokens: no room to generate)."""
-        limit = self.config.max_model_len
-        if isinstance(prompt, str):
-            if not prompt:
-                raise RequestError("prompt is empty")
-            if self.tokenizer is None:
-                raise RequestError("this model has no tokenizer: pass prompt token ids "
-                                   "(jaxinfer generate --token-ids)")
-            self.check_text_fits(prompt)
-            return self.tokenizer.encode(prompt)
-        if hasattr(prompt, "__len__") and len(prompt) > limit:  # = limit: prompt_logits' most
-            raise RequestError(f"prompt has {len(prompt)} tokens; max_model_len is {limit}")
-        ids = list(prompt)
-        if not ids:
-            raise RequestError("prompt is empty")
-        V = self.model_config.vocab_size
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
-                raise RequestError(f"prompt token id {t!r} is not in [0, {V})")
-        return [int(t) for t in ids]
-
-    def check_text_fits(self, *texts: str) -> None:
-        """Raise RequestError when ``texts`` (a prompt, or a conversation's messages) encode to
-        more than ``max_model_len`` tokens whatever they encode to (``Tokenizer.min_tokens``,
-        from their length alone): the check to make before encoding them. Needs a tokenizer."""
-        assert self.tokenizer is not None
-        limit = self.config.max_model_len
-        if (n := self.tokenizer.min_tokens(*texts)) > limit:
-            raise RequestError(f"prompt has {sum(map(len, texts))} characters, so at least {n} "
-                               f"tokens; max_model_len is {limit}")
+    def encode_chat(self, messages: list[dict[str, str]],
+                    add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation rendered with the chat template; one that cannot fit
+        ``max_model_len`` is refused before rendering (:func:`jaxinfer.prompts.encode_chat`).
+        Raises RequestError or TokenizerError (both ValueError)."""
+        return prompts.encode_chat(self.tokenizer, messages, self.config.max_model_len,
+                                   add_generation_prompt)
 
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                     request_id: int | None = None,

@@ -86,13 +86,13 @@ class LLM:
             raise RequestError(f"messages must be a non-empty list of message dicts (one "
                                f"conversation) or a list of such lists, got {_short(messages)}")
         if isinstance(messages[0], dict):
-            ids = [self.tokenizer.apply_chat_template(list(messages))]  # type: ignore[arg-type]
+            ids = [self.engine.encode_chat(list(messages))]  # type: ignore[arg-type]
         else:
             ids = []
             for i, conv in enumerate(messages):
-                try:
-                    ids.append(self.tokenizer.apply_chat_template(conv))  # type: ignore[arg-type]
-                except ValueError as err:  # TokenizerError: which message and why
+                try:  # a conversation that cannot fit is refused before it is rendered
+                    ids.append(self.engine.encode_chat(conv))  # type: ignore[arg-type]
+                except ValueError as err:  # which conversation, which message and why
                     err.args = (f"conversation {i}: {err}", *err.args[1:])
                     raise
         return self.generate(ids, sampling_params, use_tqdm)

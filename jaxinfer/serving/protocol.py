@@ -138,15 +138,9 @@ def prompt_token_ids(engine: Any, req: pb.GenerateRequest) -> tuple[list[int], s
         elif kind == "prompt_token_ids":
             ids = engine.encode_prompt(req.prompt_token_ids.ids)  # length checked first
         else:
-            msgs = chat_messages(req.chat)
-            if engine.tokenizer is None:
-                raise InvalidRequest("chat: this model has no tokenizer, so no chat template")
-            engine.check_text_fits(*(m["content"] for m in msgs))  # before rendering them
             add_gen = (req.chat.add_generation_prompt
                        if req.chat.HasField("add_generation_prompt") else True)
-            ids = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_gen)
-            if not ids:
-                raise InvalidRequest("chat: the rendered conversation is empty")
+            ids = engine.encode_chat(chat_messages(req.chat), add_generation_prompt=add_gen)
     except (RequestError, TokenizerError) as e:
         raise InvalidRequest(f"{kind}: {e}") from e
     except InvalidRequest:

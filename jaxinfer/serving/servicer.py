@@ -9,10 +9,11 @@ asks for ``n > 1`` samples. When a stream ends early -- the client cancelled,
 its deadline passed, the server is stopping -- the handler's ``finally`` aborts the request,
 which frees its KV pages at the engine's next step boundary.
 
-Tokenization (a request's prompt or chat, the Tokenize RPC) runs on one worker thread, not on
-the event loop, so a long prompt does not hold up other streams, requests given as token ids
-or the health check (text requests are encoded one at a time, in arrival order); a prompt
-that cannot fit ``max_model_len`` is refused before it is encoded (``Tokenizer.min_tokens``).
+Tokenization (a request's prompt or chat, the Tokenize and Detokenize RPCs) runs on one
+worker thread, not on the event loop, so a long prompt does not hold up other streams,
+requests given as token ids or the health check (texts are encoded one at a time, in arrival
+order); a prompt or Tokenize text that cannot fit ``max_model_len`` is refused before it is
+encoded (``Tokenizer.min_tokens``; vLLM's /tokenize refuses it too).
 :func:`add_to_server` registers the RPCs with a deserializer that turns bytes which do not parse
 (e.g. a string field that is not UTF-8) into INVALID_ARGUMENT instead of gRPC's UNKNOWN.
 
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from jaxinfer.prompts import check_text_fits
 from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
 from jaxinfer.serving.engine_thread import (
@@ -208,12 +210,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         tok = await self._tokenizer(context)
         kind = request.WhichOneof("input")
         try:
-            if kind == "text":
+            if kind == "text":  # as vLLM's /tokenize: a text that cannot fit is refused
                 add = (request.add_special_tokens if request.HasField("add_special_tokens")
                        else True)
+                check_text_fits(tok, (request.text,), self.engine.config.max_model_len)
                 ids = await self._off_loop(tok.encode, request.text, add)
             elif kind == "chat":
-                ids = await self._off_loop(tok.apply_chat_template, chat_messages(request.chat))
+                ids = await self._off_loop(self.engine.encode_chat, chat_messages(request.chat))
             else:
                 raise InvalidRequest("request has no input: set text or chat")
         except Exception as e:  # noqa: BLE001 - InvalidRequest, TokenizerError, jinja2 errors
@@ -229,8 +232,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"token_ids: {bad[0]} is not in [0, {V})")
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
-        return pb.DetokenizeResponse(text=tok.decode(list(request.token_ids),
-                                                     skip_special_tokens=skip))
+        text = await self._off_loop(tok.decode, list(request.token_ids), skip)
+        return pb.DetokenizeResponse(text=text)
 
     async def ModelInfo(self, request: pb.ModelInfoRequest,
                         context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:

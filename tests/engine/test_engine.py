@@ -215,6 +215,70 @@ def test_chat_rejects_malformed_conversations(monkeypatch, llama_llm):
     assert not llama_llm.engine.has_unfinished_requests()
 
 
+def _renders_only_short(monkeypatch, tok, limit: int) -> list[list[str]]:
+    """Patch ``tok.apply_chat_template`` to record each conversation's contents and fail on
+    one that cannot fit ``limit`` tokens (it must be refused before rendering)."""
+    real, rendered = tok.apply_chat_template, []
+
+    def render(messages, **kw):
+        assert tok.min_tokens(*(m["content"] for m in messages)) <= limit, "rendered it"
+        rendered.append([m["content"] for m in messages])
+        return real(messages, **kw)
+
+    monkeypatch.setattr(tok, "apply_chat_template", render)
+    return rendered
+
+
+def test_oversized_chat_is_refused_before_rendering(monkeypatch, llama_llm):
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    engine, tok = llama_llm.engine, _tiny_tokenizer(_ROLE_TEMPLATE)
+    monkeypatch.setattr(engine, "tokenizer", tok)
+    limit = engine.config.max_model_len
+    big = "hello " * (limit * tok.max_token_chars)  # > 4 x longest token x limit characters
+    rendered = _renders_only_short(monkeypatch, tok, limit)
+    ok = [{"role": "user", "content": "hello"}]
+    tail = rf"characters, so at least \d+ tokens; max_model_len is {limit}$"
+    with pytest.raises(RequestError, match=rf"^conversation 1: prompt has {len(big) + 5} {tail}"):
+        llama_llm.chat([ok, [{"role": "system", "content": "hello"},
+                             {"role": "user", "content": big}]], GREEDY)
+    with pytest.raises(RequestError, match=rf"^prompt has {len(big)} {tail}"):
+        llama_llm.chat([{"role": "user", "content": big}], GREEDY)
+    assert rendered == [["hello"]]  # the first conversation of the batch, nothing queued
+    assert not engine.has_unfinished_requests()
+
+
+def test_jaxinfer_chat_drops_a_turn_that_cannot_fit_and_goes_on(monkeypatch, capsys,
+                                                                llama_llm):
+    from jaxinfer import cli
+    from jaxinfer import engine as engine_module
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    engine, tok = llama_llm.engine, _tiny_tokenizer(_ROLE_TEMPLATE)
+    monkeypatch.setattr(engine, "tokenizer", tok)
+    monkeypatch.setattr(engine_module, "LLMEngine", lambda *args, **kw: engine)
+    limit = engine.config.max_model_len
+    big = "hello " * (limit * tok.max_token_chars)
+    rendered = _renders_only_short(monkeypatch, tok, limit)
+    lines = iter([big, "hello world"])
+
+    def typed(prompt: str = "") -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", typed)
+    assert cli.main(["chat", "--model", "dummy:tiny-llama", "--max-tokens", "3",
+                     "--temperature", "0"]) == 0
+    err = capsys.readouterr().err
+    assert (f"jaxinfer chat: prompt has {len(big.strip())} characters, so at least "
+            f"{tok.min_tokens(big.strip())} tokens; max_model_len is {limit} (turn dropped)"
+            in err.splitlines())
+    assert rendered == [["hello world"]]  # the dropped turn is not in the history
+    assert not engine.has_unfinished_requests()
+
+
 def test_stop_token_ids_outside_the_vocabulary_are_rejected_at_admission(llama_llm):
     V = llama_llm.engine.model_config.vocab_size
     with pytest.raises(RequestError, match=rf"prompt 1 of the batch: stop_token_ids \[{V}, "

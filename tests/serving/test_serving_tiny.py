@@ -323,10 +323,19 @@ def test_oversized_chat_is_refused_before_rendering(tiny_server, monkeypatch):
             pb_grpc.InferenceStub(ch).GenerateUnary(build_request(
                 messages=[{"role": "user", "content": half}, {"role": "user", "content": half}],
                 max_tokens=2), timeout=30)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert (f"chat: prompt has {2 * len(half)} characters, so at least "
-            f"{tok.min_tokens(half, half)} tokens; max_model_len is {limit}"
-            in e.value.details())
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (f"chat: prompt has {2 * len(half)} characters, so at least "
+                f"{tok.min_tokens(half, half)} tokens; max_model_len is {limit}"
+                in e.value.details())
+        tokenize = pb_grpc.InferenceStub(ch).Tokenize  # as vLLM's /tokenize: refused too
+        two = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=half)] * 2)
+        for req in [pb.TokenizeRequest(text=2 * half), pb.TokenizeRequest(chat=two)]:
+            with pytest.raises(grpc.RpcError) as e:
+                tokenize(req, timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (f"prompt has {2 * len(half)} characters, so at least "
+                    f"{tok.min_tokens(half, half)} "
+                    f"tokens; max_model_len is {limit}" in e.value.details())
 
 
 def test_full_queue_gives_resource_exhausted(tiny_server):

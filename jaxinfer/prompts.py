@@ -1,0 +1,83 @@
+"""Prompts to token ids, with the checks made before any work is spent on them.
+
+A text prompt or a conversation that cannot fit ``max_model_len`` is refused from its length
+alone (``Tokenizer.min_tokens``), before megabytes of it are encoded or rendered; token ids
+are refused by count before they are read. ``LLMEngine.encode_prompt`` / ``encode_chat``,
+``LLM.generate`` / ``chat``, ``jaxinfer chat`` and the gRPC servicer all come through here, so
+each refusal has one wording (as vLLM's ``InputPreprocessor`` does for its entry points).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Sequence as Seq
+
+import numpy as np
+
+from jaxinfer.tokenizer import Tokenizer, check_messages
+
+
+class RequestError(ValueError):
+    """A request cannot be accepted (empty or too-long prompt, bad parameters)."""
+
+
+def check_text_fits(tokenizer: Tokenizer, texts: Seq[str], max_model_len: int) -> None:
+    """Raise RequestError when ``texts`` (a prompt, or a conversation's message contents)
+    encode to more than ``max_model_len`` tokens whatever they encode to
+    (``Tokenizer.min_tokens``, from their length alone): the check to make before encoding."""
+    if (n := tokenizer.min_tokens(*texts)) > max_model_len:
+        raise RequestError(f"prompt has {sum(map(len, texts))} characters, so at least {n} "
+                           f"tokens; max_model_len is {max_model_len}")
+
+
+def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model_len: int,
+                  vocab_size: int) -> list[int]:
+    """Token ids of a text prompt (the tokenizer's special tokens added) or ids as given.
+
+    Raises:
+      RequestError: an empty prompt, a text prompt without a tokenizer, ids outside
+        ``[0, vocab_size)``, or a prompt longer than ``max_model_len`` -- checked before a
+        text is encoded or ids are read one by one, so an oversized request is refused in
+        microseconds (``LLMEngine.add_request`` also refuses exactly ``max_model_len``
+        tokens: no room to generate).
+    """
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt is empty")
+        if tokenizer is None:
+            raise RequestError("this model has no tokenizer: pass prompt token ids "
+                               "(jaxinfer generate --token-ids)")
+        check_text_fits(tokenizer, (prompt,), max_model_len)
+        return tokenizer.encode(prompt)
+    if hasattr(prompt, "__len__") and len(prompt) > max_model_len:  # = limit: prompt_logits'
+        raise RequestError(f"prompt has {len(prompt)} tokens; max_model_len is {max_model_len}")
+    ids = list(prompt)
+    if not ids:
+        raise RequestError("prompt is empty")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab_size:
+            raise RequestError(f"prompt token id {t!r} is not in [0, {vocab_size})")
+    return [int(t) for t in ids]
+
+
+def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
+                add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``) rendered with
+    the model's chat template (``Tokenizer.apply_chat_template``).
+
+    Raises:
+      RequestError: no tokenizer; contents that cannot fit ``max_model_len`` whatever they
+        encode to (checked before the template renders them); an empty rendering.
+      TokenizerError: malformed messages (naming the message and field), no chat template,
+        or the template refusing the conversation.
+    """
+    if tokenizer is None:
+        raise RequestError("this model has no tokenizer, so no chat template")
+    check_messages(messages)
+    check_text_fits(tokenizer, [m["content"] for m in messages
+                                if isinstance(m.get("content"), str)], max_model_len)
+    ids = tokenizer.apply_chat_template(list(messages),
+                                        add_generation_prompt=add_generation_prompt)
+    if not ids:
+        raise RequestError("the rendered conversation is empty")
+    return ids

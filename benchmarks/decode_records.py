@@ -1,4 +1,5 @@
-"""gpu_decode.py summaries -> benchmark records (one JSON list), as benchmarks/results keeps them.
+"""gpu_decode.py / profile_decode.py summaries -> benchmark records (one JSON list), as
+benchmarks/results keeps them.
 
     python benchmarks/decode_records.py --out benchmarks/results/NAME.json \
         --command "OUT=... bash scripts/<call>.sh" [--set session=14 --set call=1] \
@@ -8,7 +9,11 @@ Every backend and batch a summary timed gives three records, ``gpu_decode_tpot_m
 (median wall time of an engine step with the whole batch decoding), ``_device`` (the decode
 program and sampler called and waited for) and ``_pipelined`` (back to back, the device pace),
 in ms, with config {run label, model, backend, batch, ctx, steps, weight_bytes, patches, and the
---set pairs}. Raises SystemExit naming a summary that is missing or not gpu_decode's.
+--set pairs}. A profile_decode.py summary (``profile_summary.json``) gives one record,
+``profile_decode_device_busy_us_per_step`` (µs of kernels a replayed step), with config {run,
+model, backend, batch, ctx, steps, synthetic, patches, wall_ms_per_step, span_us_per_step,
+classes_us_per_step, top_kernels, the --set pairs}. Raises SystemExit naming a summary that is
+missing or neither script's.
 """
 import argparse
 import datetime
@@ -16,6 +21,7 @@ import json
 from pathlib import Path
 
 KINDS = ("engine", "device", "pipelined")
+JAX_ON_DEVICE = "0.11.2"  # the GPU machines' jax (profile_decode's summary does not say)
 
 
 def records(label: str, summary: dict, meta: dict, command: str) -> list[dict]:
@@ -39,6 +45,21 @@ def records(label: str, summary: dict, meta: dict, command: str) -> list[dict]:
     return out
 
 
+def profile_records(label: str, summary: dict, meta: dict, command: str) -> list[dict]:
+    d, c = summary.get("device-only"), summary.get("config", {})
+    if not (isinstance(d, dict) and "busy_us_per_step" in d):
+        return []
+    cfg = {"run": label, **{k: c[k] for k in ("model", "backend", "batch", "ctx", "steps",
+                                              "synthetic") if k in c},
+           "patches": summary.get("patches", {}), **meta,
+           "wall_ms_per_step": d["wall_ms_per_step"], "span_us_per_step": d["span_us_per_step"],
+           "classes_us_per_step": d["classes"], "top_kernels": d["kernels"][:20]}
+    return [{"name": "profile_decode_device_busy_us_per_step", "value": d["busy_us_per_step"],
+             "unit": "us", "config": cfg, "device": summary.get("device"),
+             "jax": summary.get("jax", JAX_ON_DEVICE), "date": datetime.date.today().isoformat(),
+             "command": command}]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -56,7 +77,8 @@ def main() -> None:
             summary = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise SystemExit(f"decode_records: {run}: {e}") from None
-        got = records(label, summary, meta, ns.command)
+        got = (profile_records if "device-only" in summary else records)(
+            label, summary, meta, ns.command)
         if not got:
             raise SystemExit(f"decode_records: {path}: no timed backend / batch in it")
         recs += got

@@ -24,7 +24,8 @@ def _engine_args(ns: argparse.Namespace) -> dict:
         args["max_model_len"] = ns.max_model_len
     for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
                  "prefill_buckets", "page_buckets", "prefill_seq_buckets", "quantization",
-                 "kv_cache_dtype", "matmul_backend", "gpu_memory_utilization"):  # None: default
+                 "kv_cache_dtype", "matmul_backend", "gpu_memory_utilization",
+                 "num_scheduler_steps"):  # None: default
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
     if getattr(ns, "async_scheduling", None) is not None:
@@ -94,6 +95,10 @@ def _add_engine_options(p: argparse.ArgumentParser, compile_cmd: bool = False) -
                    help="overlap host scheduling with the device: decode steps dispatched one "
                         "ahead, tokens read back one step late (outputs unchanged; default on, "
                         "--no-async-scheduling for the synchronous engine)")
+    p.add_argument("--num-scheduler-steps", type=int, default=None, metavar="K",
+                   help="decode steps per compiled program when every running sequence "
+                        "decodes (vLLM's multi-step scheduling: host cost paid once per K "
+                        "tokens; outputs unchanged, streamed K tokens at a time; default 1)")
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
     b.add_argument("--max-num-batched-tokens", type=int, help="most tokens in a prefill step")
     b.add_argument("--max-prefill-seqs", type=int, help="most sequences in a prefill step")

@@ -169,6 +169,7 @@ def fingerprint(model_config: ModelConfig, engine_config: EngineConfig, runner: 
     engine = dataclasses.asdict(engine_config)
     engine.pop("seed")  # seeds are program inputs
     engine.pop("async_scheduling")  # same programs either way (the gather ones always built)
+    engine.pop("num_scheduler_steps")  # same one-step programs (multi-step ones not cached)
     backend = jax.extend.backend.get_backend()
     dev = jax.devices()[0]
     fp = {

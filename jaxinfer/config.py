@@ -186,6 +186,13 @@ class EngineConfig:
         admitted one step later (as in vLLM's async scheduler). On by default since
         it measured faster on the H200 (8B bf16 TPOT 6.25 -> 4.76 ms at batch 1, 8.02 -> 5.80
         ms at 64 streams; benchmarks/RESULTS.md); False = the synchronous engine.
+      num_scheduler_steps: decode steps run by one compiled program (vLLM's multi-step
+        scheduling, ``--num-scheduler-steps``): when every running sequence decodes and
+        none asks for logprobs, k steps run on the device, each feeding its sampled tokens
+        to the next, and the host reads k tokens a row back at once, so the host's launch
+        and Python cost is paid once per k tokens (see multi_step.py). Tokens and finish
+        reasons equal the one-step engine's; a row that stops mid-window wastes the rest of
+        its window; streams receive tokens k at a time. 1 = off (the default).
     """
 
     max_model_len: int = 2048
@@ -210,6 +217,7 @@ class EngineConfig:
     max_queue_len: int | None = None
     seed: int = 0
     async_scheduling: bool = True
+    num_scheduler_steps: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -219,7 +227,7 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
 
         for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                     "max_prefill_seqs"):
+                     "max_prefill_seqs", "num_scheduler_steps"):
             pos(name)
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")

@@ -29,6 +29,7 @@ from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend
 from jaxinfer.models.params import fp8_names
 from jaxinfer.models.transformer import CausalLM, model_options
+from jaxinfer.multi_step import plan_multi_step
 from jaxinfer.outputs import (
     Logprobs,
     RequestOutput,
@@ -37,6 +38,7 @@ from jaxinfer.outputs import (
 )
 from jaxinfer.prompts import RequestError
 from jaxinfer.runner import ModelRunner, SampleResult
+from jaxinfer.runner_multi import MultiStepPrograms
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
 from jaxinfer.sequence import Sequence
@@ -140,6 +142,8 @@ class LLMEngine:
         self._first_token_time: dict[int, float] = {}
         self._pending: _Launched | None = None  # async scheduling: the step in flight
         self.num_pipelined_steps = 0  # steps dispatched before the previous was read
+        self._multi = MultiStepPrograms(self.runner)  # num_scheduler_steps > 1
+        self.num_multi_steps = 0  # multi-step windows run
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
                  self.kv_sizing.describe(ec.max_model_len))
 
@@ -273,13 +277,32 @@ class LLMEngine:
             if out.is_empty:
                 return []
             self._prepare_device(out)
+            if self.config.num_scheduler_steps > 1 and (done := self._multi_step(out)) is not None:
+                return done
             inputs = self._inputs(out.chunks, out.is_prefill)
             if not self.config.async_scheduling:
                 return self._collect(out, self.runner.execute(inputs))
             cur = self._launch(out, inputs)
-        self._pending = self._launch_next(cur)
+        if self.config.num_scheduler_steps == 1:  # multi-step windows replace pipelining
+            self._pending = self._launch_next(cur)
         want_logprobs = bool(cur.inputs.sampling.want_logprobs.any())
         return self._collect(cur.out, self.runner.fetch(cur.result, want_logprobs))
+
+    def _multi_step(self, out: SchedulerOutput) -> list[RequestOutput] | None:
+        """Run decode step ``out`` as ``num_scheduler_steps`` steps in one program and record
+        them (multi_step.py); None when it must run as one step."""
+        ec, k = self.config, self.config.num_scheduler_steps
+        steps = plan_multi_step(self.scheduler, out, k, ec.max_model_len)
+        if steps is None:
+            return None
+        inputs = self._rows.build_decode(out.chunks, seq_buckets=ec.decode_buckets,
+                                         page_buckets=ec.page_buckets,
+                                         request_seeds=self._seeds, lookahead=k - 1)
+        if inputs is None:  # its pages stay allocated: the next steps use them
+            return None
+        tokens = self._multi.run(inputs, k)
+        self.num_multi_steps += 1
+        return self._collect_steps([(s, SampleResult(t)) for s, t in zip(steps, tokens)])
 
     def _launch(self, out: SchedulerOutput, inputs: StepInputs,
                 token_ids: Any = None) -> _Launched:
@@ -301,6 +324,29 @@ class LLMEngine:
 
     def _collect(self, out: SchedulerOutput, res: SampleResult) -> list[RequestOutput]:
         """Record step ``out``'s sampled ``res``: append tokens, stop rules, outputs."""
+        return self._collect_steps([(out, res)])
+
+    def _collect_steps(self, steps: list[tuple[SchedulerOutput, SampleResult]]
+                       ) -> list[RequestOutput]:
+        """Record steps run back to back (one, or a multi-step window), in order: each
+        appends its tokens under the stop rules (a row finished by an earlier step is
+        skipped); then one output per request touched."""
+        touched: dict[int, Sequence] = {}
+        finished: list[Sequence] = []
+        for out, res in steps:
+            finished += self._record(out, res, touched)
+        for seq in finished:
+            touched[seq.seq_id] = seq
+        results = [self._output(seq) for seq in touched.values()
+                   if seq.sampling_params.output_kind != "final_only" or seq.group.is_finished]
+        for seq in finished:
+            self._finished(seq)
+        return results
+
+    def _record(self, out: SchedulerOutput, res: SampleResult,
+                touched: dict[int, Sequence]) -> list[Sequence]:
+        """Append step ``out``'s tokens (``Scheduler.postprocess``, stop strings, logprobs);
+        adds the requests that advanced to ``touched``; returns the sequences it finished."""
         for c in out.chunks:  # before postprocess: a request may finish and free its pages
             seq = c.seq
             if (seq.sampling_params.prompt_logprobs is not None and c.samples
@@ -313,7 +359,6 @@ class LLMEngine:
         new_tokens, finished = self.scheduler.postprocess(
             out, res.tokens[:len(out.chunks)].tolist())
         now = time.monotonic()
-        touched: dict[int, Sequence] = {}
         states, first_token_time = self._states, self._first_token_time
         for seq, tok in new_tokens:
             rid = seq.seq_id
@@ -332,13 +377,7 @@ class LLMEngine:
                 else:
                     self.scheduler.finish_sample(seq, "stop")
                     finished.append(seq)
-        for seq in finished:
-            touched[seq.seq_id] = seq
-        results = [self._output(seq) for seq in touched.values()
-                   if seq.sampling_params.output_kind != "final_only" or seq.group.is_finished]
-        for seq in finished:
-            self._finished(seq)
-        return results
+        return finished
 
     def _output(self, seq: Sequence) -> RequestOutput:
         """The RequestOutput of ``seq``'s request: every sample's CompletionOutput."""

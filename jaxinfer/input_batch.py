@@ -51,7 +51,7 @@ class InputBatch:
 
     def build_decode(self, chunks: Seq[Any], *, seq_buckets: Seq[int],
                      page_buckets: Seq[int], request_seeds: Mapping[int, int],
-                     token_on_device: bool = False) -> StepInputs | None:
+                     token_on_device: bool = False, lookahead: int = 0) -> StepInputs | None:
         """The decode step of ``chunks``, equal to ``build_step(chunks, is_prefill=False,
         token_buckets=seq_buckets, slots=slots.mapping, ...)``; None when this path does not
         apply (then call ``build_step``, which also raises what that step raises): a chunk
@@ -61,6 +61,9 @@ class InputBatch:
         ``token_on_device`` (async scheduling): a chunk may feed the token one past the
         sequence's known tokens (sampled by the step still in flight); its ``token_ids`` row
         is then 0, to be replaced on the device (``ModelRunner.gather_tokens``).
+        ``lookahead`` (multi-step decode): the block tables also hold, and the page bucket
+        covers, each row's pages of the ``lookahead`` tokens after its fed one (None when a
+        row's table lacks them).
         """
         if not chunks or len(chunks) > seq_buckets[-1]:
             return None
@@ -86,7 +89,7 @@ class InputBatch:
                 tok = 0
             else:
                 return None
-            if start // ps >= (n if n < width else width):  # no page for the token
+            if (start + lookahead) // ps >= (n if n < width else width):  # no page for it
                 return None
             if owner[s] is not seq or generation[s] != tenure[s] or n < num_pages[s]:
                 self._claim(s, seq, request_seeds.get(seq.seq_id, 0) + seq.sample_index,
@@ -98,7 +101,8 @@ class InputBatch:
                 num_pages[s] = known + len(new)
             fields += (s, start, tok, start + 1 - n_prompt)
         rows, starts, tokens, sample_index = np.array(fields, np.int64).reshape(-1, 4).T
-        return self._gather(rows, starts, tokens, sample_index, seq_buckets, page_buckets)
+        return self._gather(rows, starts, tokens, sample_index, seq_buckets, page_buckets,
+                            lookahead)
 
     def _claim(self, s: int, seq: Any, seed: int, tenure: int) -> None:
         """Rewrite row ``s`` for ``seq``: no pages yet, its constant sampling fields."""
@@ -107,13 +111,13 @@ class InputBatch:
         _fill_row(self._sampling, s, seq, seq.num_prompt_tokens, seed, s)
 
     def _gather(self, rows: np.ndarray, starts: np.ndarray, tokens: np.ndarray,
-                sample_index: np.ndarray, seq_buckets: Seq[int], page_buckets: Seq[int]
-                ) -> StepInputs:
+                sample_index: np.ndarray, seq_buckets: Seq[int], page_buckets: Seq[int],
+                lookahead: int = 0) -> StepInputs:
         """The step's arrays from rows ``rows`` (slots) and per-row values, each [B] int64."""
         B, ps = len(rows), self.page_size
         S = pick(seq_buckets, B, "sequence count")
         start = starts.astype(np.int32)
-        need = start // ps + 1  # pages holding tokens [0, start]
+        need = (start + lookahead) // ps + 1  # pages holding tokens [0, start + lookahead]
         P = pick(page_buckets, int(need.max()), "pages per sequence")
         padded = np.full(S, len(self._owner), np.intp)  # the padding row
         padded[:B] = rows

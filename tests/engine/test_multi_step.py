@@ -1,0 +1,137 @@
+"""Multi-step decode (EngineConfig.num_scheduler_steps): outputs equal the one-step engine's,
+request by request, windows really run, and the plan refuses what it must."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from jaxinfer.config import ConfigError, EngineConfig
+from jaxinfer.llm import LLM, iter_stream
+from jaxinfer.multi_step import plan_multi_step
+from jaxinfer.sampling_params import SamplingParams
+from tests.conftest import tiny_loaded
+from tests.core.test_scheduler import make, seq
+from tests.engine.test_async_scheduling import ENGINE, _workload
+
+
+def _longer(params: list[SamplingParams]) -> list[SamplingParams]:
+    """The async workload's requests with 3x the tokens, so windows of 4 fit inside them."""
+    return [dataclasses.replace(p, max_tokens=3 * p.max_tokens) for p in params]
+
+
+def _assert_same(got, want) -> None:
+    """Same requests, samples, tokens and finish reasons; logprobs equal to float32 rounding
+    (a window changes which rows share a step, so the batch bucket a logprobs row runs in)."""
+    assert [o.request_id for o in got] == [o.request_id for o in want]
+    for g, w in zip(got, want):
+        assert [(c.index, c.token_ids, c.finish_reason, c.stop_reason) for c in g.outputs] == [
+            (c.index, c.token_ids, c.finish_reason, c.stop_reason) for c in w.outputs]
+        for gc, wc in zip(g.outputs, w.outputs):
+            assert (gc.logprobs is None) == (wc.logprobs is None)
+            for a, b in zip(gc.logprobs or [], wc.logprobs or []):
+                assert list(a) == list(b)
+                np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed, pages, k", [(0, None, 4), (1, 14, 4), (2, None, 3),
+                                            (4, 16, 2)])
+def test_multi_step_outputs_equal_one_step(seed, pages, k):
+    """Random workloads (greedy and seeded sampling, EOS and stop ids mid-window, n > 1,
+    logprobs rows, penalties, top-k / top-p, shared prefixes; a tiny pool: preemption) give
+    the one-step engine's tokens and finish reasons, some windows ran, and every page
+    allocated ahead was freed."""
+    loaded = tiny_loaded("llama")
+    prompts, params = _workload(seed)
+    params = _longer(params)
+    extra = {} if pages is None else {"num_kv_pages": pages}
+    one = LLM(loaded, **{**ENGINE, **extra}, async_scheduling=False).generate(prompts, params)
+    llm = LLM(loaded, **{**ENGINE, **extra}, num_scheduler_steps=k)
+    _assert_same(llm.generate(prompts, params), one)
+    assert llm.engine.num_multi_steps > 0
+    assert llm.engine.scheduler.block_manager.num_used_pages == 0
+
+
+def test_multi_step_streams_every_token_once():
+    """Delta outputs of a window carry its k tokens; a stream's deltas add up to the
+    one-step engine's tokens, and a request ending mid-window ends with the right reason."""
+    loaded = tiny_loaded("llama")
+    params = [SamplingParams(max_tokens=10, ignore_eos=True, output_kind="delta", seed=3),
+              SamplingParams(max_tokens=7, temperature=0.8, seed=5, ignore_eos=True,
+                             output_kind="delta")]
+    prompts = [[5, 6, 7], [9, 10, 11, 12]]
+    want = LLM(loaded, **ENGINE).generate(prompts, [dataclasses.replace(
+        p, output_kind="cumulative") for p in params])
+    llm = LLM(loaded, **ENGINE, num_scheduler_steps=4)
+    eng = llm.engine
+    rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+    got: dict[int, list[int]] = {r: [] for r in rids}
+    sizes, reasons = [], {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            got[o.request_id] += o.outputs[0].token_ids
+            sizes.append(len(o.outputs[0].token_ids))
+            if o.finished:
+                reasons[o.request_id] = o.outputs[0].finish_reason
+    assert [got[r] for r in rids] == [w.outputs[0].token_ids for w in want]
+    assert reasons == {r: "length" for r in rids}
+    assert max(sizes) == 4 and eng.num_multi_steps > 0
+    rid = eng.add_request([5, 6, 7], params[0])  # iter_stream over windows
+    assert sum((o.outputs[0].token_ids for o in iter_stream(eng, rid)), []) == got[rids[0]]
+
+
+def test_multi_step_plan_refuses_what_one_step_must_run():
+    """plan_multi_step: None (nothing allocated) for a prefill, a logprobs row, a row whose
+    window would pass max_model_len, a waiting request that could be admitted, too few
+    never-cached free pages; otherwise k plans over the same rows, pages for k tokens."""
+    def decoding(**kw):
+        s = make(page_size=4, **kw)
+        for i in range(2):
+            s.add(seq(i, 6, max_tokens=10))
+        out = s.schedule()
+        s.postprocess(out, [7] * len(out.chunks))  # both prefilled, one token each
+        return s
+
+    s = decoding()
+    assert plan_multi_step(s, s.schedule(), 1, 256) is None  # k = 1: off
+    s = decoding()
+    out = s.schedule()
+    steps = plan_multi_step(s, out, 4, 256)
+    assert steps is not None and steps[0] is out
+    assert [[(c.seq.seq_id, c.start, c.samples) for c in o.chunks] for o in steps] == [
+        [(0, 6 + j, True), (1, 6 + j, True)] for j in range(4)]
+    assert [len(q.block_table) for q in s.running] == [3, 3]  # tokens 0..9 on 4-token pages
+    for j, o in enumerate(steps):
+        new, _ = s.postprocess(o, [11 + j, 21 + j])
+        assert [t for _, t in new] == [11 + j, 21 + j]
+    assert [q.output_token_ids for q in s.running] == [[7, 11, 12, 13, 14], [7, 21, 22, 23, 24]]
+
+    s = decoding()
+    out = s.schedule()
+    assert plan_multi_step(s, out, 8, 13) is None  # positions 6..13: 13 is past the limit
+    assert plan_multi_step(s, out, 8, 14) is not None
+    s = decoding()
+    s.running[1].sampling_params = SamplingParams(max_tokens=10, logprobs=1)
+    out = s.schedule()
+    pages = [len(q.block_table) for q in s.running]
+    assert plan_multi_step(s, out, 4, 256) is None
+    assert [len(q.block_table) for q in s.running] == pages  # nothing allocated
+    s = decoding()
+    s.add(seq(9, 3))  # fits: the one-step engine would admit it next step
+    assert plan_multi_step(s, s.schedule(), 4, 256) is None
+    s = decoding(num_pages=7)  # 6 usable pages, 4 held: 2 free, a window of 6 needs 2
+    assert plan_multi_step(s, s.schedule(), 6, 256) is not None
+    s = decoding(num_pages=7)
+    assert plan_multi_step(s, s.schedule(), 7, 256) is None  # needs 4
+    s = make(page_size=4)
+    s.add(seq(0, 6))
+    assert plan_multi_step(s, s.schedule(), 4, 256) is None  # a prefill step
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_num_scheduler_steps_must_be_a_positive_integer(bad):
+    with pytest.raises(ConfigError, match=f"num_scheduler_steps must be a positive integer, "
+                                          f"got {bad!r}"):
+        EngineConfig(num_scheduler_steps=bad)

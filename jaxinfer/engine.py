@@ -142,7 +142,7 @@ class LLMEngine:
         self._first_token_time: dict[int, float] = {}
         self._pending: _Launched | None = None  # async scheduling: the step in flight
         self.num_pipelined_steps = 0  # steps dispatched before the previous was read
-        self._multi = MultiStepPrograms(self.runner)  # num_scheduler_steps > 1
+        self.multi_step_programs = MultiStepPrograms(self.runner)  # num_scheduler_steps > 1
         self.num_multi_steps = 0  # multi-step windows run
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
                  self.kv_sizing.describe(ec.max_model_len))
@@ -300,7 +300,7 @@ class LLMEngine:
                                          request_seeds=self._seeds, lookahead=k - 1)
         if inputs is None:  # its pages stay allocated: the next steps use them
             return None
-        tokens = self._multi.run(inputs, k)
+        tokens = self.multi_step_programs.run(inputs, k)
         self.num_multi_steps += 1
         return self._collect_steps([(s, SampleResult(t)) for s, t in zip(steps, tokens)])
 

@@ -70,6 +70,12 @@ def set_max_queue_len(engine: LLMEngine, max_queue_len: int | None) -> None:
     sched.cfg = dataclasses.replace(sched.cfg, max_queue_len=max_queue_len)
 
 
+# The sampler variants whose multi-step programs warm_up builds: greedy requests and the
+# OpenAI-style default (temperature only); top-k / top-p / penalty batches compile theirs at
+# their first window.
+MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
+
+
 def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
     """Compile what every request needs before health says SERVING; returns seconds spent.
 
@@ -80,7 +86,9 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
     variant (runner.py), so no sampling parameters compile anything later. With a compile
     cache every precompiled program is loaded first; otherwise
     prefill programs of other token counts compile on first use (``runner.num_compilations``
-    counts them).
+    counts them). With ``num_scheduler_steps`` k > 1 it also compiles, per batch bucket, the
+    k-step programs of the greedy and temperature-only samplers (``MULTI_STEP_WARM_VARIANTS``;
+    other variants' compile at their first window, runner_multi.py).
     """
     from jaxinfer.batch import Bucket
     from jaxinfer.compile import preload
@@ -98,7 +106,12 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
         engine.step()
     if decode_buckets:
         for b in ec.decode_buckets:
-            engine.runner.executable(Bucket("decode", b, b, ec.page_buckets[0]))
+            bucket = Bucket("decode", b, b, ec.page_buckets[0])
+            engine.runner.executable(bucket)
+            if ec.num_scheduler_steps > 1:  # the common sampler variants' k-step programs
+                for variant in MULTI_STEP_WARM_VARIANTS:
+                    engine.multi_step_programs.executable(bucket, variant,
+                                                          ec.num_scheduler_steps)
         engine.runner.executable(engine.runner.copy_bucket, COPY)
     return time.perf_counter() - t0
 

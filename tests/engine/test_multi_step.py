@@ -135,3 +135,20 @@ def test_num_scheduler_steps_must_be_a_positive_integer(bad):
     with pytest.raises(ConfigError, match=f"num_scheduler_steps must be a positive integer, "
                                           f"got {bad!r}"):
         EngineConfig(num_scheduler_steps=bad)
+
+
+def test_serving_warm_up_builds_the_common_multi_step_programs():
+    """A server's warm-up compiles the greedy and temperature k-step programs of every batch
+    bucket, so such windows compile nothing while serving."""
+    from jaxinfer.serving.server import MULTI_STEP_WARM_VARIANTS, warm_up
+
+    llm = LLM(tiny_loaded("llama"), **ENGINE, num_scheduler_steps=4)
+    eng = llm.engine
+    warm_up(eng)
+    built = set(eng.multi_step_programs._programs)
+    assert {(b.num_seqs, v, k) for b, v, k in built} == {
+        (b, v, 4) for b in ENGINE["decode_buckets"] for v in MULTI_STEP_WARM_VARIANTS}
+    llm.generate([[5, 6, 7], [8, 9]], [
+        SamplingParams(max_tokens=12, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.9, seed=1, ignore_eos=True)])
+    assert eng.num_multi_steps > 0 and set(eng.multi_step_programs._programs) == built

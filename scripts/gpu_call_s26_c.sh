@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Run once: the machine stopped answering mid-call and nothing came back; see gpu_call_s26_d.sh.)
 # Session 26, call 2 (H200, ~500 s): call 1 (gpu_call_s26_a.sh) showed the RoPE + KV write
 # kernel lowering the 8B FP8 step's device busy at 64 rows (4.209 -> 4.113 ms) and 1 row
 # (2.809 -> 2.719) and Gemma 3 270M's (0.782 -> 0.672), but its device check ran out of time

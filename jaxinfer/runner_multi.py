@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,10 +31,8 @@ from flax import nnx
 
 from jaxinfer.batch import Bucket, SamplingArrays, StepInputs
 from jaxinfer.compile_cache import xla_compilations
+from jaxinfer.runner import COMPILER_OPTIONS, ModelRunner, _metadata
 from jaxinfer.sampling import SAMPLER_VARIANTS, SamplerNeeds, sample_rows, sampler_variant
-
-if TYPE_CHECKING:
-    from jaxinfer.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +74,6 @@ class MultiStepPrograms:
         key = (bucket, variant, k)
         exe = self._programs.get(key)
         if exe is None:
-            from jaxinfer.runner import COMPILER_OPTIONS
-
             r = self.runner
             t0, before = time.perf_counter(), xla_compilations()
             fn = jax.jit(functools.partial(
@@ -105,8 +101,6 @@ class MultiStepPrograms:
         Raises:
           ValueError: some row asks for logprobs (the program returns tokens only).
         """
-        from jaxinfer.runner import _metadata
-
         if bool(np.asarray(inputs.sampling.want_logprobs).any()):
             raise ValueError("multi-step decode returns no logprobs; run such rows one step "
                              "at a time")

@@ -47,18 +47,47 @@ GRID = [("8b_b1", 1, 32, 8, 128, ""), ("8b_b64", 64, 32, 8, 128, ""),
         ("smol_b8_sk2", 8, 9, 3, 64, "split2")]
 
 
-def order(x: np.ndarray) -> np.ndarray:
-    """Each float's rank among its dtype's values (sign-magnitude bits made monotone)."""
+def order(x: jax.Array) -> jax.Array:
+    """Each float's rank among its dtype's values (sign-magnitude bits made monotone), int32
+    (bf16 and FP8 only), on the array's device."""
     bits = 8 * x.dtype.itemsize
-    u = x.view({8: np.uint8, 16: np.uint16, 32: np.uint32}[bits]).astype(np.int64)
+    assert bits <= 16, x.dtype
+    u = jax.lax.bitcast_convert_type(x, {8: jnp.uint8, 16: jnp.uint16}[bits]).astype(jnp.int32)
     mag = u & ((1 << (bits - 1)) - 1)
-    return np.where(u >> (bits - 1), -mag, mag)
+    return jnp.where(u >> (bits - 1), -mag, mag)
+
+
+@jax.jit
+def _steps(got: jax.Array, want: jax.Array) -> tuple[jax.Array, jax.Array]:
+    s = jnp.abs(order(got) - order(want))
+    return s.max(), (s > 0).mean(dtype=jnp.float32)
 
 
 def steps_apart(got: jax.Array, want: jax.Array) -> tuple[int, float]:
-    """(largest distance in representable values, fraction of values that differ)."""
-    s = np.abs(order(np.asarray(got)) - order(np.asarray(want)))
-    return int(s.max()), float((s > 0).mean())
+    """(largest distance in representable values, fraction of values that differ), computed
+    on the device: session 26's version pulled both 2 GB caches to the host and built 8-byte
+    int copies of them in numpy, which ran for minutes before the first point printed."""
+    m, f = _steps(got, want)
+    return int(m), float(f)
+
+
+def touched(cache: jax.Array, slots: jax.Array, layer: int) -> jax.Array:
+    """The cache rows the write addressed: [T, Hkv, D] at ``slots`` of ``layer``."""
+    L, Hkv, P, ps, D = cache.shape
+    flat = cache[layer].reshape(Hkv, P * ps, D)
+    return jnp.swapaxes(flat[:, slots], 0, 1)
+
+
+@jax.jit
+def untouched_equal(got: jax.Array, want: jax.Array, slots: jax.Array, layer) -> jax.Array:
+    """Whether the caches agree bit for bit outside ``slots`` of ``layer`` and page 0."""
+    L, Hkv, P, ps, D = got.shape
+    keep = jnp.ones((L, P * ps), bool).at[layer, slots].set(False).at[:, :ps].set(False)
+    keep = keep.reshape(L, 1, P, ps, 1)
+    same = jax.lax.bitcast_convert_type(got, jnp.uint8 if got.dtype.itemsize == 1
+                                        else jnp.uint16) == jax.lax.bitcast_convert_type(
+        want, jnp.uint8 if want.dtype.itemsize == 1 else jnp.uint16)
+    return jnp.all(same | ~keep)
 
 
 def reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks=None, vs=None, *, bias=None,
@@ -134,6 +163,7 @@ def main(argv=None) -> int:
     kernel = functools.partial(rope_write_kv_pallas, interpret=args.cpu_smoke)
     for name, T, Hq, Hkv, D, extra in grid:
         for dtype in (jnp.bfloat16, F8):
+            print(f"-- {name} {jnp.dtype(dtype).name}", flush=True)
             rng = np.random.default_rng(T + Hq)
             ps, L = 16, args.layers
             qkv, cos, sin, slots = inputs(rng, T, Hq, Hkv, D, args.pages, ps)
@@ -157,13 +187,22 @@ def main(argv=None) -> int:
             want = jax.jit(functools.partial(reference, **kw), static_argnums=7)(
                 kc, vc, layer, qkv, cos, sin, slots, Hq, *scales)
             q_steps, q_frac = steps_apart(got[0], want[0])
-            k_steps, k_frac = steps_apart(got[1][:, :, 1:], want[1][:, :, 1:])
-            v_steps, _ = steps_apart(got[2][:, :, 1:], want[2][:, :, 1:])
+            # the written rows (page 0, the padding token's, left out) compared value by
+            # value; everything else must be bit-equal (nothing written outside slots)
+            live = slots[slots >= ps]
+            k_steps, k_frac = steps_apart(touched(got[1], live, L // 2),
+                                          touched(want[1], live, L // 2))
+            v_steps, _ = steps_apart(touched(got[2], live, L // 2),
+                                     touched(want[2], live, L // 2))
+            rest_equal = bool(untouched_equal(got[1], want[1], live, L // 2)
+                              & untouched_equal(got[2], want[2], live, L // 2))
             v_ok = v_steps <= (1 if extra.startswith("split") else 0)
-            ok = max(q_steps, k_steps) <= 1 and max(q_frac, k_frac) <= 0.02 and v_ok
+            ok = (max(q_steps, k_steps) <= 1 and max(q_frac, k_frac) <= 0.02 and v_ok
+                  and rest_equal)
             failed |= not ok
             row = dict(point=name, kv=jnp.dtype(dtype).name, check="ok" if ok else "FAIL",
-                       q_steps=q_steps, q_frac=q_frac, k_steps=k_steps, k_frac=k_frac)
+                       q_steps=q_steps, q_frac=q_frac, k_steps=k_steps, k_frac=k_frac,
+                       rest_equal=rest_equal)
             for label, fn in (("kernel", kernel), ("xla", reference)):
                 us = launches = float("nan")
                 names = ""
@@ -177,7 +216,8 @@ def main(argv=None) -> int:
                            method=label, layers=L, launches_per_layer=launches,
                            kernels=names, check=row["check"], q_max_steps=q_steps,
                            k_max_steps=k_steps, q_frac_differing=q_frac,
-                           k_frac_differing=k_frac, timing="CUPTI kernel time")
+                           k_frac_differing=k_frac, rest_bit_equal=rest_equal,
+                           timing="CUPTI kernel time")
                 records.add(f"rope_kv_write/{label}/{name}/{row['kv']}", us,
                             "us_per_layer", cfg)
             rows.append(row)

@@ -212,12 +212,19 @@ def test_check_script_cpu_smoke_checks_and_fails_on_a_wrong_kernel(tmp_path, mon
     assert all(r["config"]["check"] == "ok" for r in recs)
     real = chk.rope_write_kv_pallas
 
-    def broken(*a, **k):  # q one step off everywhere
-        q, kc, vc = real(*a, **k)
+    def q_off(q, kc, vc):  # q one step off everywhere
         return q * 1.02, kc, vc
 
-    monkeypatch.setattr(chk, "rope_write_kv_pallas", broken)
-    assert chk.main(["--cpu-smoke", "--out", str(tmp_path)]) == 1
+    def k_off(q, kc, vc):  # every stored K value doubled (the written rows too)
+        return q, (kc.astype(jnp.float32) * 2).astype(kc.dtype), vc
+
+    def stray(q, kc, vc):  # one write outside the slots (layer 0, page 1, first row)
+        return q, kc, vc.at[0, :, 1, 0].set(jnp.asarray(7.0, vc.dtype))
+
+    for wrong in (q_off, k_off, stray):
+        monkeypatch.setattr(chk, "rope_write_kv_pallas",
+                            lambda *a, wrong=wrong, **k: wrong(*real(*a, **k)))
+        assert chk.main(["--cpu-smoke", "--out", str(tmp_path)]) == 1, wrong.__name__
 
 
 @pytest.mark.parametrize("splits,scaled", [(2, True), (4, True), (3, False)])

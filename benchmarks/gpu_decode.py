@@ -118,7 +118,7 @@ def decode_inputs(eng, b: int, ctx: int, distinct: bool = False):
     bt[:, :n] = np.arange(1, n + 1)
     if distinct:
         bt[:, :n] += n * np.arange(b)[:, None]
-    md = eng.runner._abstract_args(bucket)[3]
+    md = eng.runner.abstract_args(bucket)[3]
     md_arr = type(md)(positions=jax.numpy.full((b,), ctx, "int32"),
                       slot_mapping=jax.numpy.full((b,), 16 + ctx % 16, "int32"),
                       seq_ids=jax.numpy.arange(b, dtype="int32"),

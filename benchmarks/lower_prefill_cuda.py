@@ -69,7 +69,8 @@ b = Bucket("prefill", a.tokens, 64, 272)
 mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=H200)
 t = time.time()
 with jax.sharding.use_abstract_mesh(mesh):
-    txt = r._jitted["sample"].trace(*r._abstract_args(b)).lower(lowering_platforms=("cuda",)).as_text()
+    txt = r._jitted["sample"].trace(*r.abstract_args(b)).lower(
+        lowering_platforms=("cuda",)).as_text()
 print(a.gemm, a.quantization, a.attention, "attn-nojit" if a.attention_nojit else "attn-jit",
       f"T={a.tokens}", "lower s", round(time.time() - t, 1), "mosaic", txt.count("mosaic_gpu"),
       "triton", txt.count("__gpu$xla.gpu.triton"), "len", len(txt))

@@ -49,7 +49,7 @@ def build_multistep(runner, n: int):
 
     from jaxinfer.sampling import SAMPLER_VARIANTS, sample_rows
 
-    graphdef, tree, attention = runner.graphdef, runner._weights_tree, runner.attention
+    graphdef, tree, attention = runner.graphdef, runner.weights_tree, runner.attention
     ps, needs = runner.page_size, SAMPLER_VARIANTS["greedy"]
 
     def multi(weights, cache, counts, toks, md, sa):

@@ -80,7 +80,7 @@ def child_methods(a: dict) -> dict:
         elif a["method"] == "fill-export":
             from jax import export
 
-            args = runner._abstract_args(p.bucket)
+            args = runner.abstract_args(p.bucket)
             leaves, tree = jax.tree.flatten(args)
             step = runner._jitted[p.mode]
             n_state = len(jax.tree.leaves(args[0]))
@@ -97,7 +97,7 @@ def child_methods(a: dict) -> dict:
         elif a["method"] == "export":
             from jax import export
 
-            leaves = jax.tree.leaves(runner._abstract_args(p.bucket))
+            leaves = jax.tree.leaves(runner.abstract_args(p.bucket))
             exp = export.deserialize(bytearray(Path(a["store"], f"exp{i}").read_bytes()))
             jax.jit(exp.call).lower(*leaves).compile()
         wall.append(time.perf_counter() - t0)

@@ -69,7 +69,9 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
     ``sampling.sampler_bucket(S, variant)``): every variant of
     ``sampling.SAMPLER_VARIANTS`` for every row count S of the sample programs, and the
     token-gather program of async scheduling (mode "gather", ``runner.gather_bucket(B)``)
-    for every decode batch bucket B. Buckets no step can
+    for every decode batch bucket B; with ``num_scheduler_steps`` k > 1, the k-step decode
+    programs (mode "multistep", ``runner_multi.multi_step_bucket``) of every decode bucket for
+    each of ``runner_multi.MULTI_STEP_WARM_VARIANTS``. Buckets no step can
     reach are left out: more rows than tokens or than running sequences (the scheduler's
     prefill chunks belong to at most max_num_seqs running sequences), or too few pages for
     the tokens.
@@ -111,7 +113,27 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
         out += [Program(GATHER, gather_bucket(B)) for B in ec.decode_buckets]
         out += [Program(SAMPLER, sampler_bucket(S, name)) for S in rows
                 for name in SAMPLER_VARIANTS]
+        if ec.num_scheduler_steps > 1:
+            from jaxinfer.runner_multi import (
+                MULTI_STEP,
+                MULTI_STEP_WARM_VARIANTS,
+                multi_step_bucket,
+            )
+
+            out += [Program(MULTI_STEP, multi_step_bucket(p.bucket, v, ec.num_scheduler_steps))
+                    for p in out if p.mode == "sample" and p.bucket.kind == "decode"
+                    for v in MULTI_STEP_WARM_VARIANTS]
     return out
+
+
+def lower_program(runner: Any, program: Program) -> Any:
+    """``program`` traced and lowered on ``runner`` (a ``jax.stages.Lowered``): the runner's
+    own programs by ``runner.lower``, multi-step ones by ``runner_multi``."""
+    from jaxinfer.runner_multi import MULTI_STEP, MultiStepPrograms, split_multi_step_bucket
+
+    if program.mode == MULTI_STEP:
+        return MultiStepPrograms(runner).lower(*split_multi_step_bucket(program.bucket))
+    return runner.lower(program.bucket, program.mode)
 
 
 def kv_pool_bytes(cfg: ModelConfig, ec: EngineConfig, dtype: Any) -> int:
@@ -195,8 +217,13 @@ def preload(engine: Any) -> int:
     store = engine.runner.program_store
     if store is None:
         return 0
+    from jaxinfer.runner_multi import MULTI_STEP, split_multi_step_bucket
+
     for mode, bucket in list(store.entries):
-        engine.runner.executable(bucket, mode)
+        if mode == MULTI_STEP:
+            engine.multi_step_programs.executable(*split_multi_step_bucket(bucket))
+        else:
+            engine.runner.executable(bucket, mode)
     return len(store.entries)
 
 

@@ -104,10 +104,10 @@ _NOT_IN_PROGRAMS = ("eos_token_ids", "bos_token_id", "name")
 # that list). Host-only modules (engine, scheduler, loading, ...) do not invalidate a cache.
 PROGRAM_SOURCES = ("jaxinfer/batch.py", "jaxinfer/config.py", "jaxinfer/layers", "jaxinfer/models",
                    "jaxinfer/order_keys.py", "jaxinfer/quantization.py", "jaxinfer/row_reduce.py",
-                   "jaxinfer/runner.py", "jaxinfer/sampling.py", "jaxinfer/sampling_filters.py",
-                   "jaxinfer/sampling_noise.py", "jaxinfer/sampling_params.py",
-                   "jaxinfer/sampling_penalties.py", "jaxinfer/sampling_topk.py",
-                   "pallas_kernels")
+                   "jaxinfer/runner.py", "jaxinfer/runner_multi.py", "jaxinfer/sampling.py",
+                   "jaxinfer/sampling_filters.py", "jaxinfer/sampling_noise.py",
+                   "jaxinfer/sampling_params.py", "jaxinfer/sampling_penalties.py",
+                   "jaxinfer/sampling_topk.py", "pallas_kernels")
 
 
 # Kernel choices the programs read from the environment at trace time.
@@ -169,7 +169,9 @@ def fingerprint(model_config: ModelConfig, engine_config: EngineConfig, runner: 
     engine = dataclasses.asdict(engine_config)
     engine.pop("seed")  # seeds are program inputs
     engine.pop("async_scheduling")  # same programs either way (the gather ones always built)
-    engine.pop("num_scheduler_steps")  # same one-step programs (multi-step ones not cached)
+    # Programs are keyed by k (multi-step ones carry it in their bucket): a cache built for
+    # one k serves another, whose k-step programs then compile at first use.
+    engine.pop("num_scheduler_steps")
     backend = jax.extend.backend.get_backend()
     dev = jax.devices()[0]
     fp = {

@@ -66,10 +66,10 @@ def _compile_program(runner: Any, program: Program) -> tuple[bytes, float]:
     # nobody here and refused below.
     jax.clear_caches()
     before, t0 = xla_compilations(), time.perf_counter()
+    from jaxinfer.compile import lower_program
     from jaxinfer.runner import COMPILER_OPTIONS
 
-    compiled = runner.lower(program.bucket, program.mode).compile(
-        compiler_options=COMPILER_OPTIONS)
+    compiled = lower_program(runner, program).compile(compiler_options=COMPILER_OPTIONS)
     seconds = time.perf_counter() - t0
     if xla_compilations() == before:
         raise CompileCacheError(f"{program.mode} {program.bucket} came from JAX's persistent "

@@ -158,7 +158,7 @@ class ModelRunner:
         # node by node (8B FP8, 323 arrays, an H200 host: a compiled no-op call 422 us with
         # the State, 156 us with the list; benchmarks/decode_launch.py, record
         # benchmarks/results/decode_launch_h200_s11-20261202.json).
-        self.weights, self._weights_tree = jax.tree.flatten(self.state)
+        self.weights, self.weights_tree = jax.tree.flatten(self.state)
         self.attention = attention
         self.page_size = page_size
         self.num_pages = num_pages
@@ -185,7 +185,7 @@ class ModelRunner:
 
     # ----------------------------------------------------------------- programs
     def _make_step(self, mode: str):
-        graphdef, attention, tree = self.graphdef, self.attention, self._weights_tree
+        graphdef, attention, tree = self.graphdef, self.attention, self.weights_tree
 
         # Arguments: (weights, cache, token_ids, md), weights the flat list ``self.weights``.
         # Returns (logits, cache): SAMPLE [S, V] float32, the rows of md.logits_indices;
@@ -199,7 +199,17 @@ class ModelRunner:
 
         return jax.jit(step, donate_argnums=(1,))
 
-    def _abstract_args(self, bucket: Bucket) -> tuple:
+    def abstract_args(self, bucket: Bucket) -> tuple:
+        """The program arguments of ``bucket`` as ``jax.ShapeDtypeStruct`` trees, for
+        ``jax.jit(...).lower`` without data (``jaxinfer compile``, runner_multi, benchmarks).
+
+        A model bucket (prefill / decode) gives ``(weights, cache, token_ids [T] int32, md)``:
+        the flat weight list (``self.weights``, unflattened by ``self.weights_tree``), the KV
+        pool tree and an ``AttentionMetadata`` of positions / slot_mapping / seq_ids [T],
+        block_tables [S, P], seq_lens / logits_indices [S] (all int32). A sampler bucket
+        gives ``(logits [S, V] float32, *SamplingArrays, counts)``; the history, gather and
+        page-copy buckets give their programs' arguments (comments below).
+        """
         T, S, P = bucket.num_tokens, bucket.num_seqs, bucket.max_pages
         i32, f32 = jnp.int32, jnp.float32
         sds = jax.ShapeDtypeStruct
@@ -227,8 +237,8 @@ class ModelRunner:
         ``bucket`` is a ``sampling.sampler_bucket``). Raises KeyError for an unknown mode
         or sampler variant."""
         if mode == SAMPLER:
-            return self._jitted_samplers[bucket.kind].lower(*self._abstract_args(bucket))
-        return self._jitted[mode].lower(*self._abstract_args(bucket))
+            return self._jitted_samplers[bucket.kind].lower(*self.abstract_args(bucket))
+        return self._jitted[mode].lower(*self.abstract_args(bucket))
 
     def executable(self, bucket: Bucket, mode: str = SAMPLE):
         """The program for ``bucket``: loaded from ``program_store`` if it has it, else

@@ -12,8 +12,12 @@ per step. The design was measured first by benchmarks/multistep_decode.py (8B FP
 H200: 3.31 ms a token with k = 16 when each call is waited for, vs 4.13 for the engine's
 step then; records ``multistep_decode_h200_s12-20261202.json``).
 
-Programs are built at first use per (decode bucket, sampler variant, k), not by
-``jaxinfer compile`` (they are not in its cache).
+Programs are keyed by (decode bucket, sampler variant, k). In a compile cache they are
+programs of mode :data:`MULTI_STEP` whose bucket is :func:`multi_step_bucket`'s (the decode
+bucket's shape, kind ``"<variant>.k<k>"``): ``jaxinfer compile --num-scheduler-steps k``
+builds those of :data:`MULTI_STEP_WARM_VARIANTS` for every decode bucket and page bucket
+(compile.enumerate_programs), a start with that cache loads them, and any other program
+compiles at its first use.
 """
 
 from __future__ import annotations
@@ -35,6 +39,38 @@ from jaxinfer.runner import COMPILER_OPTIONS, ModelRunner, _metadata
 from jaxinfer.sampling import SAMPLER_VARIANTS, SamplerNeeds, sample_rows, sampler_variant
 
 log = logging.getLogger(__name__)
+
+MULTI_STEP = "multistep"  # the programs' mode in a compile cache (compile_cache.Program)
+
+# The sampler variants whose k-step programs `jaxinfer compile` and the server's warm-up
+# build: greedy requests and the OpenAI-style default (temperature only); top-k / top-p /
+# penalty batches compile theirs at their first window.
+MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
+
+
+def multi_step_bucket(bucket: Bucket, variant: str, k: int) -> Bucket:
+    """The compile-cache bucket of the ``k``-step program of decode ``bucket`` sampling with
+    ``variant``: the same shape, kind ``"<variant>.k<k>"``.
+
+    Raises:
+      ValueError: ``bucket`` is not a decode bucket, ``variant`` is unknown or ``k`` < 2.
+    """
+    if bucket.kind != "decode" or variant not in SAMPLER_VARIANTS or k < 2:
+        raise ValueError(f"no multi-step program for {bucket}, variant {variant!r}, k={k}: "
+                         f"needs a decode bucket, one of {sorted(SAMPLER_VARIANTS)} and k >= 2")
+    return Bucket(f"{variant}.k{k}", bucket.num_tokens, bucket.num_seqs, bucket.max_pages)
+
+
+def split_multi_step_bucket(bucket: Bucket) -> tuple[Bucket, str, int]:
+    """Inverse of :func:`multi_step_bucket`: (decode bucket, variant, k).
+
+    Raises:
+      ValueError: ``bucket`` is not a multi-step program's bucket.
+    """
+    variant, _, k = bucket.kind.rpartition(".k")
+    if variant not in SAMPLER_VARIANTS or not k.isdigit() or int(k) < 2:
+        raise ValueError(f"{bucket} is not a multi-step program's bucket")
+    return Bucket("decode", bucket.num_tokens, bucket.num_seqs, bucket.max_pages), variant, int(k)
 
 
 def _multi_step(weights, cache, counts, token_ids, md, *sa, graphdef, tree, attention,
@@ -68,27 +104,40 @@ class MultiStepPrograms:
         self.runner = runner
         self._programs: dict[tuple[Bucket, str, int], Any] = {}
 
+    def lower(self, bucket: Bucket, variant: str, k: int) -> jax.stages.Lowered:
+        """Trace and lower the ``k``-step program of decode ``bucket`` with ``variant`` from
+        abstract shapes (works on an abstract runner: ``jaxinfer compile``)."""
+        r = self.runner
+        fn = jax.jit(functools.partial(
+            _multi_step, graphdef=r.graphdef, tree=r.weights_tree, attention=r.attention,
+            page_size=r.page_size, needs=SAMPLER_VARIANTS[variant], k=k),
+            donate_argnums=(1, 2))
+        weights, cache, token_ids, md = r.abstract_args(bucket)
+        sds = jax.ShapeDtypeStruct
+        sa = [sds(a.shape, a.dtype) for a in SamplingArrays.neutral(bucket.num_seqs)]
+        counts = sds(r.counts.shape, r.counts.dtype)
+        return fn.lower(weights, cache, counts, token_ids, md, *sa)
+
     def executable(self, bucket: Bucket, variant: str, k: int) -> Any:
-        """The program of ``k`` steps of decode ``bucket`` sampling with ``variant``, compiled
-        at the first call (counted in the runner's ``num_compilations``)."""
+        """The program of ``k`` steps of decode ``bucket`` sampling with ``variant``: loaded
+        from the runner's compile cache (``program_store``) if it holds it, else compiled now
+        (counted in the runner's ``num_compilations``); once per key."""
         key = (bucket, variant, k)
         exe = self._programs.get(key)
         if exe is None:
             r = self.runner
             t0, before = time.perf_counter(), xla_compilations()
-            fn = jax.jit(functools.partial(
-                _multi_step, graphdef=r.graphdef, tree=r._weights_tree, attention=r.attention,
-                page_size=r.page_size, needs=SAMPLER_VARIANTS[variant], k=k),
-                donate_argnums=(1, 2))
-            weights, cache, token_ids, md = r._abstract_args(bucket)
-            sds = jax.ShapeDtypeStruct
-            sa = [sds(a.shape, a.dtype) for a in SamplingArrays.neutral(bucket.num_seqs)]
-            counts = sds(r.counts.shape, r.counts.dtype)
-            exe = fn.lower(weights, cache, counts, token_ids, md, *sa).compile(
-                compiler_options=COMPILER_OPTIONS)
-            r.num_compilations += xla_compilations() - before
-            log.info("compiled %d-step decode %s (%s) in %.2f s", k, bucket, variant,
-                     time.perf_counter() - t0)
+            cached = multi_step_bucket(bucket, variant, k)
+            store = r.program_store
+            if store is not None and (MULTI_STEP, cached) in store.entries:
+                exe = store.load(MULTI_STEP, cached)
+            if exe is None:
+                exe = self.lower(bucket, variant, k).compile(compiler_options=COMPILER_OPTIONS)
+            compiled = xla_compilations() - before
+            r.num_compilations += compiled
+            r.num_loaded += compiled == 0
+            log.info("%s %d-step decode %s (%s) in %.2f s", "compiled" if compiled else "loaded",
+                     k, bucket, variant, time.perf_counter() - t0)
             self._programs[key] = exe
         return exe
 

@@ -140,7 +140,7 @@ def decode_step_time(eng, batch: int, ctx: int) -> dict:
     bucket = Bucket("decode", batch, batch, P)
     exe = runner.executable(bucket)
     compile_s = time.perf_counter() - t0
-    args = runner._abstract_args(bucket)
+    args = runner.abstract_args(bucket)
     md = type(args[3])(
         positions=jnp.full((batch,), ctx - 1, jnp.int32),
         slot_mapping=jnp.asarray(1 + np.arange(batch) * P + P - 1, jnp.int32) * PAGE

@@ -70,10 +70,6 @@ def set_max_queue_len(engine: LLMEngine, max_queue_len: int | None) -> None:
     sched.cfg = dataclasses.replace(sched.cfg, max_queue_len=max_queue_len)
 
 
-# The sampler variants whose multi-step programs warm_up builds: greedy requests and the
-# OpenAI-style default (temperature only); top-k / top-p / penalty batches compile theirs at
-# their first window.
-MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
 
 
 def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
@@ -93,6 +89,7 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
     from jaxinfer.batch import Bucket
     from jaxinfer.compile import preload
     from jaxinfer.runner import COPY
+    from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS
 
     t0 = time.perf_counter()
     # With a compile cache (`serve --cache-dir`), load the whole precompiled set now so no

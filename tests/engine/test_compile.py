@@ -85,6 +85,7 @@ RUN = textwrap.dedent("""
                       "variants": sorted(variants),
                       "compiled": r.num_compilations, "loaded": r.num_loaded,
                       "pipelined": llm.engine.num_pipelined_steps,
+                      "multi_steps": llm.engine.num_multi_steps,
                       "xla_while_running": xla_compilations() - before}))
 """)
 
@@ -314,6 +315,35 @@ def test_async_scheduling_compiles_nothing_in_a_fresh_process(cache_dir):
     assert warm["tokens"] == [o.outputs[0].token_ids for o in ref]
 
 
+def test_multi_step_programs_come_from_the_compile_cache(cache_dir, tmp_path):
+    """`jaxinfer compile --num-scheduler-steps 4` adds the k-step programs (greedy and
+    temperature, every decode bucket) to a cache of the same fingerprint, compiling only
+    those; a fresh process with k = 4 runs its multi-step windows from the cache, compiling
+    nothing, with the one-step engine's tokens."""
+    from jaxinfer.runner_multi import MULTI_STEP, MULTI_STEP_WARM_VARIANTS, multi_step_bucket
+
+    d = tmp_path / "k4"
+    shutil.copytree(cache_dir, d)
+    before = {p["file"] for p in json.loads((d / "manifest.json").read_text())["programs"]}
+    assert cli.main(["compile", "--model", MODEL, *CLI_ENGINE, "--num-scheduler-steps", "4",
+                     "--cache-dir", str(d), "--jobs", "1"]) == 0
+    added = [p for p in json.loads((d / "manifest.json").read_text())["programs"]
+             if p["file"] not in before]
+    ec = EngineConfig(**ENGINE)
+    want = {multi_step_bucket(p.bucket, v, 4) for p in enumerate_programs(ec, ["sample"])
+            if p.bucket.kind == "decode" for v in MULTI_STEP_WARM_VARIANTS}
+    assert len(want) == 2 * len(ec.decode_buckets) * len(ec.page_buckets)
+    assert {p["mode"] for p in added} == {MULTI_STEP}
+    assert {(p["kind"], p["num_tokens"], p["num_seqs"], p["max_pages"]) for p in added} == {
+        (b.kind, b.num_tokens, b.num_seqs, b.max_pages) for b in want}
+
+    warm = _fresh_process(d, engine=dict(ENGINE, num_scheduler_steps=4))
+    assert warm["multi_steps"] > 0
+    assert warm["compiled"] == 0 and warm["xla_while_running"] == 0
+    ref = LLM(MODEL, **ENGINE).generate(PROMPTS, GREEDY)
+    assert warm["tokens"] == [o.outputs[0].token_ids for o in ref]
+
+
 @pytest.mark.parametrize("change, expect", [
     ({"block_size": 8}, "engine.block_size: 16 -> 8"),
     ({"max_num_seqs": 1}, "engine.max_num_seqs: 2 -> 1"),
@@ -397,7 +427,7 @@ def test_a_bad_kernel_switch_fails_at_engine_start_on_any_backend(monkeypatch, v
 
 
 def test_program_sources_cover_the_runners_imports():
-    code = ("import sys, jaxinfer.runner, jaxinfer.layers.pallas_attention\n"
+    code = ("import sys, jaxinfer.runner, jaxinfer.runner_multi, jaxinfer.layers.pallas_attention\n"
             "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
             "      if n.split('.')[0] in ('jaxinfer', 'pallas_kernels') and m.__file__))")
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))

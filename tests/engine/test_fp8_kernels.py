@@ -137,7 +137,7 @@ def _cuda_program_text(monkeypatch, cfg, bucket, **engine_args) -> str:
                                 attention_backend="reference", dtype="bfloat16"),
                          **engine_args})
     runner = abstract_runner(cfg, ec)
-    args = runner._abstract_args(bucket)
+    args = runner.abstract_args(bucket)
     return lower_for_cuda(lambda *a: runner._jitted["sample"](*a), *args)
 
 

@@ -140,7 +140,8 @@ def test_num_scheduler_steps_must_be_a_positive_integer(bad):
 def test_serving_warm_up_builds_the_common_multi_step_programs():
     """A server's warm-up compiles the greedy and temperature k-step programs of every batch
     bucket, so such windows compile nothing while serving."""
-    from jaxinfer.serving.server import MULTI_STEP_WARM_VARIANTS, warm_up
+    from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS
+    from jaxinfer.serving.server import warm_up
 
     llm = LLM(tiny_loaded("llama"), **ENGINE, num_scheduler_steps=4)
     eng = llm.engine
@@ -152,3 +153,24 @@ def test_serving_warm_up_builds_the_common_multi_step_programs():
         SamplingParams(max_tokens=12, ignore_eos=True),
         SamplingParams(max_tokens=12, temperature=0.9, seed=1, ignore_eos=True)])
     assert eng.num_multi_steps > 0 and set(eng.multi_step_programs._programs) == built
+
+
+def test_multi_step_bucket_names_the_program_and_splits_back():
+    """The compile-cache key of a k-step program: the decode bucket's shape, kind
+    "<variant>.k<k>", and back; anything else is refused with what was wrong."""
+    from jaxinfer.batch import Bucket
+    from jaxinfer.runner_multi import multi_step_bucket, split_multi_step_bucket
+    from jaxinfer.sampling import SAMPLER_VARIANTS
+
+    dec = Bucket("decode", 16, 16, 8)
+    for variant in SAMPLER_VARIANTS:
+        b = multi_step_bucket(dec, variant, 8)
+        assert b.kind == f"{variant}.k8" and b.num_seqs == 16 and b.max_pages == 8
+        assert split_multi_step_bucket(b) == (dec, variant, 8)
+    for bucket, variant, k in ((Bucket("prefill", 16, 2, 4), "greedy", 4),
+                               (dec, "no-such-sampler", 4), (dec, "greedy", 1)):
+        with pytest.raises(ValueError, match="no multi-step program for"):
+            multi_step_bucket(bucket, variant, k)
+    for kind in ("greedy", "greedy.k1", "nosuch.k4", "greedy.kx"):
+        with pytest.raises(ValueError, match="is not a multi-step program's bucket"):
+            split_multi_step_bucket(Bucket(kind, 16, 16, 8))

@@ -181,7 +181,7 @@ def _program_text(monkeypatch, layers: int, T: int, S: int, maxp: int) -> str:
                       num_kv_heads=2, head_dim=64, num_layers=layers,
                       max_position_embeddings=4096)
     runner = abstract_runner(cfg, ec)
-    args = runner._abstract_args(Bucket("prefill", T, S, maxp))
+    args = runner.abstract_args(Bucket("prefill", T, S, maxp))
     return lower_for_cuda(lambda *a: runner._jitted["sample"](*a), *args)
 
 

@@ -208,8 +208,10 @@ def main(argv=None) -> int:
                 names = ""
                 if not args.cpu_smoke:  # interpret mode: checks only
                     run = make_run(fn, L, Hq, scales, kw)
-                    us, launches, names = cupti(run, (kc, vc, qkv, cos, sin, slots), L)
-                    kc, vc, _ = run(kc, vc, qkv, cos, sin, slots)  # donated: carry them
+                    # the caches are donated: carried from call to call (and here)
+                    state = [kc, vc, qkv, cos, sin, slots]
+                    us, launches, names = cupti(run, state, L, carry=2)
+                    kc, vc = state[:2]
                 row[label], row[label + "_launches"] = us, launches
                 cfg = dict(point=name, T=T, Hq=Hq, Hkv=Hkv, D=D, extra=extra or "none",
                            kv_dtype=row["kv"],

@@ -71,12 +71,20 @@ class Cupti:
     def __init__(self, enabled: bool):
         self.enabled = enabled
 
-    def __call__(self, run, args, calls: int) -> tuple[float, float, str]:
+    def __call__(self, run, args, calls: int, carry: int = 0) -> tuple[float, float, str]:
+        """(µs of kernels a call / ``calls``, kernels a call / ``calls``, kernel names) of
+        ``run(*args)``, the median of 3 runs after a warm-up. ``carry`` > 0: ``run`` donates
+        its first ``carry`` arguments and returns their successors first (a KV cache written
+        in place), so each run takes the previous run's outputs: ``args`` must be a list, and
+        holds the last outputs on return (or the last valid ones if CUPTI failed)."""
         if not self.enabled:
             return float("nan"), float("nan"), ""
         try:
             from jax.experimental.mosaic.gpu import profiler
-            _, ts = profiler.measure(run, aggregate=False, iterations=3)(*args)
+            if carry:
+                ts = _measure_carried(run, args, carry, 3)
+            else:
+                _, ts = profiler.measure(run, aggregate=False, iterations=3)(*args)
         except Exception as e:  # noqa: BLE001  CUPTI missing: wall clock only
             print("CUPTI failed, wall clock only:", repr(e)[:200], file=sys.stderr, flush=True)
             self.enabled = False
@@ -86,3 +94,31 @@ class Cupti:
         per_run = statistics.median(sum(ms for _, ms in it) for it in ts) * 1e3
         names = sorted({n.split("(")[0][:40] for n, _ in ts[0]})
         return per_run / calls, len(ts[0]) / calls, ",".join(names)
+
+
+def _measure_carried(run, args: list, carry: int, iterations: int) -> list | None:
+    """profiler.measure(aggregate=False)'s per-iteration kernel timings for a ``run`` that
+    donates its first ``carry`` arguments: each call takes the last call's outputs (JAX's
+    measure calls ``run`` with the same arguments every time, which donation forbids).
+    Uses the same CUPTI hooks as jax.experimental.mosaic.gpu.profiler (jax 0.11.2)."""
+    from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
+
+    def call():
+        out = run(*args)
+        args[:carry] = out[:carry]
+        return out
+
+    jax.block_until_ready(call())  # warm-up
+    ext = mosaic_gpu_lib._mosaic_gpu_ext
+    ext._cupti_init()
+    try:
+        for _ in range(iterations):
+            jax.block_until_ready(call())
+    finally:
+        timings = ext._cupti_get_timings(True)
+    if not timings:
+        return None
+    if len(timings) % iterations:
+        raise RuntimeError("kernel launches not divisible by the iterations")
+    n = len(timings) // iterations
+    return [timings[i * n:(i + 1) * n] for i in range(iterations)]

@@ -192,7 +192,9 @@ class EngineConfig:
         to the next, and the host reads k tokens a row back at once, so the host's launch
         and Python cost is paid once per k tokens (see multi_step.py). Tokens and finish
         reasons equal the one-step engine's; a row that stops mid-window wastes the rest of
-        its window; streams receive tokens k at a time. 1 = off (the default).
+        its window; streams receive tokens k at a time. With ``async_scheduling`` the next
+        window is dispatched before the last is read back (engine_multi.py). 1 = off (the
+        default).
     """
 
     max_model_len: int = 2048

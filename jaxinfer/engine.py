@@ -24,12 +24,12 @@ from jaxinfer.batch import SlotTable, StepInputs, build_step
 from jaxinfer.config import ModelConfig
 from jaxinfer.engine_async import plan_next_decode
 from jaxinfer.engine_config import _resolve_dtype, engine_config_for
+from jaxinfer.engine_multi import Window, launch_next_window, launch_window
 from jaxinfer.input_batch import InputBatch
 from jaxinfer.kv_sizing import size_for_engine
 from jaxinfer.layers.attention import get_backend
 from jaxinfer.models.params import fp8_names
 from jaxinfer.models.transformer import CausalLM, model_options
-from jaxinfer.multi_step import plan_multi_step
 from jaxinfer.outputs import (
     Logprobs,
     RequestOutput,
@@ -140,10 +140,12 @@ class LLMEngine:
         self._rows = InputBatch(self._slots, page_size=ec.block_size,
                                 max_pages=ec.page_buckets[-1])  # decode steps' host rows
         self._first_token_time: dict[int, float] = {}
-        self._pending: _Launched | None = None  # async scheduling: the step in flight
+        # async scheduling: the step (or multi-step window) in flight
+        self._pending: _Launched | Window | None = None
         self.num_pipelined_steps = 0  # steps dispatched before the previous was read
         self.multi_step_programs = MultiStepPrograms(self.runner)  # num_scheduler_steps > 1
         self.num_multi_steps = 0  # multi-step windows run
+        self.num_pipelined_windows = 0  # windows dispatched before the previous was read
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
                  self.kv_sizing.describe(ec.max_model_len))
 
@@ -271,38 +273,29 @@ class LLMEngine:
         call), and the next decode step is dispatched before this one's tokens are read
         back (see engine_async.py); the outputs are those of the synchronous engine.
         """
+        ec = self.config
         cur, self._pending = self._pending, None
         if cur is None:
             out = self.scheduler.schedule()
             if out.is_empty:
                 return []
             self._prepare_device(out)
-            if self.config.num_scheduler_steps > 1 and (done := self._multi_step(out)) is not None:
-                return done
-            inputs = self._inputs(out.chunks, out.is_prefill)
-            if not self.config.async_scheduling:
-                return self._collect(out, self.runner.execute(inputs))
-            cur = self._launch(out, inputs)
-        if self.config.num_scheduler_steps == 1:  # multi-step windows replace pipelining
+            if ec.num_scheduler_steps > 1:  # k decode steps in one program (engine_multi.py)
+                cur = launch_window(self, out)
+            if cur is None:
+                inputs = self._inputs(out.chunks, out.is_prefill)
+                if not ec.async_scheduling:
+                    return self._collect(out, self.runner.execute(inputs))
+                cur = self._launch(out, inputs)
+        if isinstance(cur, Window):
+            if ec.async_scheduling:
+                self._pending = launch_next_window(self, cur)
+            return self._collect_steps([(s, SampleResult(t))
+                                        for s, t in zip(cur.steps, cur.fetch())])
+        if ec.num_scheduler_steps == 1:  # with k > 1, windows pipeline instead
             self._pending = self._launch_next(cur)
         want_logprobs = bool(cur.inputs.sampling.want_logprobs.any())
         return self._collect(cur.out, self.runner.fetch(cur.result, want_logprobs))
-
-    def _multi_step(self, out: SchedulerOutput) -> list[RequestOutput] | None:
-        """Run decode step ``out`` as ``num_scheduler_steps`` steps in one program and record
-        them (multi_step.py); None when it must run as one step."""
-        ec, k = self.config, self.config.num_scheduler_steps
-        steps = plan_multi_step(self.scheduler, out, k, ec.max_model_len)
-        if steps is None:
-            return None
-        inputs = self._rows.build_decode(out.chunks, seq_buckets=ec.decode_buckets,
-                                         page_buckets=ec.page_buckets,
-                                         request_seeds=self._seeds, lookahead=k - 1)
-        if inputs is None:  # its pages stay allocated: the next steps use them
-            return None
-        tokens = self.multi_step_programs.run(inputs, k)
-        self.num_multi_steps += 1
-        return self._collect_steps([(s, SampleResult(t)) for s, t in zip(steps, tokens)])
 
     def _launch(self, out: SchedulerOutput, inputs: StepInputs,
                 token_ids: Any = None) -> _Launched:

@@ -65,30 +65,45 @@ from jaxinfer.sequence import SequenceStatus
 
 
 class NextDecode(NamedTuple):
-    """A pipelined decode step.
+    """A pipelined decode step (or multi-step window).
 
     Attributes:
-      out: its plan (one chunk per row, feeding the token the step in flight samples).
+      out: its plan (one chunk per row, feeding the token the step in flight samples; of a
+        window: the first of ``steps``).
       rows: [S] int32, for each row of the new step the row of the step in flight whose
         sampled token it feeds (padding rows 0); S is both steps' batch bucket.
+      steps: the window's ``window`` one-step plans (multi_step.plan_multi_step's form);
+        ``[out]`` for one step.
     """
 
     out: SchedulerOutput
     rows: np.ndarray
+    steps: list[SchedulerOutput]
 
 
 def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int,
-                     decode_buckets: tuple[int, ...], max_model_len: int) -> NextDecode | None:
+                     decode_buckets: tuple[int, ...], max_model_len: int,
+                     window: int = 1) -> NextDecode | None:
     """Plan decode step k+1 from ``prev``, the decode step k in flight (its tokens not yet
     appended), allocating the rows' pages; None when the step must not pipeline (see the
     module docstring; nothing is allocated then).
+
+    ``window`` w > 1 (multi-step decode, multi_step.py): ``prev`` is the first step of a
+    w-step window in flight and the plan is the next window's w steps, feeding the token the
+    window's last step samples. It pipelines under the same conditions, except that nothing
+    may wait (admission is not predicted over a window), and only when the one-step engine
+    would run the next window as a window too (``plan_multi_step``: every kept row's
+    positions stay inside ``max_model_len``); rows that end by length inside the window in
+    flight are left out.
 
     Args:
       scheduler: the engine's scheduler (state after step k-1's ``postprocess``).
       prev: step k's plan.  prev_rows: step k's batch bucket S.
       decode_buckets: the engine's decode batch buckets.  max_model_len: the engine's.
+      window: decode steps per program (1: one-step async scheduling).
     """
-    if prev.is_prefill or not prev.chunks:
+    w = window
+    if prev.is_prefill or not prev.chunks or (w > 1 and scheduler.waiting):
         return None
     live: list[tuple[int, ScheduledChunk]] = []
     for i, c in enumerate(prev.chunks):
@@ -105,9 +120,12 @@ def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int
     keep = []
     for i, c in live:
         seq, sp = c.seq, c.seq.sampling_params
-        # After step k: num_output_tokens + 1 outputs, num_tokens + 1 tokens.
-        if seq.num_output_tokens + 1 >= sp.max_tokens or seq.num_tokens + 1 >= max_model_len:
+        # After step k (a window: its w steps): num_output_tokens + w outputs, num_tokens + w
+        # tokens.
+        if seq.num_output_tokens + w >= sp.max_tokens or seq.num_tokens + w >= max_model_len:
             continue  # ends by length at step k: the synchronous scheduler drops it too
+        if seq.num_tokens + 2 * w - 1 > max_model_len:  # positions fed < max_model_len
+            return None  # the next window would run as one step
         keep.append((i, c))
     if not keep or len(keep) > decode_buckets[-1]:
         return None
@@ -117,18 +135,22 @@ def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int
     if pick(decode_buckets, len(keep), "sequence count") != prev_rows:
         return None
     bm = scheduler.block_manager
-    need = sum(bm.pages_needed(c.seq, 2) for _, c in keep)  # tokens start and start + 1
+    need = sum(bm.pages_needed(c.seq, 2 * w) for _, c in keep)  # tokens start .. + 2w - 1
     if need > bm.num_free_pages - bm.num_evictable_pages:
         return None
-    chunks = []
     for _, c in keep:
-        bm.allocate(c.seq, 2)
-        nxt = ScheduledChunk(c.seq, c.start + 1, 1)
-        nxt._samples = True  # it ends at the token step k samples
-        chunks.append(nxt)
+        bm.allocate(c.seq, 2 * w)
+    steps = []
+    for j in range(w):
+        chunks = []
+        for _, c in keep:
+            nxt = ScheduledChunk(c.seq, c.start + w + j, 1)
+            nxt._samples = True  # it ends at the token step k (the step before) samples
+            chunks.append(nxt)
+        steps.append(SchedulerOutput(False, chunks))
     rows = np.zeros(prev_rows, np.int32)
     rows[:len(keep)] = [i for i, _ in keep]
-    return NextDecode(SchedulerOutput(False, chunks), rows)
+    return NextDecode(steps[0], rows, steps)
 
 
 def admission_blocked(scheduler: Scheduler, rows: list[ScheduledChunk]) -> bool:

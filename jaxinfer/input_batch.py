@@ -51,16 +51,17 @@ class InputBatch:
 
     def build_decode(self, chunks: Seq[Any], *, seq_buckets: Seq[int],
                      page_buckets: Seq[int], request_seeds: Mapping[int, int],
-                     token_on_device: bool = False, lookahead: int = 0) -> StepInputs | None:
+                     token_on_device: int = 0, lookahead: int = 0) -> StepInputs | None:
         """The decode step of ``chunks``, equal to ``build_step(chunks, is_prefill=False,
         token_buckets=seq_buckets, slots=slots.mapping, ...)``; None when this path does not
         apply (then call ``build_step``, which also raises what that step raises): a chunk
         that is not a one-token sampling ``ScheduledChunk`` of a sequence holding a slot,
         a block table too short for the chunk, or more rows or pages than the buckets hold.
 
-        ``token_on_device`` (async scheduling): a chunk may feed the token one past the
-        sequence's known tokens (sampled by the step still in flight); its ``token_ids`` row
-        is then 0, to be replaced on the device (``ModelRunner.gather_tokens``).
+        ``token_on_device`` n > 0 (async scheduling; True counts as 1): a chunk may feed a
+        token up to n past the sequence's known tokens (sampled by the step, or n-step window,
+        still in flight); its ``token_ids`` row is then 0, to be replaced on the device
+        (``ModelRunner.gather_tokens``).
         ``lookahead`` (multi-step decode): the block tables also hold, and the page bucket
         covers, each row's pages of the ``lookahead`` tokens after its fed one (None when a
         row's table lacks them).
@@ -85,7 +86,7 @@ class InputBatch:
                 tok = prompt[start]
             elif start - n_prompt < len(seq.output_token_ids):
                 tok = seq.output_token_ids[start - n_prompt]
-            elif token_on_device and start - n_prompt == len(seq.output_token_ids):
+            elif start - n_prompt < len(seq.output_token_ids) + token_on_device:
                 tok = 0
             else:
                 return None

@@ -28,6 +28,8 @@ tokens, is rewritten before another sequence with penalties uses the slot (as fo
 engine's wasted row). Tokens and finish reasons equal the one-step engine's (sampling keys
 are per request and token); a request waiting for the place of a row that stops mid-window is
 admitted at the window's end, up to k - 1 steps later than the one-step engine would.
+With async scheduling the engine also dispatches the next window before reading one back
+(engine_multi.py, ``engine_async.plan_next_decode(window=k)``).
 """
 
 from __future__ import annotations

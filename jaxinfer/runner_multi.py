@@ -75,7 +75,8 @@ def split_multi_step_bucket(bucket: Bucket) -> tuple[Bucket, str, int]:
 
 def _multi_step(weights, cache, counts, token_ids, md, *sa, graphdef, tree, attention,
                 page_size: int, needs: SamplerNeeds, k: int):
-    """k decode steps: -> (tokens [k, S] int32, cache, counts); see the module docstring."""
+    """k decode steps: -> ((tokens [k, S] int32, the last step's [S]), cache, counts); see
+    the module docstring."""
     model = nnx.merge(graphdef, jax.tree.unflatten(tree, weights))
     sa = SamplingArrays(*sa)
     rows = jnp.arange(token_ids.shape[0])
@@ -92,9 +93,9 @@ def _multi_step(weights, cache, counts, token_ids, md, *sa, graphdef, tree, atte
         return cache, counts, so.tokens, md, index + 1, out.at[i].set(so.tokens)
 
     out = jnp.zeros((k, token_ids.shape[0]), jnp.int32)
-    cache, counts, _, _, _, out = jax.lax.fori_loop(
+    cache, counts, last, _, _, out = jax.lax.fori_loop(
         0, k, body, (cache, counts, token_ids, md, sa.sample_index, out))
-    return out, cache, counts
+    return (out, last), cache, counts
 
 
 class MultiStepPrograms:
@@ -141,12 +142,18 @@ class MultiStepPrograms:
             self._programs[key] = exe
         return exe
 
-    def run(self, inputs: StepInputs, k: int) -> np.ndarray:
-        """Run ``k`` decode steps from ``inputs`` (a decode step whose block tables hold the
-        pages of all k tokens of every row) and wait for them.
+    def launch(self, inputs: StepInputs, k: int,
+               token_ids: Any = None) -> tuple[jax.Array, jax.Array]:
+        """Dispatch ``k`` decode steps from ``inputs`` (a decode step whose block tables hold
+        the pages of all k tokens of every row) without waiting.
 
+        Args:
+          token_ids: [S] int32 on the device to feed instead of ``inputs.token_ids`` (a
+            pipelined window: the tokens the window in flight samples last, gathered by
+            ``ModelRunner.gather_tokens``).
         Returns:
-          [k, S] int32 tokens: row i of step j (padding rows garbage).
+          (tokens [k, S] int32: row i of step j, padding rows garbage; the last step's [S],
+          to feed a pipelined window), on the device.
         Raises:
           ValueError: some row asks for logprobs (the program returns tokens only).
         """
@@ -156,6 +163,11 @@ class MultiStepPrograms:
         r = self.runner
         variant = sampler_variant(inputs.sampling, r.model_config.vocab_size)
         exe = self.executable(inputs.bucket, variant, k)
-        tokens, r.cache, r.counts = exe(r.weights, r.cache, r.counts, inputs.token_ids,
-                                        _metadata(inputs), *inputs.sampling)
-        return np.asarray(tokens)
+        out, r.cache, r.counts = exe(
+            r.weights, r.cache, r.counts, inputs.token_ids if token_ids is None else token_ids,
+            _metadata(inputs), *inputs.sampling)
+        return out
+
+    def run(self, inputs: StepInputs, k: int) -> np.ndarray:
+        """:meth:`launch`, waited for: [k, S] int32 tokens on the host."""
+        return np.asarray(self.launch(inputs, k)[0])

@@ -130,6 +130,79 @@ def test_multi_step_plan_refuses_what_one_step_must_run():
     assert plan_multi_step(s, s.schedule(), 4, 256) is None  # a prefill step
 
 
+def test_next_window_plan_pipelines_only_what_the_one_step_engine_would_run():
+    """plan_next_decode(window=k) from a window in flight: the next k plans over the rows that
+    do not end by length inside it, feeding from the token k past the window's first, pages
+    for 2k tokens; None (nothing allocated) when a request waits or a kept row's next window
+    would pass max_model_len."""
+    from jaxinfer.engine_async import plan_next_decode
+
+    def window(max_tokens=(30, 30), **kw):
+        s = make(page_size=4, **kw)
+        for i, m in enumerate(max_tokens):
+            s.add(seq(i, 6, max_tokens=m))
+        out = s.schedule()
+        s.postprocess(out, [7] * len(out.chunks))  # both prefilled, one token each
+        out = s.schedule()
+        return s, out, plan_multi_step(s, out, 4, 256)
+
+    s, out, steps = window()
+    nxt = plan_next_decode(s, out, 2, (1, 2, 4), 256, window=4)
+    assert [[(c.seq.seq_id, c.start, c.samples) for c in o.chunks] for o in nxt.steps] == [
+        [(0, 10 + j, True), (1, 10 + j, True)] for j in range(4)]
+    assert nxt.out is nxt.steps[0] and nxt.rows.tolist() == [0, 1]
+    assert [len(q.block_table) for q in s.running] == [4, 4]  # tokens 0..13 on 4-token pages
+    for o in steps + nxt.steps:  # recorded in order, they extend both rows by 8 tokens
+        s.postprocess(o, [11, 21])
+    assert [q.num_output_tokens for q in s.running] == [9, 9]
+
+    s, out, _ = window(max_tokens=(30, 5))  # row 1 ends by length inside the window
+    nxt = plan_next_decode(s, out, 2, (1, 2, 4), 256, window=4)
+    assert nxt is None  # 1 row left: batch bucket 1, the gather program is keyed by 2
+    s, out, _ = window(max_tokens=(30, 5))
+    nxt = plan_next_decode(s, out, 2, (2, 4), 256, window=4)
+    assert [[c.seq.seq_id for c in o.chunks] for o in nxt.steps] == [[0]] * 4
+    assert nxt.rows.tolist() == [0, 0]
+
+    s, out, _ = window()
+    pages = [len(q.block_table) for q in s.running]
+    assert plan_next_decode(s, out, 2, (1, 2, 4), 13, window=4) is None  # positions 10..13
+    assert plan_next_decode(s, out, 2, (1, 2, 4), 14, window=4) is not None
+    s, out, _ = window()
+    s.add(seq(9, 3))  # waits: no window is planned over it
+    assert plan_next_decode(s, out, 2, (1, 2, 4), 256, window=4) is None
+    assert [len(q.block_table) for q in s.running] == pages  # nothing allocated
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_windows_pipeline_with_async_scheduling_only(async_scheduling):
+    """With async scheduling, windows are dispatched before the one in flight is read (EOS
+    and a stop id inside windows, seeded sampling, penalties); tokens and finish reasons equal
+    the one-step engine's and every page is freed. Without it, none pipelines."""
+    loaded = tiny_loaded("llama")
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(2, 90, int(rng.integers(3, 9))).tolist() for _ in range(4)]
+    params = [SamplingParams(max_tokens=20, ignore_eos=True),
+              SamplingParams(max_tokens=23, temperature=0.8, seed=2, ignore_eos=True),
+              SamplingParams(max_tokens=17, temperature=1.0, top_k=5, seed=4,
+                             repetition_penalty=1.2, ignore_eos=True),
+              SamplingParams(max_tokens=25, temperature=0.9, seed=6)]  # EOS at token 4
+    probe = LLM(loaded, **ENGINE, async_scheduling=False)
+    # request 1 stops at its 10th token's id (mid-window: the third window)
+    stop = probe.generate(prompts[1], params[1])[0].outputs[0].token_ids[9]
+    params[1] = dataclasses.replace(params[1], stop_token_ids=[stop])
+    one = LLM(loaded, **ENGINE, async_scheduling=False).generate(prompts, params)
+    assert [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in one][1:] == [
+        (probe.generate(prompts[1], params[1])[0].outputs[0].token_ids.index(stop) + 1,
+         "stop"), (17, "length"), (4, "stop")]
+    llm = LLM(loaded, **ENGINE, num_scheduler_steps=4, async_scheduling=async_scheduling)
+    _assert_same(llm.generate(prompts, params), one)
+    eng = llm.engine
+    assert eng.num_multi_steps > 0 and eng.num_pipelined_steps == 0
+    assert (eng.num_pipelined_windows > 0) == async_scheduling
+    assert eng.scheduler.block_manager.num_used_pages == 0
+
+
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
 def test_num_scheduler_steps_must_be_a_positive_integer(bad):
     with pytest.raises(ConfigError, match=f"num_scheduler_steps must be a positive integer, "

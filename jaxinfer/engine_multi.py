@@ -1,0 +1,78 @@
+"""The engine's multi-step windows (``EngineConfig.num_scheduler_steps`` k > 1): launching a
+window of k decode steps and, with ``async_scheduling``, the next window before the one in
+flight is read back. The plans: multi_step.py (a window from a scheduled step) and
+engine_async.plan_next_decode (``window=k``: the next window); the program: runner_multi.py.
+
+Pipelined windows follow the async engine's one-step pipelining (engine_async.py): window
+n+1 feeds, on the device, the tokens window n samples last (``ModelRunner.gather_tokens``);
+the host reads window n back while n+1 runs and records its k steps. A row that stops inside
+window n (EOS, a stop token or string) runs wasted in window n+1: its tokens are discarded
+and its pages freed with it. Nothing may wait for a window to pipeline, so a request that
+arrives while a window is in flight is admitted after it (up to 2k steps later than the
+one-step engine would; vLLM's multi-step scheduling behaves alike). Tokens and finish reasons
+are the one-step engine's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from jaxinfer.batch import StepInputs
+from jaxinfer.engine_async import plan_next_decode
+from jaxinfer.multi_step import plan_multi_step
+from jaxinfer.scheduler_types import SchedulerOutput
+
+if TYPE_CHECKING:
+    from jaxinfer.engine import LLMEngine
+
+
+class Window(NamedTuple):
+    """A dispatched multi-step window: its k one-step plans, host inputs and device output."""
+
+    steps: list[SchedulerOutput]
+    inputs: StepInputs
+    tokens: Any  # [k, S] int32 on the device
+    last: Any  # [S] int32 on the device: the last step's tokens
+
+    def fetch(self) -> np.ndarray:
+        """Wait for the window: its [k, S] tokens on the host."""
+        return np.asarray(self.tokens)
+
+
+def launch_window(engine: LLMEngine, out: SchedulerOutput) -> Window | None:
+    """Dispatch decode step ``out`` (just scheduled) as a window of ``num_scheduler_steps``
+    steps; None when it must run as one step (multi_step.plan_multi_step; a window whose
+    inputs the vectorized path cannot build keeps its pages for the next steps)."""
+    ec, k = engine.config, engine.config.num_scheduler_steps
+    steps = plan_multi_step(engine.scheduler, out, k, ec.max_model_len)
+    if steps is None:
+        return None
+    inputs = engine._rows.build_decode(out.chunks, seq_buckets=ec.decode_buckets,
+                                       page_buckets=ec.page_buckets,
+                                       request_seeds=engine._seeds, lookahead=k - 1)
+    if inputs is None:  # its pages stay allocated: the next steps use them
+        return None
+    engine.num_multi_steps += 1
+    return Window(steps, inputs, *engine.multi_step_programs.launch(inputs, k))
+
+
+def launch_next_window(engine: LLMEngine, cur: Window) -> Window | None:
+    """Dispatch the window after ``cur`` (in flight) if it pipelines
+    (``plan_next_decode(window=k)``); else None."""
+    ec, k = engine.config, engine.config.num_scheduler_steps
+    nxt = plan_next_decode(engine.scheduler, cur.steps[0], cur.inputs.bucket.num_seqs,
+                           ec.decode_buckets, ec.max_model_len, window=k)
+    if nxt is None:
+        return None
+    inputs = engine._rows.build_decode(nxt.out.chunks, seq_buckets=ec.decode_buckets,
+                                       page_buckets=ec.page_buckets,
+                                       request_seeds=engine._seeds, token_on_device=k,
+                                       lookahead=k - 1)
+    if inputs is None or inputs.bucket.num_seqs != len(nxt.rows):
+        return None  # its pages stay allocated: the next synchronous plan uses them
+    engine.num_multi_steps += 1
+    engine.num_pipelined_windows += 1
+    token_ids = engine.runner.gather_tokens(cur.last, nxt.rows)
+    return Window(nxt.steps, inputs, *engine.multi_step_programs.launch(inputs, k, token_ids))

@@ -204,7 +204,7 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
             if s is warm:
                 while eng.has_unfinished_requests():
                     eng.step()
-        windows = eng.num_multi_steps
+        windows, piped = eng.num_multi_steps, eng.num_pipelined_windows
         times, tc, tokens, seen = [], time.perf_counter(), {}, {}
         while eng.has_unfinished_requests():
             ts = time.perf_counter()
@@ -223,6 +223,7 @@ def engine_decode(model, backend: str, batches: list[int], ctx: int, steps: int,
         res[f"b{b}"] = {"tpot_ms_engine": 1000 * float(np.median(times)),
                         "tpot_ms_engine_mean": 1000 * float(np.mean(times)),
                         "multi_step_windows": eng.num_multi_steps - windows,
+                        "pipelined_windows": eng.num_pipelined_windows - piped,
                         "tpot_ms_device": 1000 * dev,
                         "tpot_ms_pipelined": 1000 * pipelined_time(replay),
                         "steps": len(times), "wall_s": time.perf_counter() - tc,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Not run: no machine started for it in ~16 min of tries; superseded by gpu_call_s27_d.sh.)
 # Session 27, call 2 (H200 or H100, ~570 s; replaces gpu_call_s27_b.sh, not run: no machine):
 # (1) check_rope_kv_write with the donated caches carried through CUPTI (call 1 passed its
 # first point -- the session-26 hang is gone -- then JAX's profiler.measure refused the

@@ -131,6 +131,28 @@ def inputs(rng, T, Hq, Hkv, D, P, ps):
     return qkv, cos, sin, jnp.asarray(slots)
 
 
+def point_inputs(T, Hq, Hkv, D, extra, dtype, L, pages, ps=16):
+    """One grid point's inputs, the same draw for both KV dtypes: ``(qkv, cos, sin, slots,
+    scales, kw, k_cache, v_cache)`` (qkv a ``SplitKPartials`` for the "split<S>" points)."""
+    rng = np.random.default_rng(T + Hq)
+    qkv, cos, sin, slots = inputs(rng, T, Hq, Hkv, D, pages, ps)
+    kw = extras(rng, Hq, Hkv, D, extra)
+    if extra.startswith("split"):
+        S, W = int(extra[5:]), qkv.shape[1]
+        qkv = SplitKPartials(
+            jnp.asarray(rng.standard_normal((S, T, W)), jnp.float32),
+            jnp.asarray(rng.uniform(0.01, 0.05, T), jnp.float32),
+            jnp.asarray(rng.uniform(0.5, 2.0, W), jnp.float32) * 10, jnp.bfloat16)
+    scales = (jnp.float32(0.5), jnp.float32(0.25)) if dtype == F8 else ()
+    shape = (L, Hkv, pages, ps, D)
+    # drawn on the device: 2 x 4.3 GB at the 8B's shape (numpy's float64 draw took the
+    # whole 100 s budget of session 26's first call before the first point)
+    kk, kv = jax.random.split(jax.random.key(T + Hq + D))
+    kc = jax.random.normal(kk, shape, jnp.bfloat16).astype(dtype)
+    vc = jax.random.normal(kv, shape, jnp.bfloat16).astype(dtype)
+    return qkv, cos, sin, slots, scales, kw, kc, vc
+
+
 def make_run(fn, layers: int, Hq: int, scales, kw):
     """``layers`` straight-line layers of ``fn`` (the kernel or the reference), the caches
     carried (donated: written in place), q summed so no layer is dead code."""
@@ -164,23 +186,9 @@ def main(argv=None) -> int:
     for name, T, Hq, Hkv, D, extra in grid:
         for dtype in (jnp.bfloat16, F8):
             print(f"-- {name} {jnp.dtype(dtype).name}", flush=True)
-            rng = np.random.default_rng(T + Hq)
             ps, L = 16, args.layers
-            qkv, cos, sin, slots = inputs(rng, T, Hq, Hkv, D, args.pages, ps)
-            kw = extras(rng, Hq, Hkv, D, extra)
-            if extra.startswith("split"):
-                S, W = int(extra[5:]), qkv.shape[1]
-                qkv = SplitKPartials(
-                    jnp.asarray(rng.standard_normal((S, T, W)), jnp.float32),
-                    jnp.asarray(rng.uniform(0.01, 0.05, T), jnp.float32),
-                    jnp.asarray(rng.uniform(0.5, 2.0, W), jnp.float32) * 10, jnp.bfloat16)
-            scales = (jnp.float32(0.5), jnp.float32(0.25)) if dtype == F8 else ()
-            shape = (L, Hkv, args.pages, ps, D)
-            # drawn on the device: 2 x 4.3 GB at the 8B's shape (numpy's float64 draw took
-            # the whole 100 s budget of session 26's first call before the first point)
-            kk, kv = jax.random.split(jax.random.key(T + Hq + D))
-            kc = jax.random.normal(kk, shape, jnp.bfloat16).astype(dtype)
-            vc = jax.random.normal(kv, shape, jnp.bfloat16).astype(dtype)
+            qkv, cos, sin, slots, scales, kw, kc, vc = point_inputs(
+                T, Hq, Hkv, D, extra, dtype, L, args.pages, ps)
             layer = jnp.int32(L // 2)
             got = jax.jit(functools.partial(kernel, **kw), static_argnums=7)(
                 kc, vc, layer, qkv, cos, sin, slots, Hq, *scales)

@@ -105,7 +105,8 @@ def q_point(name, dtype, pages, layers) -> dict:
     with jax.default_device(cpu):
         qs["cpu_q_only"] = jax.jit(functools.partial(q_only, **on_cpu[3]),
                                    static_argnums=(3, 4))(*on_cpu[:3], Hq, D)
-    base = jax.device_put(qs["cpu_q_only"], jax.devices()[0])
+    qs = {k: jax.device_put(v, jax.devices()[0]) for k, v in qs.items()}
+    base = qs["cpu_q_only"]
     out = {"point": name, "kv": jnp.dtype(dtype).name, "pages": pages}
     for k, v in qs.items():
         out[k + "_vs_cpu"] = compare(v, base)

@@ -62,12 +62,16 @@ _triton_prefill_jit = jax.jit(_triton_prefill,
 # the same stores either way (tests/kernels/test_kv_write.py).
 KV_WRITE_KERNEL = False
 
-# Decode steps rotate q / k and write K / V in one Pallas kernel straight from the QKV output
-# (rope_kv_write.rope_write_kv_pallas) instead of XLA's rotation and two scatters (three
-# launches a layer; with Qwen2's QKV bias and Qwen3 / Gemma 3's QK norm also theirs); prefill
-# keeps XLA's (one program per token and head is slow at thousands of tokens:
-# bench_kv_write's 8b_t4096). Off until timed on the GPU.
-ROPE_KV_WRITE_KERNEL = False
+# Decode steps of at most ROPE_KV_WRITE_MAX_TOKENS tokens rotate q / k and write K / V in one
+# Pallas kernel straight from the QKV output (rope_kv_write.rope_write_kv_pallas) instead of
+# XLA's rotation and two scatters (three launches a layer; with Qwen2's QKV bias and Qwen3 /
+# Gemma 3's QK norm also theirs). On since session 28: its device check passes at every point
+# (check_rope_kv_write.py, H100), CUPTI 1.33-2.42 vs XLA's 2.39-2.88 µs a layer at 1-64
+# tokens but 7.11 vs 4.44 at 256 (one Triton program per token and head), and the 8B FP8
+# decode step's device busy time drops 82 µs at 1 row and 85 at 64 (H100, session 28) as 90
+# and 96 on the H200 (session 26). Prefill keeps XLA's (bench_kv_write's 8b_t4096).
+ROPE_KV_WRITE_KERNEL = True
+ROPE_KV_WRITE_MAX_TOKENS = 64
 
 
 class PallasAttentionBackend(AttentionBackend):
@@ -103,9 +107,11 @@ class PallasAttentionBackend(AttentionBackend):
                    q_norm: jax.Array | None = None, k_norm: jax.Array | None = None,
                    eps: float = 1e-6) -> tuple[jax.Array, KVCache]:
         """The base class's, with bias, QK norm, RoPE and the KV write in one Pallas kernel on
-        decode steps where :data:`ROPE_KV_WRITE_KERNEL` and the head dim allow."""
+        decode steps where :data:`ROPE_KV_WRITE_KERNEL`, :data:`ROPE_KV_WRITE_MAX_TOKENS` and
+        the head dim allow."""
         kc, vc, index = cache.layer_view(layer)
         if not (ROPE_KV_WRITE_KERNEL and not md.is_prefill
+                and qkv.shape[0] <= ROPE_KV_WRITE_MAX_TOKENS
                 and rope_kv_write_supported(kc.shape[-1])):
             return super().attend_qkv(qkv, cos, sin, cache, layer, md, num_heads=num_heads,
                                       scale=scale, window=window, bias=bias, q_norm=q_norm,

@@ -247,7 +247,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=48)
-    ap.add_argument("--peer", default=".peers/torch_compile_llama.py")
+    ap.add_argument("--peer", default=".peers/torch_compile_llama.py",
+                    help="the PyTorch peer script, run at batch 1 first (\"\" skips it)")
     ap.add_argument("--backends", nargs="+", default=["pallas", "reference", "pallas:fp8"],
                     help="attention backend[:quantization[:kv_cache_dtype]] variants, run in "
                          "this order (e.g. pallas:fp8, pallas::fp8 for an FP8 KV cache)")

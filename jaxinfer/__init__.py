@@ -8,7 +8,14 @@ Python API (names as in vLLM)::
     print(out[0].outputs[0].text)
 """
 
-from jaxinfer.sampling_params import SamplingParams
+import os
+
+# transformers (tokenizers, configs, chat templates) announces at import that PyTorch is
+# absent, an advisory line jaxinfer never needs; its own switch for those lines, unless the
+# user set it. (The CLI also lowers transformers' verbosity.)
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+from jaxinfer.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams"]
 __version__ = "0.1.0"

@@ -209,7 +209,14 @@ class LLMEngine:
         if seq is None:
             return False
         self._forget(request_id)
+        self._drop_stale_pending()
         return True
+
+    def _drop_stale_pending(self) -> None:
+        """Forget the step or window in flight once no request is left (its rows all finished
+        or were aborted): reading it back would only cost the next ``step`` call."""
+        if self._pending is not None and not self.scheduler.has_unfinished:
+            self._pending = None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
@@ -273,6 +280,11 @@ class LLMEngine:
         call), and the next decode step is dispatched before this one's tokens are read
         back (see engine_async.py); the outputs are those of the synchronous engine.
         """
+        outs = self._step()
+        self._drop_stale_pending()
+        return outs
+
+    def _step(self) -> list[RequestOutput]:
         ec = self.config
         cur, self._pending = self._pending, None
         if cur is None:

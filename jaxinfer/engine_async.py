@@ -22,8 +22,10 @@ have planned the same rows, that is when
   prefix-cache match exceeds ``max_num_batched_tokens``; or the pages it needs exceed the
   free pages), its prefix match taken over the cached pages plus the pages step k fills
   (registered when step k is read back);
-* every row's pages for the new token come from never-cached free pages (no preemption, no
-  eviction of a prefix-cache page that the synchronous engine would have kept);
+* every row's pages for the new token come from free pages (no preemption): with nothing
+  waiting any free page, a cached one evicted least recently released first as the
+  synchronous scheduler's next steps would (``pages_ahead``); while a request waits only
+  never-cached ones, so that its admission sees the synchronous scheduler's prefix cache;
 * the rows fill the same batch bucket as step k (the gather program is keyed by it).
 
 Otherwise the engine reads step k back and schedules synchronously. Rows of step k that must
@@ -136,7 +138,7 @@ def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int
         return None
     bm = scheduler.block_manager
     need = sum(bm.pages_needed(c.seq, 2 * w) for _, c in keep)  # tokens start .. + 2w - 1
-    if need > bm.num_free_pages - bm.num_evictable_pages:
+    if need > pages_ahead(scheduler):
         return None
     for _, c in keep:
         bm.allocate(c.seq, 2 * w)
@@ -151,6 +153,21 @@ def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int
     rows = np.zeros(prev_rows, np.int32)
     rows[:len(keep)] = [i for i, _ in keep]
     return NextDecode(steps[0], rows, steps)
+
+
+def pages_ahead(scheduler: Scheduler) -> int:
+    """Free pages a plan made ahead of the synchronous scheduler (a pipelined step or window,
+    a multi-step window) may allocate. With nothing waiting, all of them: cached ones are
+    evicted least recently released first, as the synchronous scheduler's next steps would
+    evict them (a row that then stops early may leave evicted a page the synchronous engine
+    would still hold: a later request's prefix match can be shorter, which changes the work,
+    not the tokens). While a request waits, only never-cached pages, so that its admission
+    (``admission_blocked``) sees the prefix cache the synchronous scheduler would.
+
+    Before session 28 it was never-cached pages always: once a server's traffic had cycled
+    the pool, every free page was cached and no step or window pipelined again."""
+    bm = scheduler.block_manager
+    return bm.num_free_pages - (bm.num_evictable_pages if scheduler.waiting else 0)
 
 
 def admission_blocked(scheduler: Scheduler, rows: list[ScheduledChunk]) -> bool:

@@ -17,8 +17,8 @@ A decode step ``out`` the scheduler planned runs as k steps when
 * every row's positions stay inside ``max_model_len`` for all k steps;
 * nothing is waiting, or the one-step scheduler could admit none of the waiting sequences
   now (``engine_async.admission_blocked``);
-* the pages for all k tokens of every row come from never-cached free pages (no preemption,
-  no eviction of a prefix-cache page that the one-step engine would have kept).
+* the pages for all k tokens of every row come from free pages (no preemption;
+  ``engine_async.pages_ahead``: never-cached ones only while a request waits).
 
 Otherwise the step runs as one. The host then applies each of the k steps in order, as the
 one-step engine would (``Scheduler.postprocess``, stop strings, outputs): a row that stops at
@@ -34,7 +34,7 @@ With async scheduling the engine also dispatches the next window before reading 
 
 from __future__ import annotations
 
-from jaxinfer.engine_async import admission_blocked
+from jaxinfer.engine_async import admission_blocked, pages_ahead
 from jaxinfer.scheduler import Scheduler
 from jaxinfer.scheduler_types import ScheduledChunk, SchedulerOutput
 from jaxinfer.sequence import SequenceStatus
@@ -71,7 +71,7 @@ def plan_multi_step(scheduler: Scheduler, out: SchedulerOutput, k: int,
         return None
     bm = scheduler.block_manager
     need = sum(bm.pages_needed(c.seq, k) for c in out.chunks)  # tokens start .. start + k - 1
-    if need > bm.num_free_pages - bm.num_evictable_pages:
+    if need > pages_ahead(scheduler):
         return None
     for c in out.chunks:
         bm.allocate(c.seq, k)

@@ -247,3 +247,56 @@ def test_multi_step_bucket_names_the_program_and_splits_back():
     for kind in ("greedy", "greedy.k1", "nosuch.k4", "greedy.kx"):
         with pytest.raises(ValueError, match="is not a multi-step program's bucket"):
             split_multi_step_bucket(Bucket(kind, 16, 16, 8))
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_steps_pipeline_after_the_prefix_cache_holds_every_free_page(k):
+    """A server's earlier traffic leaves every free page cached (evictable); with nothing
+    waiting a pipelined step (k = 1) or window (k = 4) may still evict them, as the
+    synchronous scheduler's next steps would: the same batch pipelines as on a fresh engine,
+    with the synchronous one-step engine's tokens, and every page comes back. (Before
+    engine_async.pages_ahead, plans took never-cached pages only and nothing pipelined.)"""
+    loaded = tiny_loaded("llama")
+    rng = np.random.default_rng(0)
+    kw = {**ENGINE, "num_kv_pages": 48}
+    sp = SamplingParams(max_tokens=24, temperature=0.9, seed=3, ignore_eos=True)
+    batch = [rng.integers(2, 96, 12).tolist() for _ in range(2)]
+    want = LLM(loaded, **kw, async_scheduling=False).generate(batch, sp)
+    llm = LLM(loaded, **kw, num_scheduler_steps=k)
+    eng, bm = llm.engine, llm.engine.scheduler.block_manager
+    for _ in range(6):  # distinct earlier traffic: the prefix cache takes the freed pages
+        llm.generate([rng.integers(2, 96, 12).tolist() for _ in range(2)], sp)
+    # never-cached free pages: 2 left of 47 (fewer than the 9 pages a request of the batch
+    # fills): the rest hold cached K/V
+    assert bm.num_free_pages - bm.num_evictable_pages < 4
+    before = eng.num_pipelined_steps + eng.num_pipelined_windows
+    got = llm.generate(batch, sp)
+    assert [(c.token_ids, c.finish_reason) for o in got for c in o.outputs] == [
+        (c.token_ids, c.finish_reason) for o in want for c in o.outputs]
+    assert eng.num_pipelined_steps + eng.num_pipelined_windows - before >= 3
+    assert bm.num_used_pages == 0
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_no_step_stays_in_flight_once_every_request_is_done(k):
+    """A step (k = 1) or window (k = 4) dispatched ahead whose rows then all finish or are
+    aborted is forgotten at once: the engine holds nothing in flight, and a request added
+    next gets its first token from the very next step() (not one call later)."""
+    loaded = tiny_loaded("llama")
+    llm = LLM(loaded, **ENGINE, num_scheduler_steps=k)
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    rid = eng.add_request([5, 6, 7, 8, 9], sp)
+    for _ in range(6):
+        eng.step()
+    assert eng._pending is not None  # a step or window dispatched ahead
+    assert eng.abort_request(rid)
+    assert eng._pending is None and not eng.has_unfinished_requests()
+    rid = eng.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    outs = eng.step()
+    assert [o.request_id for o in outs] == [rid] and len(outs[0].outputs[0].token_ids) == 1
+    # finishing by length inside a window in flight: nothing left in flight either
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng._pending is None
+    assert eng.scheduler.block_manager.num_used_pages == 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# (Not run: no machine was lent for it; superseded by gpu_call_s27_c.sh.)
+# (Not run: no machine was lent for it; superseded by the call that ran in session 28 as gpu_call_s28_a.sh.)
 # Session 27, call 2 (H200 or H100, ~480 s): (1) check_rope_kv_write with the donated caches
 # carried through CUPTI (call 1 checked its first point on the device -- the session-26 hang
 # is gone -- then stopped: JAX's profiler.measure calls the run with the same, donated,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 27, call 2 (~190 s: the device time left after ~16 min of machines that did not
-# start; gpu_call_s27_c.sh never ran): the 8B shape, FP8 weights + FP8 KV, the RoPE kernel on,
+# start; not run either -- session 28's gpu_call_s28_a.sh covers it): the 8B shape, FP8
+# weights + FP8 KV, the RoPE kernel on,
 # batch 1, beside the torch.compile peer in the same process: multi-step k=8 with pipelined
 # windows (engine_multi.py) vs one step a program.
 #   OUT=... bash scripts/gpu_call_s27_d.sh

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Session 28, call 1: gpu_call_s27_c.sh as written (never ran in session 27: no machine).
+# Session 28, call 1 (~570 s; prepared in session 27 as gpu_call_s27_c.sh, which never ran:
+# no machine started; removed as this copy's duplicate).
 # (1) check_rope_kv_write with the donated caches carried through CUPTI (call 1 passed its
 # first point -- the session-26 hang is gone -- then JAX's profiler.measure refused the
 # donated arrays); (2) the engine end to end on the 8B shape, FP8 weights + FP8 KV, the RoPE
 # kernel on, beside the torch.compile peer in the same process: multi-step k=8 with windows
 # now pipelined (engine_multi.py) at batch 1 and 64, then one step a program at batch 1;
 # (3) FUSE_SPLITK_RESIDUAL in the 8B FP8 decode step at 64 rows, on vs off (device busy).
-#   OUT=... bash scripts/gpu_call_s27_c.sh
+#   OUT=... bash scripts/gpu_call_s28_a.sh
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh

@@ -92,21 +92,25 @@ def untouched_equal(got: jax.Array, want: jax.Array, slots: jax.Array, layer) ->
     return jnp.all(same | ~keep)
 
 
-def reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks=None, vs=None, *, bias=None,
-              q_norm=None, k_norm=None, eps=1e-6):
-    """XLA's path, the engine's default (AttentionBackend.attend_qkv): split, + bias,
-    per-head rms_norm, apply_rope on q and k, write_kv_ref."""
+def rotated_qkv(qkv, cos, sin, Hq, Hkv, D, *, bias=None, q_norm=None, k_norm=None,
+                eps=1e-6):
+    """XLA's q, k, v of the engine's default path (AttentionBackend.attend_qkv) before the
+    write: split, + bias, per-head rms_norm, apply_rope on q and k."""
     if isinstance(qkv, SplitKPartials):  # the GEMM's epilogue, fused by XLA into its users
         qkv = qkv.reduce()
-    T, D, Hkv = qkv.shape[0], kc.shape[-1], kc.shape[1]
+    T = qkv.shape[0]
     q, k, v = jnp.split(qkv, [Hq * D, (Hq + Hkv) * D], -1)
     if bias is not None:
         q, k, v = q + bias[0], k + bias[1], v + bias[2]
     q, k, v = q.reshape(T, Hq, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D)
     if q_norm is not None:
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def reference(kc, vc, layer, qkv, cos, sin, slots, Hq, ks=None, vs=None, **kw):
+    """XLA's path, the engine's default: :func:`rotated_qkv`, then write_kv_ref."""
+    q, k, v = rotated_qkv(qkv, cos, sin, Hq, kc.shape[1], kc.shape[-1], **kw)
     kc, vc = ref.write_kv_ref(kc, vc, layer, k, v, slots, k_scale=ks, v_scale=vs)
     return q, kc, vc
 

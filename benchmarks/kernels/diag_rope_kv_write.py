@@ -32,7 +32,14 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
 
-from benchmarks.kernels.check_rope_kv_write import F8, GRID, point_inputs, reference, steps_apart  # noqa: E402
+from benchmarks.kernels.check_rope_kv_write import (  # noqa: E402
+    F8,
+    GRID,
+    point_inputs,
+    reference,
+    rotated_qkv,
+    steps_apart,
+)
 from pallas_kernels.paged_attention.rope_kv_write import rope_write_kv_pallas  # noqa: E402
 
 
@@ -64,22 +71,6 @@ def fp8_rounding() -> dict:
     return out
 
 
-def q_only(qkv, cos, sin, Hq, D, bias=None, q_norm=None, k_norm=None, eps=1e-6):
-    """reference()'s q without the caches (runs on the CPU without 4 GB pools)."""
-    from jaxinfer.layers.norm import rms_norm
-    from jaxinfer.layers.rope import apply_rope
-    if not isinstance(qkv, jax.Array):
-        qkv = qkv.reduce()
-    T = qkv.shape[0]
-    q = qkv[:, :Hq * D]
-    if bias is not None:
-        q = q + bias[0]
-    q = q.reshape(T, Hq, D)
-    if q_norm is not None:
-        q = rms_norm(q, q_norm, eps)
-    return apply_rope(q, cos, sin)
-
-
 def compare(a, b) -> dict:
     s, f = steps_apart(a, b)
     return {"max_steps": s, "frac": round(f, 5)}
@@ -98,13 +89,15 @@ def q_point(name, dtype, pages, layers) -> dict:
                                                   *scales)[0]
     qs["xla"] = jax.jit(functools.partial(reference, **kw), static_argnums=7)(
         kc, vc, layer, qkv, cos, sin, slots, Hq, *scales)[0]
-    qs["xla_q_only"] = jax.jit(functools.partial(q_only, **kw), static_argnums=(3, 4))(
-        qkv, cos, sin, Hq, D)
+    def q_only(*a, **k):  # the reference's q without the caches (CPU: no 4 GB pools)
+        return rotated_qkv(*a, **k)[0]
+    qs["xla_q_only"] = jax.jit(functools.partial(q_only, **kw), static_argnums=(3, 4, 5))(
+        qkv, cos, sin, Hq, Hkv, D)
     cpu = jax.devices("cpu")[0]
     on_cpu = jax.tree.map(lambda a: jax.device_put(a, cpu), (qkv, cos, sin, kw))
     with jax.default_device(cpu):
         qs["cpu_q_only"] = jax.jit(functools.partial(q_only, **on_cpu[3]),
-                                   static_argnums=(3, 4))(*on_cpu[:3], Hq, D)
+                                   static_argnums=(3, 4, 5))(*on_cpu[:3], Hq, Hkv, D)
     qs = {k: jax.device_put(v, jax.devices()[0]) for k, v in qs.items()}
     base = qs["cpu_q_only"]
     out = {"point": name, "kv": jnp.dtype(dtype).name, "pages": pages}

@@ -115,7 +115,7 @@ def test_rope_kv_write_kernel_in_the_h200_decode_program(monkeypatch):
     for on, max_tokens in ((True, 64), (False, 64), (True, 3)):
         monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", on)
         monkeypatch.setattr(pa, "ROPE_KV_WRITE_MAX_TOKENS", max_tokens)
-        on = on and max_tokens >= 4  # the bucket's 4 tokens
+        in_program = on and max_tokens >= 4  # the bucket's 4 tokens
         for extra in ({}, {"attention_bias": True, "qk_norm": True}):
             cfg = tiny_config("llama", hidden_size=256, intermediate_size=512, num_heads=4,
                               num_kv_heads=2, head_dim=64, num_layers=3, **extra)
@@ -123,7 +123,7 @@ def test_rope_kv_write_kernel_in_the_h200_decode_program(monkeypatch):
                 monkeypatch, cfg, Bucket("decode", 4, 4, 4), max_num_batched_tokens=128,
                 prefill_buckets=(128,), attention_backend="pallas", kv_cache_dtype="fp8",
                 quantization=None, matmul_backend="xla")
-            if on:
+            if in_program:
                 assert 'name = "rope_kv_write"' in text  # the kernel, under its own jit
                 assert text.count("call @_rope_write(") == 3
                 assert "stablehlo.scatter" not in text

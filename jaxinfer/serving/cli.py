@@ -9,6 +9,18 @@ import sys
 from typing import Any
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, an int in [0, 65535] (a clear message otherwise; the
+    socket layer would take 99999 as 99999 mod 65536)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int in [0, 65535], got {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {n}")
+    return n
+
+
 def add_serving_commands(sub: Any) -> None:
     """Register ``serve`` and ``client`` on the ``jaxinfer`` CLI's subparsers."""
     add_serve_parser(sub)
@@ -29,8 +41,9 @@ def add_serve_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve the model over gRPC (jaxinfer.v1.Inference)")
     _add_engine_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port (0: any free)")
-    p.add_argument("--metrics-port", type=int, default=None,
+    p.add_argument("--port", type=port_number, default=DEFAULT_PORT,
+                   help="gRPC port, 0-65535 (0: any free)")
+    p.add_argument("--metrics-port", type=port_number, default=None,
                    help="Prometheus /metrics port on --host (default: off)")
     _add_if_missing(p, "--max-num-batched-tokens", type=int, default=None,
                     help="most prompt tokens in one prefill step")

@@ -22,6 +22,30 @@ class InvalidRequest(ValueError):
     """A request is malformed or out of range; the message names the field."""
 
 
+def unknown_fields(msg: Any, path: str = "") -> list[str]:
+    """Paths of the fields in ``msg`` (and its set sub-messages) that this server's schema does
+    not know, e.g. ``["sampling.#99"]``: what a newer client sent and this server would
+    silently drop. ``#N`` is the field number (the name is unknown here).
+
+    Source: protobuf's ``google.protobuf.unknown_fields.UnknownFieldSet``.
+    """
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    found = [f"{path}#{f.field_number}" for f in UnknownFieldSet(msg)]
+    for fd, value in msg.ListFields():
+        if fd.message_type is None or fd.message_type.GetOptions().map_entry:
+            continue
+        repeated = getattr(fd, "is_repeated", None)
+        if repeated is None:  # protobuf < 5.28: the label
+            repeated = fd.label == fd.LABEL_REPEATED
+        if repeated:
+            for i, sub in enumerate(value):
+                found += unknown_fields(sub, f"{path}{fd.name}[{i}].")
+        else:
+            found += unknown_fields(value, f"{path}{fd.name}.")
+    return found
+
+
 def sampling_params_from_proto(msg: pb.SamplingParameters) -> SamplingParams:
     """``SamplingParams`` from the set fields of ``msg``.
 

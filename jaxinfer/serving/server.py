@@ -48,6 +48,8 @@ def check_port_free(host: str, port: int, what: str = "listen") -> None:
     machine), so ``jaxinfer serve`` fails before spending seconds loading a model. Binds a
     probe socket with SO_REUSEADDR, as gRPC's listener does, and closes it; port 0 always
     passes. The server's own bind still decides (the port may be taken in between)."""
+    if not 0 <= port <= 65535:  # getaddrinfo would wrap it modulo 65536
+        raise ServerError(f"cannot {what} on {host}:{port}: a port is in [0, 65535]")
     if not port:
         return
     try:

@@ -55,6 +55,7 @@ from jaxinfer.serving.protocol import (
     sampling_params_from_proto,
     set_stop_reason,
     token_logprobs,
+    unknown_fields,
 )
 
 if TYPE_CHECKING:
@@ -213,14 +214,19 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             if kind == "text":  # as vLLM's /tokenize: a text that cannot fit is refused
                 add = (request.add_special_tokens if request.HasField("add_special_tokens")
                        else True)
-                check_text_fits(tok, (request.text,), self.engine.config.max_model_len)
+                limit = self.engine.config.max_model_len
+                check_text_fits(tok, (request.text,), limit)  # a lower bound, before encoding
                 ids = await self._off_loop(tok.encode, request.text, add)
+                if len(ids) > limit:
+                    raise InvalidRequest(f"the text is {len(ids)} tokens; max_model_len is "
+                                         f"{limit}")
             elif kind == "chat":
                 ids = await self._off_loop(self.engine.encode_chat, chat_messages(request.chat))
             else:
                 raise InvalidRequest("request has no input: set text or chat")
         except Exception as e:  # noqa: BLE001 - InvalidRequest, TokenizerError, jinja2 errors
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{kind}: {e}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{kind}: {e}" if kind else str(e))
         return pb.TokenizeResponse(token_ids=ids)
 
     async def Detokenize(self, request: pb.DetokenizeRequest,
@@ -251,9 +257,13 @@ class _Malformed:
 def _deserializer(cls: Any) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
         try:
-            return cls.FromString(data)
+            msg = cls.FromString(data)
         except DecodeError as e:  # e.g. "String field had bad UTF-8"
             return _Malformed(f"the {cls.DESCRIPTOR.name} does not parse: {e}")
+        if unknown := unknown_fields(msg):  # a newer client's field: refused, not dropped
+            return _Malformed(f"{cls.DESCRIPTOR.name} has fields this server does not know: "
+                              f"{', '.join(unknown)} (field numbers; a newer client?)")
+        return msg
     return parse
 
 

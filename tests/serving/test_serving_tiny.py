@@ -255,6 +255,45 @@ def test_request_that_does_not_parse_gets_invalid_argument(tiny_server, rpc):
     assert _metrics(st).get(key, 0.0) == before + 1
 
 
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        low, n = n & 0x7F, n >> 7
+        if not n:
+            return out + bytes([low])
+        out += bytes([low | 0x80])
+
+
+@pytest.mark.parametrize("where", ["request", "sampling"])
+def test_unknown_fields_get_invalid_argument(tiny_server, where):
+    """A field this server's schema lacks (a newer client's, here number 99) is refused with
+    INVALID_ARGUMENT naming where it sits, not dropped; the server keeps serving."""
+    st, prompts, params, ref = tiny_server
+    unknown = _varint(99 << 3) + _varint(5)  # field 99, varint 5
+    req = build_request(token_ids=prompts[0], **_sampling(params[0]))
+    if where == "sampling":
+        sampling = req.sampling.SerializeToString() + unknown
+        req.ClearField("sampling")  # field 2 re-added by hand, unknown field inside
+        field = pb.GenerateRequest.DESCRIPTOR.fields_by_name["sampling"].number
+        raw = req.SerializeToString() + _varint(field << 3 | 2) + _varint(len(sampling)) + sampling
+    else:
+        raw = req.SerializeToString() + unknown
+    assert pb.GenerateRequest.FromString(raw)  # it parses: protobuf keeps unknown fields
+    with grpc.insecure_channel(st.target) as ch:
+        call = ch.unary_unary("/jaxinfer.v1.Inference/GenerateUnary", request_serializer=None,
+                              response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as e:
+            call(raw, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        path = "sampling.#99" if where == "sampling" else "#99"
+        assert f"fields this server does not know: {path} " in e.value.details()
+        ok = pb_grpc.InferenceStub(ch).GenerateUnary(req if where == "request" else
+                                                     build_request(token_ids=prompts[0],
+                                                                   **_sampling(params[0])),
+                                                     timeout=30)
+        assert list(ok.token_ids) == ref[0].outputs[0].token_ids
+
+
 def test_tokenizing_a_prompt_does_not_hold_up_the_server(tiny_server, monkeypatch):
     """A prompt is encoded off the event loop: while one encode is under way, the health
     check and another request are answered (both return before the encode ends)."""
@@ -336,6 +375,33 @@ def test_oversized_chat_is_refused_before_rendering(tiny_server, monkeypatch):
             assert (f"prompt has {2 * len(half)} characters, so at least "
                     f"{tok.min_tokens(half, half)} "
                     f"tokens; max_model_len is {limit}" in e.value.details())
+
+
+def test_tokenize_refuses_a_text_over_max_model_len_after_encoding(tiny_server, monkeypatch):
+    """A text short enough in characters to pass the lower bound but encoding to more than
+    max_model_len tokens is refused too (counted after encoding); a request with no input
+    says so without a kind prefix."""
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    st = tiny_server[0]
+    tok = _tiny_tokenizer(_ROLE_TEMPLATE)
+    monkeypatch.setattr(st.engine, "tokenizer", tok)
+    limit = st.engine.config.max_model_len
+    text = "hello " * (limit + 5)
+    n = len(tok.encode(text))
+    assert n > limit and tok.min_tokens(text) <= limit  # passes the character bound
+    with grpc.insecure_channel(st.target) as ch:
+        tokenize = pb_grpc.InferenceStub(ch).Tokenize
+        with pytest.raises(grpc.RpcError) as e:
+            tokenize(pb.TokenizeRequest(text=text), timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details() == f"text: the text is {n} tokens; max_model_len is {limit}"
+        with pytest.raises(grpc.RpcError) as e:
+            tokenize(pb.TokenizeRequest(), timeout=30)
+        assert e.value.details() == "request has no input: set text or chat"
+        fits = "hello " * (limit // 4)
+        assert list(tokenize(pb.TokenizeRequest(text=fits), timeout=30).token_ids) == (
+            tok.encode(fits))
 
 
 def test_full_queue_gives_resource_exhausted(tiny_server):

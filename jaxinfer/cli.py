@@ -141,12 +141,28 @@ def _sampling(ns: argparse.Namespace):
     from jaxinfer.sampling_params import SamplingParams
 
     return SamplingParams(temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
-                          max_tokens=ns.max_tokens, seed=ns.sample_seed)
+                          max_tokens=(ns.max_tokens if ns.max_tokens is not None
+                                      else ns.default_max_tokens),
+                          seed=ns.sample_seed)
+
+
+def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_len: int):
+    """``params`` for a prompt of ``prompt_len`` tokens: without ``--max-tokens``, the
+    default capped to the room ``max_model_len`` leaves (vLLM's OpenAI server does alike);
+    an explicit ``--max-tokens`` is kept, and the engine refuses it if it does not fit."""
+    from dataclasses import replace
+
+    room = max_model_len - prompt_len
+    if ns.max_tokens is not None or room < 1 or params.max_tokens <= room:
+        return params
+    return replace(params, max_tokens=room)
 
 
 def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    p.add_argument("--max-tokens", type=int, default=max_tokens,
-                   help="most new tokens per prompt (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"most new tokens per prompt (default: {max_tokens}, or the room "
+                        f"left in --max-model-len if less)")
+    p.set_defaults(default_max_tokens=max_tokens)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -170,14 +186,18 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     llm = LLM(ns.model, **_engine_args(ns))
     t_load = time.perf_counter() - t_start
-    runner = llm.engine.runner
+    engine, runner = llm.engine, llm.engine.runner
     t0 = time.perf_counter()
-    if ns.chat:
-        outs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompt], params)
-    elif ns.token_ids:
-        outs = llm.generate([_token_ids(p) for p in ns.prompt], params)
-    else:
-        outs = llm.generate(ns.prompt, params)
+    ids = []
+    for i, p in enumerate(ns.prompt):  # encoded here: the default max_tokens fits each
+        try:
+            ids.append(engine.encode_chat([{"role": "user", "content": p}]) if ns.chat
+                       else engine.encode_prompt(_token_ids(p) if ns.token_ids else p))
+        except ValueError as err:
+            err.args = (f"prompt {i}: {err}", *err.args[1:])
+            raise
+    outs = llm.generate(ids, [_fit_max_tokens(ns, params, len(x), engine.config.max_model_len)
+                              for x in ids])
     dt = time.perf_counter() - t0
     t_compile = sum(runner.compile_seconds.values())
     for prompt, out in zip(ns.prompt, outs):
@@ -219,7 +239,8 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         history.append({"role": "user", "content": line})
         try:  # a turn that cannot fit: say why, drop it, keep the conversation
             ids = engine.encode_chat(history)
-            rid = engine.add_request(None, params, prompt_token_ids=ids)  # type: ignore[arg-type]
+            turn = _fit_max_tokens(ns, params, len(ids), engine.config.max_model_len)
+            rid = engine.add_request(None, turn, prompt_token_ids=ids)  # type: ignore[arg-type]
         except ValueError as err:  # RequestError, TokenizerError
             print(f"jaxinfer chat: {err} (turn dropped)", file=sys.stderr)
             history.pop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import numbers
 import time
 from typing import Any, NamedTuple
 from typing import Sequence as Seq
@@ -172,7 +173,8 @@ class LLMEngine:
         ``scheduler.QueueFullError`` (a ValueError) when ``max_queue_len`` requests are
         already waiting (nothing queued in either case).
 
-        ``prompt_token_ids``, when given, are the already-encoded ``prompt``.
+        ``prompt_token_ids``, when given, are the already-encoded ``prompt``. ``request_id``:
+        an int >= 0 not in use by a live request (default: the next free automatic id).
         """
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -189,7 +191,7 @@ class LLMEngine:
         if len(ids) >= limit:
             raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is {limit} "
                                f"(at least one token must be generated)")
-        rid = next(self._ids) if request_id is None else request_id
+        rid = self._request_id(request_id)
         seq = Sequence(rid, ids, params)
         try:
             self.scheduler.add(seq)
@@ -202,6 +204,20 @@ class LLMEngine:
         self._prompts[rid] = prompt if isinstance(prompt, str) else None
         self._states[rid] = RequestStates(params, ids, self.tokenizer)
         return rid
+
+    def _request_id(self, request_id: Any) -> int:
+        """``request_id`` checked (an int not in use), or the next free automatic id."""
+        if request_id is None:
+            rid = next(self._ids)
+            while rid in self._states:  # taken by a caller's own id
+                rid = next(self._ids)
+            return rid
+        if (isinstance(request_id, (bool, np.bool_))
+                or not isinstance(request_id, numbers.Integral) or request_id < 0):
+            raise RequestError(f"request_id must be an int >= 0, got {request_id!r}")
+        if int(request_id) in self._states:
+            raise RequestError(f"request_id {request_id} is already in use")
+        return int(request_id)
 
     def abort_request(self, request_id: int) -> bool:
         """Abort a waiting or running request; its pages are freed at once."""
@@ -376,7 +392,8 @@ class LLMEngine:
             if k is not None and res.logprobs is not None:
                 r = row[seq.key]
                 lp = logprobs_entry(tok, res.logprobs[r], res.top_ids[r], res.top_logprobs[r], k)
-            if st.add_token(tok, lp):  # a stop string: ends the request ("stop" over "length")
+            stop_token = seq.is_finished and seq.finish_reason == "stop"  # EOS, a stop id
+            if st.add_token(tok, lp, stop_token):  # a stop string ("stop" over "length")
                 if seq.is_finished:
                     seq.finish_reason = "stop"
                 else:

@@ -4,7 +4,8 @@ and vLLM's ``prompt_logprobs`` of a request, both through the compiled "logits" 
 
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq
+from typing import Any
+from typing import Sequence as Seq
 
 import numpy as np
 
@@ -40,7 +41,8 @@ def prompt_logits(engine: Any, prompt: str | Seq[int]) -> np.ndarray:
     borrowed from the pool and returned afterwards. Call between steps.
 
     Raises:
-      RequestError: the prompt is longer than max_model_len (or cannot be encoded).
+      RequestError: the prompt is longer than max_model_len (or cannot be encoded), or
+        needs more KV pages than are free now (running requests hold the rest).
     """
     from jaxinfer.engine import RequestError
 
@@ -50,6 +52,12 @@ def prompt_logits(engine: Any, prompt: str | Seq[int]) -> np.ndarray:
                            f"{engine.config.max_model_len}")
     seq = Sequence(-1, ids, SamplingParams(temperature=0.0, max_tokens=1))
     bm = engine.scheduler.block_manager
+    if not bm.can_allocate(seq, len(ids)):
+        raise RequestError(
+            f"prompt_logits: the prompt ({len(ids)} tokens) needs "
+            f"{bm.pages_needed(seq, len(ids))} KV pages but {bm.num_free_pages} of the pool's "
+            f"{bm.num_usable_pages} are free (running requests hold the rest): call it when "
+            f"fewer requests run, or give the engine more KV pages")
     bm.allocate(seq, len(ids))
     try:
         rows, step = [], engine.config.max_num_batched_tokens

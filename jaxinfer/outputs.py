@@ -160,15 +160,22 @@ class RequestState:
         self._flushed = False
         self._sent_tokens = self._sent_chars = self._sent_logprobs = 0  # output_kind "delta"
 
-    def add_token(self, token: int, logprob: Logprobs | None = None) -> bool:
+    def add_token(self, token: int, logprob: Logprobs | None = None,
+                  stop_token: bool = False) -> bool:
         """Record one generated token (and its logprobs entry); returns True when the text
         now contains a stop string. Like EOS in the scheduler, a stop string counts once
-        ``min_tokens`` tokens exist; text completed before that is never searched again."""
+        ``min_tokens`` tokens exist; text completed before that is never searched again.
+
+        ``stop_token``: the token ended the sequence (EOS or one of ``stop_token_ids``). It
+        stays in the token ids but its text is left out unless ``include_stop_str_in_output``
+        (vLLM v1's ``IncrementalDetokenizer.update``)."""
         self.num_tokens += 1
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
             self.cumulative_logprob = (self.cumulative_logprob or 0.0) + logprob[int(token)]
         if self.detok is None or self.stop_match is not None:
+            return False
+        if stop_token and not self.params.include_stop_str_in_output:
             return False
         new = self.detok.step([token])
         if self.stops and self.num_tokens >= self.params.min_tokens:

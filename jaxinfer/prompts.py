@@ -9,6 +9,7 @@ each refusal has one wording (as vLLM's ``InputPreprocessor`` does for its entry
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 from typing import Sequence as Seq
 
@@ -35,7 +36,8 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
     """Token ids of a text prompt (the tokenizer's special tokens added) or ids as given.
 
     Raises:
-      RequestError: an empty prompt, a text prompt without a tokenizer, ids outside
+      RequestError: a prompt neither text nor a sequence of ids (bytes, None, a number),
+        an empty prompt, a text prompt without a tokenizer, ids outside
         ``[0, vocab_size)``, or a prompt longer than ``max_model_len`` -- checked before a
         text is encoded or ids are read one by one, so an oversized request is refused in
         microseconds (``LLMEngine.add_request`` also refuses exactly ``max_model_len``
@@ -49,9 +51,18 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
                                "(jaxinfer generate --token-ids)")
         check_text_fits(tokenizer, (prompt,), max_model_len)
         return tokenizer.encode(prompt)
+    if prompt is None or isinstance(prompt, (bytes, bytearray, memoryview, dict, set,
+                                             frozenset, numbers.Number)):
+        # bytes would read as the ids of their byte values
+        raise RequestError(f"prompt must be a str or a sequence of token ids (ints), got "
+                           f"{type(prompt).__name__}")
     if hasattr(prompt, "__len__") and len(prompt) > max_model_len:  # = limit: prompt_logits'
         raise RequestError(f"prompt has {len(prompt)} tokens; max_model_len is {max_model_len}")
-    ids = list(prompt)
+    try:
+        ids = list(prompt)
+    except TypeError:
+        raise RequestError(f"prompt must be a str or a sequence of token ids (ints), got "
+                           f"{type(prompt).__name__}") from None
     if not ids:
         raise RequestError("prompt is empty")
     for t in ids:

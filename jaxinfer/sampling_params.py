@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
 
 # Most top logprobs a request may ask for per token (vLLM's default ``max_logprobs``); the
 # compiled step always computes this many and returns the first ``logprobs`` of them.
@@ -18,14 +22,27 @@ class ParameterError(ValueError):
     """A request parameter is out of its allowed range; the message names the field."""
 
 
-def _number(name: str, v: object, integer: bool = False) -> float:
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
-    if isinstance(v, bool) or not isinstance(v, kinds):
+def _number(name: str, v: object, integer: bool = False) -> Any:
+    """``v`` as a Python int (``integer``) or float: numpy scalars are taken, bools and
+    non-numbers raise ParameterError naming ``name``."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, kind):
         raise ParameterError(f"{name} must be {'an int' if integer else 'a number'}, "
                              f"got {v!r}")
-    if not integer and not math.isfinite(v):  # type: ignore[arg-type]
+    if integer:
+        return int(v)  # type: ignore[call-overload]
+    if not math.isfinite(v):  # type: ignore[arg-type]
         raise ParameterError(f"{name} must be finite, got {v!r}")
-    return v  # type: ignore[return-value]
+    return float(v)  # type: ignore[arg-type]
+
+
+# Numeric fields, normalized to Python numbers before their ranges are checked: (name,
+# integer, may be None).
+_NUMERIC = (("temperature", False, False), ("top_k", True, False), ("top_p", False, False),
+            ("max_tokens", True, False), ("min_tokens", True, False), ("seed", True, True),
+            ("n", True, False), ("min_p", False, False), ("repetition_penalty", False, False),
+            ("presence_penalty", False, False), ("frequency_penalty", False, False),
+            ("logprobs", True, True), ("prompt_logprobs", True, True))
 
 
 def _kind(v: object) -> str:
@@ -35,7 +52,7 @@ def _kind(v: object) -> str:
 
 
 def _flag(name: str, v: object) -> None:
-    if not isinstance(v, bool):
+    if not isinstance(v, (bool, np.bool_)):
         raise ParameterError(f"{name} must be a bool, got {v!r}")
 
 
@@ -74,9 +91,11 @@ class SamplingParams:
       stop: strings that end the output; the text is cut before the first one found (after
         it with ``include_stop_str_in_output``). A str is one stop string; else a list or
         tuple of non-empty strs.
-      stop_token_ids: extra token ids that end the sequence (the token stays in token_ids);
-        a list or tuple of ints >= 0 (the engine checks them against the vocabulary).
-      include_stop_str_in_output: keep the matched stop string in the text.
+      stop_token_ids: extra token ids that end the sequence (the token stays in token_ids,
+        its text is left out); a list or tuple of ints >= 0 (the engine checks them against
+        the vocabulary).
+      include_stop_str_in_output: keep the matched stop string in the text, and the text of
+        the token that ended the sequence (EOS or a stop token id), as vLLM v1.
       ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).
       logprobs: None = off; k in [0, 20]: return, per generated token, the chosen token's
         log-probability and the k most likely tokens' (log-softmax of the raw logits, before
@@ -94,6 +113,8 @@ class SamplingParams:
         "final_only" (one output, when the request finishes). Per-step outputs cost host time
         that grows with the output length for "cumulative" (a copy of the token ids per row
         and step); ``LLM.generate`` uses "final_only", ``jaxinfer bench`` "delta".
+    Numbers may be numpy scalars (``np.int64(5)``); they are stored as Python ints and floats.
+
     Raises:
       ParameterError: on a value outside its range, naming the field and the range.
     """
@@ -119,35 +140,40 @@ class SamplingParams:
     output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
-        if not 1 <= _number("n", self.n, integer=True) <= MAX_SAMPLES:
+        for name, integer, optional in _NUMERIC:  # np.int64(5) -> 5, 1 -> 1.0, ...
+            v = getattr(self, name)
+            if not (optional and v is None):
+                setattr(self, name, _number(name, v, integer))
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _flag(name, getattr(self, name))
+            setattr(self, name, bool(getattr(self, name)))
+        if not 1 <= self.n <= MAX_SAMPLES:
             raise ParameterError(f"n must be in [1, {MAX_SAMPLES}], got {self.n}")
-        if _number("temperature", self.temperature) < 0.0:
+        if self.temperature < 0.0:
             raise ParameterError(f"temperature must be >= 0, got {self.temperature}")
-        if _number("top_k", self.top_k, integer=True) < -1:
+        if self.top_k < -1:
             raise ParameterError(f"top_k must be -1 or 0 (disabled) or >= 1, got {self.top_k}")
-        if not 0.0 < _number("top_p", self.top_p) <= 1.0:
+        if not 0.0 < self.top_p <= 1.0:
             raise ParameterError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= _number("min_p", self.min_p) <= 1.0:
+        if not 0.0 <= self.min_p <= 1.0:
             raise ParameterError(f"min_p must be in [0, 1], got {self.min_p}")
-        if _number("repetition_penalty", self.repetition_penalty) <= 0.0:
+        if self.repetition_penalty <= 0.0:
             raise ParameterError(f"repetition_penalty must be > 0, got "
                                  f"{self.repetition_penalty}")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= _number(name, getattr(self, name)) <= 2.0:
+            if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ParameterError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if _number("max_tokens", self.max_tokens, integer=True) < 1:
+        if self.max_tokens < 1:
             raise ParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= _number("min_tokens", self.min_tokens, integer=True) <= self.max_tokens:
+        if not 0 <= self.min_tokens <= self.max_tokens:
             raise ParameterError(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
-        if self.seed is not None and not 0 <= _number("seed", self.seed, integer=True) < 2**63:
+        if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ParameterError(f"seed must be in [0, 2**63), got {self.seed}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and not 0 <= _number(name, v, integer=True) <= MAX_LOGPROBS:
+            if v is not None and not 0 <= v <= MAX_LOGPROBS:
                 raise ParameterError(f"{name} must be None or in [0, {MAX_LOGPROBS}], got {v}")
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
-            _flag(name, getattr(self, name))
         if self.output_kind not in OUTPUT_KINDS:
             raise ParameterError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got "
                                  f"{self.output_kind!r}")
@@ -156,9 +182,10 @@ class SamplingParams:
                                  f"got {_kind(self.stop_token_ids)}")
         self.stop_token_ids = list(self.stop_token_ids)
         for i, t in enumerate(self.stop_token_ids):
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral) or t < 0:
                 raise ParameterError(f"stop_token_ids must hold non-negative ints, got {t!r} "
                                      f"at stop_token_ids[{i}]")
+            self.stop_token_ids[i] = int(t)
         stop = self.stop
         if stop is not None and not isinstance(stop, (str, list, tuple)):
             raise ParameterError(f"stop must be None, a string or a list of strings, "

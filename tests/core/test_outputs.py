@@ -100,6 +100,25 @@ def test_final_text_without_stops_is_the_full_decode(tok):
     assert texts[-1] == final or final.startswith(texts[-1])
 
 
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("skip_special", [False, True])
+def test_stop_token_text_only_with_include_stop_str_in_output(tok, include, skip_special):
+    """The token that ends a sequence (EOS, a stop token id) stays in token_ids; its text is
+    left out unless include_stop_str_in_output (vLLM v1's IncrementalDetokenizer.update)."""
+    ids = tok.encode(" Paris.", add_special_tokens=False) + [tok.encode("<|im_end|>",
+                                                                      add_special_tokens=False)[0]]
+    for stop_at in (len(ids) - 2, len(ids) - 1):  # "." as a stop id, then the EOS
+        st = RequestState(SamplingParams(include_stop_str_in_output=include,
+                                         skip_special_tokens=skip_special),
+                          tok.encode(PROMPT), tok)
+        for i, t in enumerate(ids[:stop_at + 1]):
+            assert not st.add_token(t, stop_token=i == stop_at)
+        shown = ids[:stop_at + 1] if include else ids[:stop_at]
+        assert st.text(finished=True) == tok.decode(shown, skip_special_tokens=skip_special)
+        assert st.completion(ids[:stop_at + 1], "stop", True).token_ids == ids[:stop_at + 1]
+    assert tok.decode(ids[-1:], skip_special_tokens=False) == "<|im_end|>"
+
+
 def test_detokenization_work_per_token_is_bounded(tok):
     # The engine used to decode the whole output every step (quadratic); RequestState decodes
     # a window of a few tokens per new token, whatever the output length.

@@ -25,3 +25,28 @@ def test_wrong_types_are_parameter_errors_naming_the_field(kw: dict, needle: str
     with pytest.raises(ParameterError, match=needle):
         SamplingParams(**kw)
 
+
+
+def test_numpy_scalars_are_taken_and_stored_as_python_numbers():
+    """np.int64 and friends (what a numpy pipeline hands over) are accepted like ints; bools
+    and non-integral floats still are not."""
+    import numpy as np
+
+    sp = SamplingParams(
+        max_tokens=np.int64(5), min_tokens=np.int32(1), seed=np.uint32(3), top_k=np.int16(4),
+        n=np.int8(2), logprobs=np.int64(2), temperature=np.float32(0.5),
+        top_p=np.float64(0.9), stop_token_ids=[np.int32(7)], ignore_eos=np.bool_(True))
+    assert (sp.max_tokens, sp.min_tokens, sp.seed, sp.top_k, sp.n, sp.logprobs) == (5, 1, 3, 4,
+                                                                                      2, 2)
+    assert sp.stop_token_ids == [7] and sp.ignore_eos is True
+    assert sp.temperature == 0.5 and sp.top_p == pytest.approx(0.9)
+    for v in (sp.max_tokens, sp.min_tokens, sp.seed, sp.top_k, sp.n, sp.logprobs,
+              *sp.stop_token_ids):
+        assert type(v) is int
+    assert type(sp.temperature) is float and type(sp.top_p) is float
+    for kw, needle in [({"max_tokens": np.float64(5.0)}, "max_tokens must be an int"),
+                       ({"max_tokens": np.bool_(True)}, "max_tokens must be an int"),
+                       ({"seed": np.int64(-1)}, r"seed must be in \[0, 2\*\*63\)"),
+                       ({"stop_token_ids": [np.int64(-2)]}, "stop_token_ids must hold")]:
+        with pytest.raises(ParameterError, match=needle):
+            SamplingParams(**kw)

@@ -315,3 +315,127 @@ def test_oversized_prompts_are_refused_before_encoding(monkeypatch, llama_llm):
         engine.encode_prompt(range(10**12))
     assert not engine.has_unfinished_requests()
     assert _tokens(llama_llm.generate([[3, 4, 5]], GREEDY))[0]
+
+
+@pytest.mark.parametrize("prompt", [b"\x03\x04", None, 5, {3: 4}])
+def test_add_request_refuses_a_prompt_that_is_neither_text_nor_ids(llama_llm, prompt):
+    """bytes used to be taken as the ids of their byte values, None failed deep inside."""
+    with pytest.raises(RequestError, match=rf"prompt must be a str or a sequence of token ids "
+                                           rf"\(ints\), got {type(prompt).__name__}$"):
+        llama_llm.engine.add_request(prompt, GREEDY)
+    assert not llama_llm.engine.has_unfinished_requests()
+
+
+def test_request_ids_are_ints_not_in_use_and_automatic_ids_skip_callers_ids(llama_llm):
+    engine = llama_llm.engine
+    for bad in ("abc", 1.5, (1, 2), -1, True):
+        with pytest.raises(RequestError, match=r"request_id must be an int >= 0, got "):
+            engine.add_request([3, 4], GREEDY, request_id=bad)
+    assert not engine.has_unfinished_requests()
+    first = engine.add_request([3, 4], GREEDY)  # automatic
+    mine = engine.add_request([3, 4], GREEDY, request_id=np.int64(first + 1))
+    assert mine == first + 1 and type(mine) is int
+    with pytest.raises(RequestError, match=rf"request_id {mine} is already in use"):
+        engine.add_request([5], GREEDY, request_id=mine)
+    assert engine.add_request([3, 4], GREEDY) == first + 2  # skips the caller's id
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update({o.request_id: o for o in engine.step() if o.finished})
+    assert sorted(outs) == [first, first + 1, first + 2]
+    assert outs[first].outputs[0].token_ids == outs[first + 2].outputs[0].token_ids
+    assert engine.add_request([5], GREEDY, request_id=mine) == mine  # free again once done
+    engine.abort_request(mine)
+
+
+def test_prompt_logits_with_the_pool_held_by_running_requests_is_a_request_error():
+    """prompt_logits borrows pages from the pool: when running requests hold them, it says
+    so (it used to raise the allocator's OutOfPagesError); the running request is untouched."""
+    llm = _llm("llama", num_kv_pages=12)  # 11 usable 4-token pages
+    engine, prompt = llm.engine, _prompts(8)[7]  # 30 tokens: 8 pages
+    alone = _tokens(llm.generate([prompt], GREEDY))[0]
+    rid = engine.add_request(prompt, GREEDY)
+    engine.step()  # its prefill holds 8 pages (more as it decodes)
+    with pytest.raises(RequestError, match=r"prompt_logits: the prompt \(30 tokens\) needs 8 KV "
+                                           r"pages but \d of the pool's 11 are free \(running "
+                                           r"requests hold the rest\)"):
+        engine.prompt_logits(prompt)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    assert [o.request_id for o in outs] == [rid] and outs[0].outputs[0].token_ids == alone
+    assert engine.prompt_logits(prompt).shape == (30, 96)  # the pool is free again
+
+
+@pytest.mark.parametrize("flag, expect", [([], "room"), (["--max-tokens", "5"], 5),
+                                          (["--max-tokens", "200"], "dropped")])
+def test_jaxinfer_chat_default_max_tokens_fits_the_room_left(monkeypatch, capsys, llama_llm,
+                                                             flag, expect):
+    """Without --max-tokens a turn gets min(256, max_model_len - prompt) new tokens (it used
+    to be refused once prompt + 256 passed max_model_len: every turn of a long chat
+    dropped); an explicit --max-tokens is kept, and refused when it cannot fit."""
+    from jaxinfer import cli
+    from jaxinfer import engine as engine_module
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    engine, tok = llama_llm.engine, _tiny_tokenizer(_ROLE_TEMPLATE)
+    monkeypatch.setattr(engine, "tokenizer", tok)
+    monkeypatch.setattr(engine_module, "LLMEngine", lambda *args, **kw: engine)
+    asked, add = [], engine.add_request
+    monkeypatch.setattr(engine, "add_request", lambda p, sp, **kw: (
+        asked.append((len(kw["prompt_token_ids"]), sp.max_tokens)), add(p, sp, **kw))[1])
+    lines = iter(["hello world"])
+
+    def typed(prompt: str = "") -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", typed)
+    assert cli.main(["chat", "--model", "dummy:tiny-llama", "--temperature", "0", *flag]) == 0
+    err, limit = capsys.readouterr().err, engine.config.max_model_len
+    assert len(asked) == 1
+    n, max_tokens = asked[0]
+    if expect == "dropped":
+        assert (f"+ max_tokens (200) = {n + 200} exceeds max_model_len ({limit}) "
+                f"(turn dropped)") in err
+    else:
+        assert "turn dropped" not in err
+        assert max_tokens == (limit - n if expect == "room" else expect) and 0 < limit - n < 256
+    assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_serve_ports_out_of_range_are_refused_by_the_parser(capsys, port):
+    from jaxinfer import cli
+    from jaxinfer.serving.server import ServerError, check_port_free
+
+    for flag in ("--port", "--metrics-port"):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["serve", "--model", "dummy:tiny-llama", flag, port])
+        assert e.value.code == 2
+        assert f"argument {flag}: must be" in capsys.readouterr().err
+    with pytest.raises(ServerError, match=r"cannot listen on 127\.0\.0\.1:70000: a port is in "
+                                          r"\[0, 65535\]"):
+        check_port_free("127.0.0.1", 70000)
+
+
+def test_jaxinfer_generate_default_max_tokens_fits_each_prompt(monkeypatch, capsys, llama_llm):
+    """--max-tokens left out: each prompt gets min(64, room left); given: kept or refused."""
+    from jaxinfer import cli
+    from jaxinfer import llm as llm_module
+
+    monkeypatch.setattr(llm_module, "LLM", lambda *args, **kw: llama_llm)
+    long, short = " ".join(["3"] * 60), "3 4"  # max_model_len 64: room 4 and 62
+    args = ["generate", "--model", "dummy:tiny-llama", "--token-ids"]
+    assert cli.main([*args, long, short]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out[1].split()) <= 4 and out[0] == f"### {long}"  # fits the room
+    with_eos = [o.outputs[0] for o in llama_llm.generate(
+        [[3] * 60, [3, 4]], [SamplingParams(temperature=0, max_tokens=4),
+                             SamplingParams(temperature=0, max_tokens=62)])]
+    assert out[1].split() == [str(t) for t in with_eos[0].token_ids]
+    assert out[3].split() == [str(t) for t in with_eos[1].token_ids]
+    assert cli.main([*args, "--max-tokens", "5", long]) == 2
+    assert ("prompt 0 of the batch: request" in capsys.readouterr().err)
+    assert not llama_llm.engine.has_unfinished_requests()

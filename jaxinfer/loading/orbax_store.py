@@ -22,9 +22,11 @@ for an FP8 one or the reverse.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -123,12 +125,20 @@ def _flatten(tree: dict[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
-def remove_stale_temps(parent: Path) -> None:
-    """Delete ``.<name>.tmp-<pid>...`` files/directories whose writing process is gone."""
-    for p in parent.glob(".*.tmp-*"):
+def remove_stale_temps(parent: Path, name: str | None) -> None:
+    """Delete the temporaries of ``parent / name`` whose writing process is gone: exactly
+    ``.<name>.tmp-<pid>`` and ``.<name>.tmp-<pid>-<hex>``, the names this package writes
+    (``name`` None: of any name -- only for the checkpoint cache, a directory of ours).
+    Nothing else in ``parent`` is touched: a user's ``--output`` parent may hold anything
+    (every ``.*.tmp-*`` there used to be deleted)."""
+    stem = r"[^/]+" if name is None else re.escape(name)
+    pattern = re.compile(rf"\.{stem}\.tmp-(\d+)(-[0-9a-f]+)?")
+    for p in parent.glob(".*.tmp-*" if name is None else f".{glob.escape(name)}.tmp-*"):
+        m = pattern.fullmatch(p.name)
+        if m is None:
+            continue
         try:
-            pid = int(p.name.rsplit(".tmp-", 1)[1].split("-")[0])
-            os.kill(pid, 0)
+            os.kill(int(m.group(1)), 0)
         except ProcessLookupError:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
@@ -153,7 +163,8 @@ def save_converted(out: str | Path, model: LoadedModel,
 
     out = Path(out).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out.parent)
+    ours = out.parent == (checkpoint_dir() / "converted").absolute()
+    remove_stale_temps(out.parent, None if ours else out.name)
     if out.exists():
         if is_converted(out):
             return out

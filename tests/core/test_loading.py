@@ -379,6 +379,26 @@ def test_killed_conversion_leaves_nothing_trusted(tmp_path: Path, _ckpt_dir: Pat
     assert not stale.exists() and orbax_store.find_cached(src) is not None
 
 
+def test_conversion_into_a_users_directory_removes_only_its_own_stale_temps(
+        tmp_path: Path, _ckpt_dir: Path) -> None:
+    """``--output parent/out`` clears only ``.out.tmp-<pid>...`` left by a dead process; a
+    user's other hidden ``*.tmp-*`` files in ``parent`` stay (they used to be deleted)."""
+    model = load_model(str(write_tiny_gguf(tmp_path / "u.gguf", hf_weights())), progress=False)
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    dead = 999_999_999  # above any pid_max
+    own = [parent / f".out.tmp-{dead}-abcdef12", parent / f".out.tmp-{dead}"]
+    foreign = [parent / f".thesis.tmp-{dead}", parent / f".notes.tmp-{dead}-backup",
+               parent / f".out.tmp-{dead}-backup", parent / f".outer.tmp-{dead}-abcdef12"]
+    for p in own + foreign:
+        p.mkdir()
+        (p / "keep.txt").write_text("mine")
+    out = orbax_store.save_converted(parent / "out", model)
+    assert orbax_store.is_converted(out)
+    assert [p.exists() for p in own] == [False, False]
+    assert all((p / "keep.txt").read_text() == "mine" for p in foreign)
+
+
 # ------------------------------------------------------------------ HF directories
 def save_hf(d: Path, config: transformers.PretrainedConfig, weights: dict[str, np.ndarray],
             shards: int = 1, raw_config: dict | None = None) -> Path:

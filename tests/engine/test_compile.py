@@ -480,3 +480,34 @@ def test_engine_adopts_the_compile_caches_kv_pool(tmp_path):
     (tmp_path / "bad" / "manifest.json").write_text("{not json")
     assert cached_num_kv_pages(tmp_path / "bad") is None
     assert cached_num_kv_pages(tmp_path / "missing") is None
+
+
+def test_model_config_of_reads_headers_not_weights(monkeypatch):
+    """``jaxinfer compile`` / ``bench roofline`` read a checkpoint's config only (a 70B HF
+    directory used to be loaded in full, in float32)."""
+    from jaxinfer import compile as compile_module
+    from jaxinfer import loading
+
+    tiny = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"
+    models = [str(tiny / family) for family in ("llama", "gemma3")]
+    loaded = [loading.load_model(m, progress=False).config for m in models]
+
+    def no_weights(*args, **kw):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(loading, "load_model", no_weights)
+    assert [compile_module.model_config_of(m) for m in models] == loaded
+
+
+@pytest.mark.parametrize("manifest", ['{"format": 1, "source": "x.gguf", "files": ["a"]}',
+                                      "{not json"])
+def test_a_cache_dir_holding_another_manifest_is_refused_untouched(tmp_path, manifest):
+    """--cache-dir pointed at a converted checkpoint (or any directory with another
+    manifest.json) is refused; its manifest and files stay (they used to be replaced and
+    deleted)."""
+    (tmp_path / "manifest.json").write_text(manifest)
+    (tmp_path / "a").write_bytes(b"weights")
+    with pytest.raises(CompileCacheError, match="manifest.json"):
+        ProgramStore.create(tmp_path, {"model": "m"})
+    assert (tmp_path / "manifest.json").read_text() == manifest
+    assert (tmp_path / "a").read_bytes() == b"weights"

@@ -17,6 +17,8 @@ and returns a :class:`LoadedModel` whose params follow jaxinfer/models/params.py
 
 from __future__ import annotations
 
+import codecs
+import hashlib
 import sys
 import warnings
 from collections.abc import Iterable
@@ -234,7 +236,7 @@ def convert(model: str, output: str | None = None, progress: bool = True,
     if quantization not in (None, "fp8"):
         raise CheckpointError(f"quantization must be None or 'fp8', got {quantization!r}")
     scheme = fp8_scheme() if quantization else None
-    calib_text = None
+    calib_path = None
     if calibration is not None:
         if quantization != "fp8":
             raise CheckpointError("a calibration file (GPTQ) needs quantization 'fp8' "
@@ -245,7 +247,7 @@ def convert(model: str, output: str | None = None, progress: bool = True,
         if calibration_tokens < 2:
             raise CheckpointError(f"calibration_tokens (--calibration-tokens) must be at "
                                   f"least 2, got {calibration_tokens}")
-        calib_text = _read_calibration(Path(calibration))  # before the model loads
+        calib_path = _read_calibration(Path(calibration))  # before the model loads
     if output is None:
         if kind == "hf":
             raise CheckpointError(f"give an output directory to convert HF directory {path}")
@@ -260,8 +262,8 @@ def convert(model: str, output: str | None = None, progress: bool = True,
         if parent is not None and not parent.is_dir():
             raise CheckpointError(f"output {output_path}: {parent} is not a directory")
     loaded = _load_gguf(path, progress) if kind == "gguf" else load_hf(path, "float32", progress)
-    if calib_text is not None:
-        scheme = _quantize_gptq(loaded, calib_text, calibration_tokens, progress)
+    if calib_path is not None:
+        scheme = _quantize_gptq(loaded, calib_path, calibration_tokens, progress)
     elif quantization and loaded.quantization is None:  # as load_model(quantization="fp8")
         loaded.params = quantize_params_fp8(loaded.params, FP8_PROJECTIONS)
     else:
@@ -270,34 +272,63 @@ def convert(model: str, output: str | None = None, progress: bool = True,
                           scheme=scheme)
 
 
-def _read_calibration(path: Path) -> tuple[Path, bytes, str]:
-    """(path, bytes, UTF-8 text) of a calibration file. Raises CheckpointError when it is
-    missing, not a file, unreadable, not UTF-8 or empty."""
+_CALIB_HEAD_BYTES = 1 << 16  # checked before the model loads
+
+
+def _read_calibration(path: Path) -> Path:
+    """``path`` once its first bytes are checked. Raises CheckpointError when it is
+    missing, not a file, unreadable, not UTF-8 (in its first 64 KiB) or empty. Only a
+    prefix is read: a corpus of gigabytes (or /dev/zero) is not loaded."""
     try:
-        data = path.read_bytes()
-        text = data.decode("utf-8")
+        with open(path, "rb") as f:
+            head = f.read(_CALIB_HEAD_BYTES)
+            more = bool(f.read(1))
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=not more)
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"calibration file {path}: {e}") from None
-    if not text.strip():
+    if not more and not text.strip():
         raise CheckpointError(f"calibration file {path} is empty")
-    return path, data, text
+    return path
 
 
-def _quantize_gptq(loaded: LoadedModel, calib: tuple[Path, bytes, str], max_tokens: int,
+def _calibration_ids(path: Path, tokenizer: Tokenizer,
+                     max_tokens: int) -> tuple[list[int], str, int]:
+    """(the first ``max_tokens`` token ids of the file's text, sha256 of the bytes read, bytes
+    read): the file is read in growing prefixes (from 8 bytes a token wanted, x4 each time)
+    until they encode to more than ``max_tokens`` tokens or it ends, so the work and memory
+    follow ``max_tokens``, not the file's size. Raises CheckpointError (unreadable, not
+    UTF-8)."""
+    decoder, digest, text, read = codecs.getincrementaldecoder("utf-8")(), hashlib.sha256(), "", 0
+    budget = max(_CALIB_HEAD_BYTES, 8 * max_tokens)
+    try:
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(budget - read)
+                eof = len(chunk) < budget - read
+                digest.update(chunk)
+                read += len(chunk)
+                text += decoder.decode(chunk, final=eof)
+                ids = tokenizer.encode(text)
+                if len(ids) > max_tokens or eof:  # past the cut: the last token is whole
+                    return ids[:max_tokens], digest.hexdigest(), read
+                budget *= 4
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"calibration file {path}: {e}") from None
+
+
+def _quantize_gptq(loaded: LoadedModel, path: Path, max_tokens: int,
                    progress: bool = True, window: int = 512) -> dict:
-    """Quantize ``loaded``'s projections in place with GPTQ on the calibration text ``calib``
-    (:func:`_read_calibration`): its first ``max_tokens`` tokens in windows of ``window``
-    (a last window under 2 tokens is dropped); a line per layer when ``progress``. Returns
-    the scheme for the manifest. Raises CheckpointError (see :func:`convert`)."""
-    import hashlib
-
+    """Quantize ``loaded``'s projections in place with GPTQ on the calibration file ``path``
+    (:func:`_read_calibration`): its first ``max_tokens`` tokens (:func:`_calibration_ids`)
+    in windows of ``window`` (a last window under 2 tokens is dropped); a line per layer
+    when ``progress``. Returns the scheme for the manifest. Raises CheckpointError (see
+    :func:`convert`)."""
     from jaxinfer.quantization import QuantizationError, fp8_scheme
     from jaxinfer.quantization_gptq import quantize_model_gptq
 
-    path, data, text = calib
     if loaded.quantization is not None or loaded.tokenizer is None:
         raise CheckpointError("GPTQ needs float weights and a tokenizer")
-    ids = loaded.tokenizer.encode(text)[:max_tokens]
+    ids, sha256, num_bytes = _calibration_ids(path, loaded.tokenizer, max_tokens)
     windows = [ids[s:s + window] for s in range(0, len(ids), window)]
     windows = [w for w in windows if len(w) >= 2]
     if not windows:
@@ -314,5 +345,5 @@ def _quantize_gptq(loaded: LoadedModel, calib: tuple[Path, bytes, str], max_toke
         raise CheckpointError(f"calibration file {path}: {e}") from None
     return {**fp8_scheme(), "rounding": "GPTQ (arXiv 2210.17323; act order, damp 0.01, "
             "block 128), nearest-even, saturating",
-            "calibration": {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(),
+            "calibration": {"file": path.name, "sha256": sha256, "bytes_read": num_bytes,
                             "tokens": used, "window": window}}

@@ -214,6 +214,7 @@ def test_convert_with_calibration(tmp_path, monkeypatch) -> None:
                   calibration=text, calibration_tokens=300)
     scheme = json.loads((out / "manifest.json").read_text())["quantization"]["scheme"]
     assert scheme["rounding"].startswith("GPTQ") and scheme["calibration"]["tokens"] == 300
+    assert scheme["calibration"]["bytes_read"] == text.stat().st_size  # small: read whole
     back = load_model(str(out))
     rtn = load_model(str(d), progress=False, quantization="fp8")
     assert back.quantization == "fp8" and set(back.params) == set(rtn.params)
@@ -228,3 +229,26 @@ def test_convert_with_calibration(tmp_path, monkeypatch) -> None:
     llm = LLM(str(out), dtype="float32", max_model_len=32, max_num_seqs=1)
     logits = llm.engine.prompt_logits("hello world hello")
     assert np.isfinite(logits).all()
+
+
+def test_calibration_reads_a_prefix_that_follows_the_tokens_asked(tmp_path) -> None:
+    """Only a growing prefix of the calibration file is read and encoded (a multi-GB corpus
+    used to be read and tokenized whole); the ids are the whole text's first tokens."""
+    from jaxinfer.loading import CheckpointError, _calibration_ids, _read_calibration
+    from tests.core.test_loading import _tiny_tokenizer
+
+    tok = _tiny_tokenizer("{{ messages[0]['content'] }}")
+    big = tmp_path / "big.txt"
+    big.write_text("hello world " * 200_000)  # 2.4 MB
+    encoded: list[int] = []
+    real = tok.encode
+    tok.encode = lambda text, *a, **k: encoded.append(len(text)) or real(text, *a, **k)
+    ids, sha, n = _calibration_ids(_read_calibration(big), tok, 5_000)
+    assert ids == real("hello world " * 3_000)[:5_000]
+    assert n == 65_536 and max(encoded) <= 65_536  # 8 bytes a token wanted, >= 64 KiB
+    import hashlib
+    assert sha == hashlib.sha256(big.read_bytes()[:n]).hexdigest()
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"hello " * 20_000 + b"\xff\xfe")
+    with pytest.raises(CheckpointError, match="bad.txt: 'utf-8' codec can't decode"):
+        _calibration_ids(_read_calibration(bad), tok, 10**6)

@@ -4,7 +4,30 @@ by :func:`add_bench_command`."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
+
+
+def _finite_float(text: str, zero_ok: bool) -> float:
+    bound = ">= 0" if zero_ok else "> 0"
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number {bound}, got {text!r}") from None
+    if not (math.isfinite(v) and (v > 0 or zero_ok and v == 0)):
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (a measured time, bandwidth or rate; a clear
+    message otherwise, where 0 used to be ignored and -5 gave negative fractions)."""
+    return _finite_float(text, zero_ok=False)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (a time limit: 0 stops after the first step)."""
+    return _finite_float(text, zero_ok=True)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -21,7 +44,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.set_defaults(engine_actions=list(p._actions[before:]), max_num_seqs=None)
     p.add_argument("--out", default=None,
                    help=f"folder for the JSON records (default: {RESULTS})")
-    p.add_argument("--progress-interval", type=float, default=10.0,
+    p.add_argument("--progress-interval", type=positive_float, default=10.0,
                    help="seconds between progress lines on stderr")
 
 
@@ -49,9 +72,12 @@ def add_roofline_parser(sub: Any) -> None:
     r.add_argument("--batch", type=int, default=1)
     r.add_argument("--context", type=int, default=512,
                    help="tokens each sequence attends to (new token included)")
-    r.add_argument("--tpot-ms", type=float, default=None, help="measured decode step time")
-    r.add_argument("--copy-gbps", type=float, default=None, help="measured copy bandwidth")
-    r.add_argument("--matmul-tflops", type=float, default=None, help="measured matmul rate")
+    r.add_argument("--tpot-ms", type=positive_float, default=None,
+                   help="measured decode step time")
+    r.add_argument("--copy-gbps", type=positive_float, default=None,
+                   help="measured copy bandwidth")
+    r.add_argument("--matmul-tflops", type=positive_float, default=None,
+                   help="measured matmul rate")
     r.set_defaults(func=cmd_roofline)
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from jaxinfer.bench import driver, roofline
 from jaxinfer.bench.metrics import Progress, format_table, summarize, unit_of
-from jaxinfer.bench.records import make_record, write_run
+from jaxinfer.bench.records import check_out_dir, make_record, write_run
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -52,7 +53,7 @@ def add_parser(sub: Any, add_common: Any) -> None:
     p.set_defaults(func=cmd_latency)
 
 
-def parse_ceilings(text: str, dtype: str = "auto") -> dict[str, float] | None:
+def parse_ceilings(text: str, dtype: str = "auto") -> dict[str, Any] | None:
     """``--ceilings``: None for 'none', measured for 'measure' (matmul in the engine's
     ``dtype``), else 'GB/s,TFLOP/s'."""
     from jaxinfer.engine_config import _resolve_dtype
@@ -60,12 +61,16 @@ def parse_ceilings(text: str, dtype: str = "auto") -> dict[str, float] | None:
     if text == "none":
         return None
     if text == "measure":
-        return roofline.measure_ceilings(_resolve_dtype(dtype))
+        return {**roofline.measure_ceilings(_resolve_dtype(dtype)),
+                "ceilings_source": "measured"}
     try:
         gbps, tflops = (float(v) for v in text.split(","))
     except ValueError:
         raise ValueError(f"--ceilings must be 'measure', 'none' or 'GBPS,TFLOPS', got {text!r}")
-    return {"copy_bytes_per_s": gbps * 1e9, "matmul_flops_per_s": tflops * 1e12}
+    if not all(math.isfinite(v) and v > 0 for v in (gbps, tflops)):
+        raise ValueError(f"--ceilings: GB/s and TFLOP/s must be finite and > 0, got {text!r}")
+    return {"copy_bytes_per_s": gbps * 1e9, "matmul_flops_per_s": tflops * 1e12,
+            "ceilings_source": "given"}
 
 
 def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
@@ -76,11 +81,19 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     driver.params_of(ns, 1)  # a bad --top-p etc. fails before the engine starts
+    check_out_dir(ns.out)
     if ns.max_num_seqs is None:
         ns.max_num_seqs = max(ns.concurrency)
+    elif max(ns.concurrency) > ns.max_num_seqs:  # it would be recorded as c streams
+        raise ValueError(f"--concurrency {max(ns.concurrency)} > --max-num-seqs "
+                         f"{ns.max_num_seqs}: at most {ns.max_num_seqs} streams would run "
+                         f"at once")
+    need = max(max(ns.prompt_lens) + 1, isl + osl)
     if ns.max_model_len is None:
-        ns.max_model_len = driver.page_round(max(max(ns.prompt_lens) + 1, isl + osl),
-                                             ns.block_size)
+        ns.max_model_len = driver.page_round(need, ns.block_size)
+    elif need > ns.max_model_len:
+        raise ValueError(f"the longest request needs {need} tokens; --max-model-len is "
+                         f"{ns.max_model_len}")
     if ns.max_num_batched_tokens is None:  # a TTFT prompt is one prefill step
         ns.max_num_batched_tokens = max(512, max(ns.prompt_lens))
     ceilings = parse_ceilings(ns.ceilings, ns.dtype)
@@ -152,14 +165,14 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def table_rows(ttft: dict[int, dict[str, float]], sweep: dict[int, dict[str, Any]],
-               ceilings: dict[str, float] | None) -> list[tuple[str, Any]]:
+               ceilings: dict[str, Any] | None) -> list[tuple[str, Any]]:
     """Rows of the printed latency table."""
     rows: list[tuple[str, Any]] = []
     for L, t in ttft.items():
         rows.append((f"TTFT {L}-token prompt (ms, median)", t["ttft_ms_p50"]))
     if ceilings:
         bw, mm = ceilings["copy_bytes_per_s"] / 1e9, ceilings["matmul_flops_per_s"] / 1e12
-        rows.append(("copy bandwidth / matmul rate (measured)",
+        rows.append((f"copy bandwidth / matmul rate ({ceilings['ceilings_source']})",
                      f"{bw:,.0f} GB/s, {mm:,.2f} TFLOP/s"))
     for c, s in sweep.items():
         line = (f"{s['output_throughput']:,.1f} tok/s, TPOT p50 {s['tpot_ms_p50']:.4g} ms, "

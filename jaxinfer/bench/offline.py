@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from jaxinfer.bench import driver
+from jaxinfer.bench.cli import non_negative_float
 from jaxinfer.bench.metrics import Progress, format_table, summarize, unit_of
-from jaxinfer.bench.records import make_record, write_run
+from jaxinfer.bench.records import check_out_dir, make_record, write_run
 
 
 def add_parser(sub: Any, add_common: Any) -> None:
@@ -40,7 +41,7 @@ def add_parser(sub: Any, add_common: Any) -> None:
     p.add_argument("--num-prompts", type=_counts, default=(64,),
                    help="requests submitted at once; one value or one per workload")
     driver.add_sampling_args(p)
-    p.add_argument("--time-limit", type=float, default=None,
+    p.add_argument("--time-limit", type=non_negative_float, default=None,
                    help="seconds after which the measured run aborts what has not finished "
                         "and reports what has")
     p.add_argument("--no-warmup", action="store_true",
@@ -89,10 +90,15 @@ def run_offline(ns: argparse.Namespace) -> list[dict[str, Any]]:
     """
     work = workloads(ns)
     driver.params_of(ns, 1)  # a bad --top-p etc. fails before the engine starts
+    check_out_dir(ns.out)
     if ns.max_num_seqs is None:
         ns.max_num_seqs = min(max(n for _, _, n in work), 256)
+    need = max(i + o for i, o, _ in work)
     if ns.max_model_len is None:
-        ns.max_model_len = driver.page_round(max(i + o for i, o, _ in work), ns.block_size)
+        ns.max_model_len = driver.page_round(need, ns.block_size)
+    elif need > ns.max_model_len:  # the warm-up would fail on a page bucket, unexplained
+        raise ValueError(f"input-len + output-len = {need} tokens exceeds --max-model-len "
+                         f"({ns.max_model_len})")
     engine, phases = driver.build_engine(ns)
     return [_run_workload(engine, dict(phases), ns, *w) for w in work]
 

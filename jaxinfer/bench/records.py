@@ -68,6 +68,20 @@ def make_record(name: str, value: Any, unit: str, config: dict[str, Any],
                                            [sys.executable.split("/")[-1]] + sys.argv)}
 
 
+def check_out_dir(out_dir: str | Path | None) -> None:
+    """Create ``--out`` (default: benchmarks/results) now and check that a record can be
+    written there; raises ValueError otherwise -- before a run, whose results would
+    otherwise be lost at its end (a file given as --out was refused only then)."""
+    out = Path(out_dir) if out_dir is not None else RESULTS
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write records there ({e.strerror or e})") from None
+
+
 def _path(out_dir: Path | None, name: str) -> Path:
     out = Path(out_dir) if out_dir is not None else RESULTS
     out.mkdir(parents=True, exist_ok=True)

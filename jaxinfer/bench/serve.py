@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from jaxinfer.bench.cli import non_negative_float, positive_float
 from jaxinfer.bench.metrics import Progress, RequestTimeline, format_table, summarize, unit_of
-from jaxinfer.bench.records import make_record, write_run
+from jaxinfer.bench.records import check_out_dir, make_record, write_run
 
 
 def add_parser(sub: Any, add_common: Any) -> None:
@@ -61,10 +62,11 @@ def add_parser(sub: Any, add_common: Any) -> None:
     p.add_argument("--num-warmups", type=int, default=0,
                    help="unmeasured requests of the same distribution sent first")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--request-timeout", type=float, default=600.0, help="per-request deadline")
-    p.add_argument("--time-limit", type=float, default=None,
+    p.add_argument("--request-timeout", type=positive_float, default=600.0,
+                   help="per-request deadline")
+    p.add_argument("--time-limit", type=non_negative_float, default=None,
                    help="seconds after which no new request is sent")
-    p.add_argument("--start-timeout", type=float, default=600.0,
+    p.add_argument("--start-timeout", type=positive_float, default=600.0,
                    help="seconds to wait for a started server to report SERVING")
     p.set_defaults(func=cmd_serve_bench)
 
@@ -253,6 +255,7 @@ def run_serve(ns: argparse.Namespace) -> dict[str, Any]:
     # device name does), it must not reserve the accelerator's memory the server needs.
     server_env = dict(os.environ)
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    check_out_dir(ns.out)
     rng = np.random.default_rng(ns.seed)
     total = n + ns.num_warmups
     in_lens = sample_lengths(rng, total, ns.random_input_len, ns.random_range_ratio)
@@ -262,9 +265,12 @@ def run_serve(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.port is None:
         if ns.max_num_seqs is None:
             ns.max_num_seqs = min(n, ns.max_concurrency or n, 256)
+        need = int((in_lens + out_lens).max())
         if ns.max_model_len is None:
-            ns.max_model_len = -(-int((in_lens + out_lens).max()) // ns.block_size) \
-                * ns.block_size
+            ns.max_model_len = -(-need // ns.block_size) * ns.block_size
+        elif need > ns.max_model_len:  # before seconds go into starting the server
+            raise ValueError(f"the longest request needs {need} tokens (prompt + output); "
+                             f"--max-model-len is {ns.max_model_len}")
         t0 = time.perf_counter()
         server = start_server(engine_argv(ns, ns.engine_actions), ns.start_timeout,
                               server_env)
@@ -274,9 +280,15 @@ def run_serve(ns: argparse.Namespace) -> dict[str, Any]:
     else:
         host, port, mport = ns.host, ns.port, ns.metrics_port
     target = f"{host}:{port}"
+    import grpc
+
     try:
         with InferenceClient(target, timeout=60) as c:
-            info = c.model_info()
+            try:
+                info = c.model_info()
+            except grpc.RpcError as e:  # nothing listening, or not our server
+                raise ValueError(f"no jaxinfer server answers at {target}: "
+                                 f"{e.code().name}: {e.details()}") from None
         need = int((in_lens + out_lens).max())
         if need > info.max_model_len:
             raise ValueError(f"the longest request needs {need} tokens (prompt + output); the "

@@ -191,3 +191,44 @@ def test_bad_options_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> 
             main(argv)
         assert e.value.code == 2 and needle in capsys.readouterr().err, argv
     assert os.environ.get("JAX_PLATFORMS") == "cpu"
+
+
+def test_options_checked_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lengths, concurrency, --out and server reachability fail as one line before an
+    engine starts or a server is spawned (they used to fail after the run, inside the
+    warm-up, or with a traceback); measured rates and times must be finite and > 0."""
+    from jaxinfer.bench import driver
+    from jaxinfer.bench import serve as serve_bench
+
+    def no_engine(*a, **k):
+        raise AssertionError("an engine was built")
+
+    monkeypatch.setattr(driver, "build_engine", no_engine)
+    monkeypatch.setattr(serve_bench, "start_server", no_engine)
+    short = ["--prompt-lens", "16", "--input-len", "16", "--output-len", "8"]
+    a_file = tmp_path / "records.json"
+    a_file.write_text("")
+    for argv, needle in [
+        (["bench", "offline", *TINY, "--input-len", "40", "--output-len", "30",
+          "--max-model-len", "64"], "input-len + output-len = 70 tokens exceeds --max-model-len "
+                                    "(64)"),
+        (["bench", "offline", *TINY, "--out", str(a_file)], f"--out {a_file}: cannot write"),
+        (["bench", "latency", *TINY, *short, "--concurrency", "8", "--max-num-seqs", "4"],
+         "--concurrency 8 > --max-num-seqs 4: at most 4 streams would run at once"),
+        (["bench", "latency", *TINY, *short, "--ceilings=-5,2"], "must be finite and > 0"),
+        (["bench", "latency", *TINY], "the longest request needs 4097 tokens; --max-model-len "
+                                      "is 64"),
+        (["bench", "serve", *TINY, "--random-input-len", "60", "--random-output-len", "30",
+          "--max-model-len", "64"], "--max-model-len is 64"),
+        (["bench", "serve", *TINY, "--port", "1", "--num-prompts", "1"],
+         "no jaxinfer server answers at 127.0.0.1:1: UNAVAILABLE"),
+    ]:
+        assert main(argv) == 2, argv
+        assert needle in capsys.readouterr().err, argv
+    for argv in (["bench", "roofline", "--copy-gbps=-5"], ["bench", "roofline", "--tpot-ms", "0"],
+                 ["bench", "roofline", "--matmul-tflops", "inf"],
+                 ["bench", "offline", *TINY, "--time-limit=-1"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and "must be a finite number >" in capsys.readouterr().err

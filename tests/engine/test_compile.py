@@ -315,6 +315,17 @@ def test_async_scheduling_compiles_nothing_in_a_fresh_process(cache_dir):
     assert warm["tokens"] == [o.outputs[0].token_ids for o in ref]
 
 
+def test_scheduling_policy_options_are_served_by_the_strict_cache(cache_dir):
+    """Prefix caching, consecutive prefills and the queue length decide which requests run
+    when, never a program: they are not in the fingerprint, so the strict cache serves them
+    (it used to refuse) and nothing compiles; tokens equal the default engine's."""
+    warm = _fresh_process(cache_dir, engine=dict(
+        ENGINE, enable_prefix_caching=False, max_consecutive_prefills=3, max_queue_len=100))
+    assert warm["compiled"] == 0 and warm["xla_while_running"] == 0 and warm["loaded"] > 0
+    ref = LLM(MODEL, **ENGINE).generate(PROMPTS, GREEDY)
+    assert warm["tokens"] == [o.outputs[0].token_ids for o in ref]
+
+
 def test_multi_step_programs_come_from_the_compile_cache(cache_dir, tmp_path):
     """`jaxinfer compile --num-scheduler-steps 4` adds the k-step programs (greedy and
     temperature, every decode bucket) to a cache of the same fingerprint, compiling only

@@ -194,7 +194,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
             ids.append(engine.encode_chat([{"role": "user", "content": p}]) if ns.chat
                        else engine.encode_prompt(_token_ids(p) if ns.token_ids else p))
         except ValueError as err:
-            err.args = (f"prompt {i}: {err}", *err.args[1:])
+            err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])  # LLM.generate's
             raise
     outs = llm.generate(ids, [_fit_max_tokens(ns, params, len(x), engine.config.max_model_len)
                               for x in ids])

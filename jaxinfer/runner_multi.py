@@ -137,8 +137,9 @@ class MultiStepPrograms:
             compiled = xla_compilations() - before
             r.num_compilations += compiled
             r.num_loaded += compiled == 0
+            r.compile_seconds[MULTI_STEP, cached] = time.perf_counter() - t0
             log.info("%s %d-step decode %s (%s) in %.2f s", "compiled" if compiled else "loaded",
-                     k, bucket, variant, time.perf_counter() - t0)
+                     k, bucket, variant, r.compile_seconds[MULTI_STEP, cached])
             self._programs[key] = exe
         return exe
 

@@ -114,13 +114,16 @@ def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: i
     same length are run to their first token (the scheduler packs them as it will pack the
     measured wave). Decode: the programs of every batch bucket up to the wave's (decode
     steps run between prefill steps while a wave is admitted) at every block-table width the
-    contexts ``input_len + 1 .. input_len + output_len`` need, and with async scheduling
-    their token-gather programs. What the run needs
+    contexts ``input_len + 1 .. input_len + output_len`` need, with multi-step decode
+    (``num_scheduler_steps`` k > 1) their k-step programs of the greedy and temperature-only
+    samplers (``runner_multi.MULTI_STEP_WARM_VARIANTS``, what ``jaxinfer compile`` builds),
+    and with async scheduling their token-gather programs. What the run needs
     beyond that (e.g. smaller waves when the KV pool admits fewer) is not guessed: the run
     reports the programs it compiles. Returns seconds and counts.
     """
     from jaxinfer.batch import Bucket, pick
     from jaxinfer.runner import GATHER, SAMPLE, gather_bucket
+    from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS
 
     ec = engine.config
     t0, c0 = time.perf_counter(), CompileState.of(engine)
@@ -140,12 +143,17 @@ def warm_up(engine: Any, input_len: int, output_len: int, num_seqs: int, seed: i
             for B in ec.decode_buckets:
                 for P in ec.page_buckets:
                     bucket = Bucket("decode", B, B, P)
-                    if B <= top and lo <= P <= hi and \
-                            (SAMPLE, bucket) not in engine.runner.compiled_buckets:
+                    if not (B <= top and lo <= P <= hi):
+                        continue
+                    if (SAMPLE, bucket) not in engine.runner.compiled_buckets:
                         t = time.perf_counter()
                         engine.runner.executable(bucket)
                         _say(f"warm-up: decode program B={B} pages={P} "
                              f"({time.perf_counter() - t:.1f} s)")
+                    if ec.num_scheduler_steps > 1:  # the k-step windows' programs too
+                        for variant in MULTI_STEP_WARM_VARIANTS:
+                            engine.multi_step_programs.executable(
+                                bucket, variant, ec.num_scheduler_steps)
                 # Async scheduling feeds a pipelined step's tokens through the gather
                 # program of its batch bucket (the warm-up's own steps may not pipeline).
                 gb = gather_bucket(B)

@@ -84,6 +84,19 @@ def test_bench_offline_several_workloads_share_one_engine(tmp_path: Path) -> Non
     assert first["run_programs_compiled"] == second["run_programs_compiled"] == 0
 
 
+def test_bench_offline_multi_step_warm_up_builds_the_k_step_programs(tmp_path: Path) -> None:
+    """With --num-scheduler-steps k > 1 the warm-up builds the k-step decode programs the
+    run's windows use (their compile time was also missing from the counters)."""
+    rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--input-len", "16",
+               "--output-len", "8", "--num-prompts", "4", "--num-scheduler-steps", "2",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    v = values(load_records(tmp_path, "bench_offline-dummy-tiny-llama-16x8"), "bench_offline.")
+    assert (v["completed"], v["output_tokens"], v["errors"]) == (4, 32, 0)
+    assert v["run_programs_compiled"] == 0 and v["run_programs_loaded"] == 0
+    assert v["run_compile_s"] == 0.0
+
+
 def test_bench_offline_samples_with_top_p_top_k_min_p(tmp_path: Path) -> None:
     """--temperature / --top-p / --top-k / --min-p reach every request (vLLM bench serve's
     names) and the records' config."""

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterable
 from typing import Sequence as Seq
 
@@ -38,6 +39,8 @@ class LLM:
         Prompts are texts or lists of token ids (``prompts`` may be one of either). Raises
         RequestError / ParameterError on bad input, naming the prompt's position in the batch;
         nothing of the batch stays queued (requests added before the bad one are aborted).
+        An exception while the batch runs (KeyboardInterrupt included) aborts its unfinished
+        requests before it propagates: none keeps KV pages or runs in a later call.
         ``sampling_params`` is one SamplingParams for all prompts or a list, one per prompt.
         """
         prompts = prompt_batch(prompts)
@@ -104,15 +107,22 @@ class LLM:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(ids), desc="requests", unit="req")
         pending = set(ids)
-        while pending:
-            for o in self.engine.step():
-                if o.finished and o.request_id in pending:
-                    final[o.request_id] = o
-                    pending.discard(o.request_id)
-                    if bar:
-                        bar.update(1)
-        if bar:
-            bar.close()
+        try:
+            while pending:
+                for o in self.engine.step():
+                    if o.finished and o.request_id in pending:
+                        final[o.request_id] = o
+                        pending.discard(o.request_id)
+                        if bar:
+                            bar.update(1)
+        except BaseException:  # KeyboardInterrupt included: the batch's requests go too,
+            for rid in pending:  # so that they hold no KV pages nor run in the next call
+                with contextlib.suppress(Exception):  # the error raised below is the news
+                    self.engine.abort_request(rid)
+            raise
+        finally:
+            if bar:
+                bar.close()
         return [final[i] for i in ids]
 
 

@@ -158,6 +158,30 @@ def test_generate_rejecting_a_later_prompt_leaves_nothing_queued() -> None:
     assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
 
 
+def test_interrupted_generate_aborts_its_requests(monkeypatch) -> None:
+    # A KeyboardInterrupt from the third engine step: the batch's requests are aborted (no
+    # KV pages held, nothing left to run in the next call) and the interrupt propagates.
+    llm = _llm("llama")
+    bm = llm.engine.scheduler.block_manager
+    free = bm.num_free_pages
+    step, calls = llm.engine.step, []
+
+    def interrupted_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[5, 6, 7], [8, 9]], SamplingParams(temperature=0, max_tokens=8))
+    monkeypatch.setattr(llm.engine, "step", step)
+    assert not llm.engine.has_unfinished_requests()
+    assert bm.num_free_pages == free
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
+
+
 @pytest.fixture(scope="module")
 def llama_llm() -> LLM:
     return _llm("llama")

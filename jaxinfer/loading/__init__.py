@@ -21,18 +21,19 @@ import codecs
 import hashlib
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from jaxinfer.loading.base import CheckpointError, LoadedModel, cast_params, np_dtype
 from jaxinfer.config import ModelConfig
 from jaxinfer.loading.dummy import DUMMY_CONFIGS, dummy_params, load_dummy
+from jaxinfer.loading.converted_check import read_manifest
 from jaxinfer.loading.hf_loader import load_hf, read_hf_header
 from jaxinfer.loading.named import DEFAULT_MODEL, NAMED_MODELS, resolve_named
 from jaxinfer.loading.orbax_store import (
     cache_path_for,
+    cache_state,
     checkpoint_dir,
-    find_cached,
     is_converted,
     load_converted,
     read_converted_header,
@@ -126,19 +127,39 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
         return load_converted(path, dtype)
     if kind == "hf":
         return load_hf(path, dtype, progress)
+    replace = None
     if use_cache:
-        cached = find_cached(path)
-        if cached is not None:
-            return load_converted(cached, dtype)
+        cached, state, why = cache_state(path)
+        if state == "ok":
+            try:
+                return load_converted(cached, dtype)
+            except CheckpointError as e:  # damage the cheap checks do not see
+                state, why = "damaged", str(e)
+        replace = _remake(cached, state, why, path)
     loaded = _load_gguf(path, progress)
     if use_cache:
         try:
-            save_converted(cache_path_for(path), loaded, source=path)
+            save_converted(cache_path_for(path), loaded, source=path, replace=replace)
         except (OSError, CheckpointError) as e:
             warnings.warn(f"could not cache a converted copy of {path}: {e}", stacklevel=2)
     if dtype != "float32":
         loaded.params = cast_params(loaded.params, dtype)
     return loaded
+
+
+def _remake(cached: Path, state: str, why: str, source: Path,
+            scheme: dict | None = None) -> Callable[[Path], bool] | None:
+    """For a damaged or stale cache entry: say on stderr that it is re-made from ``source``,
+    and return save_converted's ``replace`` check: replace it unless another process has
+    re-made it meanwhile (its manifest changed and it checks out). None for an absent,
+    foreign or usable entry."""
+    if state not in ("damaged", "stale"):
+        return None
+    print(f"jaxinfer: the converted copy {cached} is {state} ({why}); re-converting it from "
+          f"{source}", file=sys.stderr, flush=True)
+    seen = read_manifest(cached)
+    return lambda out: (read_manifest(out) == seen
+                        or cache_state(source, scheme=scheme)[1] in ("damaged", "stale"))
 
 
 def _load_fp8(model: str, dtype: str, progress: bool, use_cache: bool,
@@ -151,9 +172,14 @@ def _load_fp8(model: str, dtype: str, progress: bool, use_cache: bool,
         raise CheckpointError(f"quantization must be None or 'fp8', got {quantization!r}")
     if use_cache and not model.startswith("dummy:"):
         kind, path = _resolve(model)
-        cached = find_cached(path, scheme=fp8_scheme()) if kind == "gguf" else None
-        if cached is not None:
-            return load_converted(cached, dtype)
+        if kind == "gguf":
+            cached, state, why = cache_state(path, scheme=fp8_scheme())
+            if state == "ok":
+                return load_converted(cached, dtype)
+            if state in ("damaged", "stale"):  # quantized on load instead
+                warnings.warn(f"the FP8 converted copy {cached} is {state} ({why}); not "
+                              "used (`jaxinfer convert --quantization fp8` re-makes it)",
+                              stacklevel=2)
     if model.startswith("dummy:"):  # random FP8 weights made as FP8: no bf16 copy first
         return _load_dummy_like(model.removeprefix("dummy:"), dtype, fp8=FP8_PROJECTIONS)
     loaded = load_model(model, dtype="float32", progress=progress, use_cache=use_cache)
@@ -248,12 +274,14 @@ def convert(model: str, output: str | None = None, progress: bool = True,
             raise CheckpointError(f"calibration_tokens (--calibration-tokens) must be at "
                                   f"least 2, got {calibration_tokens}")
         calib_path = _read_calibration(Path(calibration))  # before the model loads
+    replace = None
     if output is None:
         if kind == "hf":
             raise CheckpointError(f"give an output directory to convert HF directory {path}")
-        output_path = cache_path_for(path, scheme=scheme)
-        if find_cached(path, scheme=scheme) is not None:
+        output_path, state, why = cache_state(path, scheme=scheme)
+        if state == "ok":
             return output_path
+        replace = _remake(output_path, state, why, path, scheme)
     else:
         output_path = Path(output).expanduser()
         if output_path.exists():
@@ -269,7 +297,7 @@ def convert(model: str, output: str | None = None, progress: bool = True,
     else:
         scheme = None  # not quantized here: float, or FP8 as the checkpoint carries it
     return save_converted(output_path, loaded, source=path if kind == "gguf" else None,
-                          scheme=scheme)
+                          scheme=scheme, replace=replace)
 
 
 _CALIB_HEAD_BYTES = 1 << 16  # checked before the model loads

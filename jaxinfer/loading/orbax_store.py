@@ -9,7 +9,8 @@ A converted checkpoint is a directory::
     tokenizer.json ...      Tokenizer.save() output (absent for models without a tokenizer)
     manifest.json           format tag, source file (resolved path, size, mtime_ns),
                             "quantization" (null, or the FP8 scheme and every scale's shape),
-                            written last
+                            "files" (every other file's size, checked before each load: see
+                            :mod:`.converted_check`), written last
 
 It is written into a hidden temporary sibling and renamed into place, so a killed conversion
 never leaves a directory that looks complete. GGUF files are converted once into
@@ -17,7 +18,9 @@ never leaves a directory that looks complete. GGUF files are converted once into
 and mtime, so a changed file gets a fresh copy; an FP8 copy (``jaxinfer convert
 --quantization fp8``) lives at ``<stem>-fp8-<key>/`` with the scheme hashed into ``key`` too,
 and :func:`find_cached` also compares the manifest's scheme, so a float copy is never taken
-for an FP8 one or the reverse.
+for an FP8 one or the reverse. A cache entry that is damaged (a listed file missing or of
+another size) or stale (manifest malformed or naming another source or scheme) is re-made from
+its source and swapped in (:func:`cache_state`, ``save_converted(..., replace=True)``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +42,20 @@ import numpy as np
 
 from jaxinfer.config import ModelConfig
 from jaxinfer.loading.base import CheckpointError, LoadedModel, check_finite, np_dtype
+from jaxinfer.loading.converted_check import (
+    FORMAT,
+    MANIFEST,
+    damage,
+    file_sizes,
+    looks_converted,
+    read_manifest,
+    repair_hint,
+)
+from jaxinfer.loading.orbax_teardown import orbax_loops
 from jaxinfer.models.params import WeightError, check_params, fp8_names, param_shapes
 from jaxinfer.tokenizer import Tokenizer, TokenizerError
 
-FORMAT = "jaxinfer-orbax-v1"
 _E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-MANIFEST = "manifest.json"
 
 
 def checkpoint_dir() -> Path:
@@ -83,25 +95,42 @@ def cache_path_for(source: str | Path, root: Path | None = None,
 
 
 def is_converted(path: str | Path) -> bool:
-    """Whether ``path`` is a complete converted checkpoint (manifest with our format tag)."""
-    m = Path(path) / MANIFEST
-    try:
-        return m.is_file() and json.loads(m.read_text()).get("format") == FORMAT
-    except (OSError, json.JSONDecodeError):
-        return False
+    """Whether ``path`` holds a converted checkpoint's manifest (a JSON object with our format
+    tag, written last); whether its files are intact is :func:`.converted_check.damage`."""
+    return read_manifest(path) is not None
+
+
+def cache_state(source: str | Path, root: Path | None = None,
+                scheme: dict[str, Any] | None = None) -> tuple[Path, str, str]:
+    """``(path, state, why)`` of the cache entry for ``source`` (float, or FP8 quantized with
+    ``scheme``). ``state``: "ok" (usable), "absent", "stale" (manifest malformed, or naming
+    another source or scheme), "damaged" (a file missing or cut short) -- both re-made by
+    the loader and ``jaxinfer convert`` -- or "foreign" (something that is not a converted
+    copy's layout, never touched). ``why`` says what is wrong ("" for ok / absent)."""
+    path = cache_path_for(source, root, scheme)
+    if not path.exists():
+        return path, "absent", ""
+    if not path.is_dir() or path.is_symlink() or not looks_converted(path):
+        return path, "foreign", "not a converted checkpoint's layout"
+    manifest = read_manifest(path)
+    if manifest is None:
+        return path, "stale", f"its {MANIFEST} is missing, malformed or of another format"
+    q = manifest.get("quantization")
+    q_scheme = q.get("scheme") if isinstance(q, dict) else None
+    same = q is None if scheme is None else q_scheme == scheme
+    if not same or manifest.get("source") != source_stamp(source):
+        return path, "stale", f"its {MANIFEST} names another source file or quantization"
+    why = damage(path, manifest)
+    return (path, "damaged", why) if why else (path, "ok", "")
 
 
 def find_cached(source: str | Path, root: Path | None = None,
                 scheme: dict[str, Any] | None = None) -> Path | None:
     """The converted copy of ``source`` (float, or FP8 quantized with ``scheme``) if one
-    exists and its manifest matches the file now and the scheme asked for."""
-    path = cache_path_for(source, root, scheme)
-    if not is_converted(path):
-        return None
-    manifest = json.loads((path / MANIFEST).read_text())
-    q = manifest.get("quantization")
-    same = q is None if scheme is None else q is not None and q.get("scheme") == scheme
-    return path if same and manifest.get("source") == source_stamp(source) else None
+    exists, its manifest matches the file now and the scheme asked for, and its files are
+    all there (:func:`cache_state` is "ok")."""
+    path, state, _ = cache_state(source, root, scheme)
+    return path if state == "ok" else None
 
 
 def _nest(params: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -150,7 +179,8 @@ def remove_stale_temps(parent: Path, name: str | None) -> None:
 
 def save_converted(out: str | Path, model: LoadedModel,
                    source: str | Path | None = None,
-                   scheme: dict[str, Any] | None = None) -> Path:
+                   scheme: dict[str, Any] | None = None,
+                   replace: Callable[[Path], bool] | None = None) -> Path:
     """Write ``model`` as a converted checkpoint at ``out`` atomically; returns ``out``.
 
     Params are stored as float32, except FP8 projections (float8_e4m3fn, as they are) and
@@ -158,6 +188,11 @@ def save_converted(out: str | Path, model: LoadedModel,
     weights that came in FP8 or are not quantized) goes into the manifest. If another process
     finished the same directory first, its copy is kept. Raises CheckpointError when ``out``
     exists and is not a converted checkpoint.
+
+    ``replace``: ``out`` is a damaged or stale copy to replace (the caller checked its layout,
+    :func:`cache_state`): the new copy is written beside it and swapped in, the old one
+    renamed to a temporary name and deleted; ``replace(out)`` is asked again just before the
+    swap, so a copy another process re-made meanwhile (False) is kept.
     """
     import orbax.checkpoint as ocp
 
@@ -165,11 +200,12 @@ def save_converted(out: str | Path, model: LoadedModel,
     out.parent.mkdir(parents=True, exist_ok=True)
     ours = out.parent == (checkpoint_dir() / "converted").absolute()
     remove_stale_temps(out.parent, None if ours else out.name)
-    if out.exists():
+    if out.exists() and replace is None:
         if is_converted(out):
             return out
         raise CheckpointError(f"{out} already exists and is not a converted checkpoint")
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    old = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
         fp8 = fp8_names(model.params)
@@ -187,8 +223,15 @@ def save_converted(out: str | Path, model: LoadedModel,
             "scales": {k + "_scale": list(model.params[k + "_scale"].shape) for k in fp8}}
         manifest = {"format": FORMAT, "created_unix": time.time(), "dtype": "float32",
                     "source": source_stamp(source) if source is not None else None,
-                    "from": model.source, "quantization": quant}
+                    "from": model.source, "quantization": quant, "files": file_sizes(tmp)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if replace is not None and out.exists():
+            if not replace(out):  # re-made by another process meanwhile: keep it
+                return out
+            try:
+                os.rename(out, old)  # a temporary name: remove_stale_temps knows it
+            except FileNotFoundError:
+                pass
         try:
             os.rename(tmp, out)
         except OSError:
@@ -196,8 +239,9 @@ def save_converted(out: str | Path, model: LoadedModel,
                 return out
             raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for t in (tmp, old):
+            if t.exists():
+                shutil.rmtree(t, ignore_errors=True)
     return out
 
 
@@ -213,8 +257,10 @@ def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
     d = Path(path).absolute()
     cfg, tokenizer = read_converted_header(d)
     dt = np_dtype(dtype)
-    quant = json.loads((d / MANIFEST).read_text()).get("quantization") or {}
-    scales = set(quant.get("scales", {}))
+    manifest = read_manifest(d) or {}
+    hint = repair_hint(d, manifest)
+    quant = manifest.get("quantization") or {}
+    scales = set(quant.get("scales", {})) if isinstance(quant, dict) else set()
     fp8 = {k.removesuffix("_scale") for k in scales}
 
     def arg(k: str) -> Any:  # stored dtype for FP8 weights, float32 for scales
@@ -224,11 +270,21 @@ def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
     names = list(param_shapes(cfg)) + sorted(scales)
     args = _nest({k: arg(k) for k in names})
     try:
-        with ocp.PyTreeCheckpointer() as ckptr:
-            stored = _stored_dtypes(ckptr.metadata(d / "params"))
+        with orbax_loops(), ocp.PyTreeCheckpointer() as ckptr:
+            meta = ckptr.metadata(d / "params")
+            if getattr(meta, "item_metadata", True) is None:
+                # orbax could not read the tree's metadata: a restore would fail after
+                # starting reads it cannot cancel (tracebacks from tensorstore's threads)
+                raise CheckpointError(f"the converted checkpoint {d} is damaged: orbax cannot "
+                                      f"read the metadata of {d}/params; {hint}")
+            stored = _stored_dtypes(meta)
             tree = ckptr.restore(d / "params", args=ocp.args.PyTreeRestore(restore_args=args))
+    except CheckpointError:
+        raise
     except Exception as e:  # orbax/tensorstore raise many kinds
-        raise CheckpointError(f"cannot restore params from {d}/params: {e}") from e
+        raise CheckpointError(
+            f"the converted checkpoint {d} is damaged: cannot restore its params ({hint}); "
+            f"the first failed read (not necessarily the only damaged tensor): {e}") from e
     if stored is not None:  # what is on disk must be what the manifest describes
         on_disk_fp8 = {k for k, dt in stored.items() if np.dtype(dt) == _E4M3}
         if set(stored) != set(names) or on_disk_fp8 != fp8:
@@ -265,9 +321,14 @@ def read_converted_header(d: Path) -> tuple[ModelConfig, Tokenizer | None]:
     """(config, tokenizer or None) of a converted checkpoint, without reading its params.
 
     Raises CheckpointError when the directory is incomplete or its files cannot be read."""
-    if not is_converted(d):
+    manifest = read_manifest(d)
+    if manifest is None:
         raise CheckpointError(f"{d} is not a complete converted checkpoint (no {MANIFEST} "
                               f"with format {FORMAT!r})")
+    why = damage(d, manifest)
+    if why:
+        raise CheckpointError(f"the converted checkpoint {d} is damaged: {why}; "
+                              f"{repair_hint(d, manifest)}")
     try:
         cfg = ModelConfig.from_json((d / "model_config.json").read_text())
     except (OSError, ValueError, TypeError) as e:

@@ -1,0 +1,145 @@
+"""The conversion cache repairs itself: a damaged or stale copy (a file missing or cut short,
+tokenizer.json gone, a malformed or edited manifest) is re-made from its source by the next
+load and by ``jaxinfer convert``; a copy given by path fails with one error naming it and the
+repair, without tensorstore's "Event loop is closed" tracebacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_loading import _tiny_tokenizer, hf_weights, write_tiny_gguf  # noqa: E402
+
+from jaxinfer.loading import CheckpointError, LoadedModel, convert, load_model, orbax_store  # noqa: E402,I001
+
+
+@pytest.fixture(autouse=True)
+def _ckpt_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "ckpt"
+    monkeypatch.setenv("JAXINFER_CHECKPOINT_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def cached(tmp_path: Path) -> tuple[Path, Path, LoadedModel]:
+    """(GGUF source, its cache entry, the model loaded from the source)."""
+    src = write_tiny_gguf(tmp_path / "c.gguf", hf_weights())
+    first = load_model(str(src), progress=False)
+    entry = orbax_store.find_cached(src)
+    assert entry is not None
+    return src, entry, first
+
+
+def _biggest(d: Path) -> Path:
+    return max((p for p in (d / "params").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+
+
+def _same(a: LoadedModel, b: LoadedModel) -> None:
+    for k, v in a.params.items():
+        np.testing.assert_array_equal(b.params[k], v)
+
+
+def test_damaged_copy_by_path_is_one_error_naming_it_and_the_repair(cached, capfd) -> None:
+    _, entry, _ = cached
+    (entry / "params" / "manifest.ocdbt").unlink()
+    with pytest.raises(CheckpointError) as e:
+        load_model(str(entry), progress=False)
+    msg = str(e.value)
+    assert str(entry) in msg and "damaged" in msg and "manifest.ocdbt" in msg
+    assert f"delete {entry}" in msg and "jaxinfer convert --model" in msg
+    time.sleep(0.3)  # tensorstore's threads printed their tracebacks after the error
+    assert "Event loop is closed" not in capfd.readouterr().err
+
+
+def test_failed_restore_leaves_no_event_loop_tracebacks(cached, capfd) -> None:
+    """Damage the cheap checks do not see (an older manifest lists no files, so a missing
+    tree metadata file passes them): orbax's restore fails with reads in flight."""
+    _, entry, _ = cached
+    m = json.loads((entry / "manifest.json").read_text())
+    del m["files"]
+    (entry / "manifest.json").write_text(json.dumps(m))
+    (entry / "params" / "manifest.ocdbt").unlink()
+    import orbax.checkpoint as ocp
+
+    from jaxinfer.loading.orbax_teardown import orbax_loops
+
+    with pytest.raises(Exception, match="NOT_FOUND"):
+        with orbax_loops(), ocp.PyTreeCheckpointer() as ckptr:
+            ckptr.restore(entry / "params")
+    time.sleep(0.3)
+    assert "Event loop is closed" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "tokenizer"])
+def test_load_and_convert_remake_a_damaged_cache_copy(cached, damage, capfd) -> None:
+    src, entry, first = cached
+    if damage == "tokenizer":  # a copy whose tokenizer.json is gone is damaged (D7)
+        tok = _tiny_tokenizer("{{ messages[0]['content'] }}")
+        shutil.rmtree(entry)
+        orbax_store.save_converted(entry, LoadedModel(first.config, first.params, tok, "x"),
+                                   source=src)
+        assert load_model(str(entry)).tokenizer is not None
+        (entry / "tokenizer.json").unlink()
+        with pytest.raises(CheckpointError, match=r"damaged: tokenizer.json is missing"):
+            load_model(str(entry))
+    elif damage == "truncate":
+        big = _biggest(entry)
+        big.write_bytes(big.read_bytes()[:1000])
+    else:
+        _biggest(entry).unlink()
+    assert orbax_store.find_cached(src) is None
+    capfd.readouterr()
+    again = load_model(str(src), progress=False)
+    assert "is damaged" in capfd.readouterr().err
+    _same(first, again)
+    assert orbax_store.find_cached(src) == entry
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # old copy gone
+    _biggest(entry).unlink()
+    assert convert(str(src), progress=False) == entry  # re-converts, not "already there"
+    assert orbax_store.cache_state(src)[1] == "ok"
+    _same(first, load_model(str(src), progress=False))
+
+
+@pytest.mark.parametrize("manifest", ["[1]", "{", "stale"])
+def test_malformed_or_stale_manifest_is_rebuilt_once(cached, manifest, monkeypatch,
+                                                     capfd) -> None:
+    src, entry, first = cached
+    if manifest == "stale":
+        m = json.loads((entry / "manifest.json").read_text())
+        m["source"]["size"] = 1
+        manifest = json.dumps(m)
+    (entry / "manifest.json").write_text(manifest)
+    assert not orbax_store.is_converted(entry) or manifest.startswith("{\"")
+    capfd.readouterr()
+    _same(first, load_model(str(src), progress=False))
+    assert "re-converting" in capfd.readouterr().err
+    assert orbax_store.find_cached(src) == entry
+    import gguf  # the next start reads the copy, not the GGUF
+
+    with monkeypatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", lambda *a, **k: pytest.fail("GGUF re-read"))
+        _same(first, load_model(str(src), progress=False))
+    (entry / "manifest.json").write_text("[1]")  # convert rebuilds it too
+    assert convert(str(src), progress=False) == entry
+    assert orbax_store.cache_state(src)[1] == "ok"
+
+
+def test_a_foreign_directory_at_the_cache_key_is_left_alone(tmp_path: Path) -> None:
+    src = write_tiny_gguf(tmp_path / "f.gguf", hf_weights())
+    entry = orbax_store.cache_path_for(src)
+    entry.mkdir(parents=True)
+    (entry / "manifest.json").write_text("[1]")
+    (entry / "thesis.tex").write_text("mine")
+    with pytest.warns(UserWarning, match="could not cache"):
+        load_model(str(src), progress=False)
+    with pytest.raises(CheckpointError, match="not a converted checkpoint"):
+        convert(str(src), progress=False)
+    assert (entry / "thesis.tex").read_text() == "mine"

@@ -339,8 +339,17 @@ def main(argv: Seq[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, OSError) as e:
         # ConfigError, ParameterError, RequestError, CheckpointError, WeightError are
         # ValueErrors: one line, no traceback.
+        _close_progress_bars()
         print(f"jaxinfer: error: {e}", file=sys.stderr)
         return 2
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars an error left open (a loader's "load X: 40%|..."), so the
+    error line starts a line of its own instead of ending the bar's."""
+    std = sys.modules.get("tqdm.std")  # tqdm not imported: no bar to close
+    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 if __name__ == "__main__":

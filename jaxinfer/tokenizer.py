@@ -259,6 +259,25 @@ class Tokenizer:
         return cls(hf, source=source)
 
 
+def check_vocab(tokenizer: Tokenizer, vocab_size: int, path: str | Path) -> None:
+    """Refuse the tokenizer of model directory ``path`` when its vocabulary is far smaller
+    (under half) than the model's ``vocab_size``: its vocabulary file is missing (e.g. a
+    ``tokenizer_config.json`` naming a class whose files are absent builds a tokenizer of
+    only its special tokens). Padded embedding tables (a few more rows than tokens) pass.
+
+    Raises:
+      TokenizerError: naming the file that is missing (or too small).
+    """
+    n = tokenizer.vocab_size
+    if 2 * n >= vocab_size:
+        return
+    d = Path(path)
+    what = (f"{d / 'tokenizer.json'} is missing" if not (d / "tokenizer.json").is_file()
+            else f"{d / 'tokenizer.json'} is incomplete")
+    raise TokenizerError(f"{d}: the tokenizer has {n} tokens but the model's vocabulary has "
+                         f"{vocab_size}: {what} (the model's tokenizer files are not all there)")
+
+
 class IncrementalDetokenizer:
     """Turns generated ids into text deltas for streaming.
 

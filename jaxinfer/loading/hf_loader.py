@@ -24,7 +24,7 @@ from jaxinfer.config import ConfigError, ModelConfig
 from jaxinfer.loading.base import CheckpointError, LoadedModel, ParamBuilder
 from jaxinfer.loading.fp8_checkpoint import Fp8Weights, dequantize, parse_quantization_config
 from jaxinfer.models.params import FP8_PROJECTIONS
-from jaxinfer.tokenizer import Tokenizer, TokenizerError
+from jaxinfer.tokenizer import Tokenizer, TokenizerError, check_vocab
 
 # HF architecture -> transformers config class name
 SUPPORTED_HF_ARCHS = {
@@ -290,6 +290,7 @@ def read_hf_header(d: Path, with_tokenizer: bool = True) -> tuple[ModelConfig, T
                            or (d / "tokenizer_config.json").is_file()):
         try:
             tokenizer = Tokenizer.from_pretrained(d, extra_eos_ids=cfg.eos_token_ids)
+            check_vocab(tokenizer, cfg.vocab_size, d)
         except TokenizerError as e:
             raise CheckpointError(str(e)) from e
         eos = tuple(dict.fromkeys(cfg.eos_token_ids + tokenizer.eos_token_ids))

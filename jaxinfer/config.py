@@ -22,7 +22,63 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 class ConfigError(ValueError):
-    """A model or engine configuration value is missing or out of range."""
+    """A model or engine configuration value is missing or out of range.
+
+    ``field`` names the offending ModelConfig field (``"rope_scaling.factor"`` for a key of
+    ``rope_scaling``) when there is one, and ``problem`` says what is wrong with it, so a
+    loader can restate the error with the name the checkpoint uses for that field (an HF
+    ``config.json`` key, a GGUF metadata key).
+    """
+
+    def __init__(self, message: str, field: str | None = None, problem: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.problem = problem
+
+
+def field_error(name: str, problem: str) -> ConfigError:
+    """``ConfigError("<name> <problem>")`` that remembers the field and the problem."""
+    return ConfigError(f"{name} {problem}", field=name, problem=problem)
+
+
+def check_positive_int(name: str, v: Any) -> int:
+    """``v`` if it is an int > 0 (not a bool); else a ConfigError naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise field_error(name, f"must be a positive integer, got {v!r}")
+    return v
+
+
+def check_positive_number(name: str, v: Any) -> float:
+    """``float(v)`` if ``v`` is a finite number > 0 (not a bool); else a ConfigError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise field_error(name, f"must be a positive finite number, got {v!r}")
+    return float(v)
+
+
+# What each RoPE scaling type reads (jaxinfer/layers/rope.py), all positive numbers.
+ROPE_SCALING_KEYS = {"default": (), "linear": ("factor",),
+                     "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                "original_max_position_embeddings")}
+
+
+def check_rope_scaling(scaling: dict[str, Any], prefix: str = "rope_scaling") -> None:
+    """Raise ConfigError (field ``<prefix>.<key>``) for an unknown RoPE type or a missing,
+    non-finite or non-positive number that type needs (Llama 3 also needs
+    ``high_freq_factor > low_freq_factor``: rope.py divides by their difference)."""
+    if not isinstance(scaling, dict):
+        raise field_error(prefix, f"must be a dict, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_SCALING_KEYS:
+        raise field_error(f"{prefix}.rope_type", f"{kind!r} is not supported (supported: "
+                                                 f"{', '.join(ROPE_SCALING_KEYS)})")
+    for key in ROPE_SCALING_KEYS[kind]:
+        if key not in scaling:
+            raise field_error(f"{prefix}.{key}", f"is missing (RoPE type {kind!r} needs it)")
+        check_positive_number(f"{prefix}.{key}", scaling[key])
+    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise field_error(f"{prefix}.high_freq_factor",
+                          f"must be greater than low_freq_factor ({scaling['low_freq_factor']!r}"
+                          f"), got {scaling['high_freq_factor']!r}")
 
 
 @dataclass(frozen=True)
@@ -65,10 +121,17 @@ class ModelConfig:
         if self.family not in FAMILIES:
             raise ConfigError(f"unknown model family {self.family!r}; supported: {FAMILIES}")
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                  "num_kv_heads", "head_dim"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ConfigError(f"ModelConfig.{f} must be a positive integer, got {v!r}")
+                  "num_kv_heads", "head_dim", "max_position_embeddings"):
+            check_positive_int(f, getattr(self, f))
+        for f in ("rms_norm_eps", "rope_theta", "embed_scale"):
+            check_positive_number(f, getattr(self, f))
+        for f in ("rope_local_base_freq", "query_pre_attn_scalar"):
+            if getattr(self, f) is not None:
+                check_positive_number(f, getattr(self, f))
+        if self.sliding_window is not None:
+            check_positive_int("sliding_window", self.sliding_window)
+        if self.rope_scaling is not None:
+            check_rope_scaling(self.rope_scaling)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "

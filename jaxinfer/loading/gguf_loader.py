@@ -26,7 +26,7 @@ import numpy as np
 from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
-from jaxinfer.config import ConfigError, ModelConfig
+from jaxinfer.config import ConfigError, ModelConfig, check_positive_int, check_positive_number
 from jaxinfer.loading.base import CheckpointError, LoadedModel, ParamBuilder
 from jaxinfer.tokenizer import Tokenizer, TokenizerError
 
@@ -123,12 +123,46 @@ def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
     return v
 
 
+_REQUIRED = object()
+
+
+def _typed(reader: gguf.GGUFReader, key: str, source: str, kind: str,
+           default: Any = _REQUIRED) -> Any:
+    """Metadata ``key`` as an int (``kind="int"``) or a float (``"float"``), ``default`` when
+    absent; CheckpointError naming the key when it is required and absent, per-layer (a
+    list), or of another type (a string, a bool ...)."""
+    v = _field(reader, key)
+    if v is None:
+        if default is _REQUIRED:
+            raise CheckpointError(f"{source}: GGUF metadata lacks {key}")
+        return default
+    if isinstance(v, list):
+        raise CheckpointError(f"{source}: per-layer {key} is not supported")
+    ok = (int,) if kind == "int" else (int, float)
+    if isinstance(v, bool) or not isinstance(v, ok):
+        raise CheckpointError(f"{source}: GGUF metadata {key} is {v!r}, expected "
+                              f"{'an integer' if kind == 'int' else 'a number'}")
+    return v if kind == "int" else float(v)
+
+
+# ModelConfig field -> GGUF metadata key (after "<arch>.") that sets it.
+_GGUF_NAMES = {
+    "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+    "num_layers": "block_count", "num_heads": "attention.head_count",
+    "num_kv_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base",
+    "rope_local_base_freq": "rope.freq_base_swa", "max_position_embeddings": "context_length",
+    "sliding_window": "attention.sliding_window", "rope_scaling.factor": "rope.scaling.factor",
+    "query_pre_attn_scalar": "attention.scale"}
+
+
 def config_from_gguf(reader: gguf.GGUFReader, source: str,
                      tokenizer: Tokenizer | None = None) -> ModelConfig:
     """ModelConfig from GGUF metadata (``{arch}.*`` keys) plus the family facts GGUF omits.
 
     Raises CheckpointError for an unsupported architecture or unsupported feature (partial
-    rotary, YaRN / Llama-3 RoPE scaling, per-layer head counts).
+    rotary, YaRN / Llama-3 RoPE scaling, per-layer head counts), and for metadata of the
+    wrong type or out of range (naming the key).
     """
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHS:
@@ -136,18 +170,28 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str,
                               f"(supported: {', '.join(SUPPORTED_GGUF_ARCHS)})")
     names = {t.name: t for t in reader.tensors}
 
-    def req(key: str) -> Any:
-        v = _field(reader, f"{arch}.{key}")
-        if v is None:
-            raise CheckpointError(f"{source}: GGUF metadata lacks {arch}.{key}")
-        if isinstance(v, list):
-            raise CheckpointError(f"{source}: per-layer {arch}.{key} is not supported")
-        return v
+    def req(key: str) -> int:
+        return _typed(reader, f"{arch}.{key}", source, "int")
 
-    hidden, heads = int(req("embedding_length")), int(req("attention.head_count"))
-    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    rot = _field(reader, f"{arch}.rope.dimension_count")
+    def opt(key: str, default: Any, kind: str = "int") -> Any:
+        return _typed(reader, f"{arch}.{key}", source, kind, default)
+
+    hidden, heads = req("embedding_length"), req("attention.head_count")
+    for key, v in (("embedding_length", hidden), ("attention.head_count", heads)):
+        try:
+            check_positive_int(f"{arch}.{key}", v)
+        except ConfigError as e:
+            raise CheckpointError(f"{source}: {e}") from None
+    kv_heads = opt("attention.head_count_kv", heads)
+    head_dim = opt("attention.key_length", None)
+    if head_dim is None:
+        if hidden % heads:
+            raise CheckpointError(
+                f"{source}: {arch}.attention.head_count {heads} does not divide "
+                f"{arch}.embedding_length {hidden} (and no {arch}.attention.key_length gives "
+                "the head size)")
+        head_dim = hidden // heads
+    rot = opt("rope.dimension_count", None)
     if rot is not None and int(rot) != head_dim:
         raise CheckpointError(f"{source}: partial rotary ({rot} of {head_dim} dims) unsupported")
     if "token_embd.weight" not in names:
@@ -162,50 +206,66 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str,
         if stype != "linear":
             raise CheckpointError(f"{source}: RoPE scaling {stype!r} is not supported from GGUF")
         rope_scaling = {"rope_type": "linear",
-                        "factor": float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))}
+                        "factor": opt("rope.scaling.factor", 1.0, "float")}
     eps_default = 1e-6 if arch == "gemma3" else 1e-5
     kw: dict[str, Any] = {
         "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": int(req("feed_forward_length")),
-        "num_layers": int(req("block_count")), "num_heads": heads, "num_kv_heads": kv_heads,
+        "intermediate_size": req("feed_forward_length"),
+        "num_layers": req("block_count"), "num_heads": heads, "num_kv_heads": kv_heads,
         "head_dim": head_dim,
-        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon",
-                                     eps_default)),
+        "rms_norm_eps": opt("attention.layer_norm_rms_epsilon", eps_default, "float"),
         "rope_scaling": rope_scaling,
-        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 4096)),
+        "max_position_embeddings": opt("context_length", 4096),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
         "qk_norm": "blk.0.attn_q_norm.weight" in names,
         "name": str(_field(reader, "general.name", Path(source).stem)),
     }
     if arch == "llama":
-        kw.update(family="llama", rope_theta=float(_field(reader, "llama.rope.freq_base", 1e4)))
+        kw.update(family="llama", rope_theta=opt("rope.freq_base", 1e4, "float"))
     else:
         kw.update(_gemma3_facts(reader, kw, source))
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    kw["bos_token_id"] = None if bos is None else int(bos)
+    kw["bos_token_id"] = _typed(reader, "tokenizer.ggml.bos_token_id", source, "int", None)
+    eos = _typed(reader, "tokenizer.ggml.eos_token_id", source, "int", None)
     if tokenizer is not None:
         kw["eos_token_ids"] = tokenizer.eos_token_ids
-    elif _field(reader, "tokenizer.ggml.eos_token_id") is not None:
-        kw["eos_token_ids"] = (int(_field(reader, "tokenizer.ggml.eos_token_id")),)
+    elif eos is not None:
+        kw["eos_token_ids"] = (eos,)
     try:
         return ModelConfig(**kw)
     except ConfigError as e:
+        key = _GGUF_NAMES.get(e.field or "")
+        if key:
+            raise CheckpointError(f"{source}: {arch}.{key} {e.problem}") from e
+        if e.field == "vocab_size":
+            raise CheckpointError(f"{source}: token_embd.weight gives vocab_size "
+                                  f"{e.problem}") from e
         raise CheckpointError(f"{source}: {e}") from e
 
 
 def _gemma3_facts(reader: gguf.GGUFReader, kw: dict[str, Any], source: str) -> dict[str, Any]:
     """Gemma 3 settings not (always) in the GGUF; defaults from HF Gemma3TextConfig/llama.cpp."""
     n, hidden, heads = kw["num_layers"], kw["hidden_size"], kw["num_heads"]
-    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", 6)
+    key = "gemma3.attention.sliding_window_pattern"
+    pattern = _field(reader, key, 6)
     if isinstance(pattern, list):  # per-layer flags, True = sliding
+        if len(pattern) != n:
+            raise CheckpointError(f"{source}: {key} has {len(pattern)} entries for {n} layers "
+                                  "(gemma3.block_count)")
         layer_types = tuple("sliding_attention" if p else "full_attention" for p in pattern)
     else:
-        layer_types = tuple("full_attention" if (i + 1) % int(pattern) == 0
+        try:
+            every = check_positive_int(key, pattern)
+        except ConfigError as e:
+            raise CheckpointError(f"{source}: {e}") from None
+        layer_types = tuple("full_attention" if (i + 1) % every == 0
                             else "sliding_attention" for i in range(n))
-    scale = _field(reader, "gemma3.attention.scale")
+    scale = _typed(reader, "gemma3.attention.scale", source, "float", None)
     if scale is not None:
-        qpas = 1.0 / float(scale) ** 2
+        try:
+            qpas = 1.0 / check_positive_number("gemma3.attention.scale", scale) ** 2
+        except ConfigError as e:
+            raise CheckpointError(f"{source}: {e}") from None
     else:  # llama.cpp gemma3: 27B scales by hidden/heads, the other sizes by head_dim
         qpas = float(hidden // heads if n == 62 else kw["head_dim"])
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
@@ -213,10 +273,11 @@ def _gemma3_facts(reader: gguf.GGUFReader, kw: dict[str, Any], source: str) -> d
             raise CheckpointError(f"{source}: gemma3.{key} is not supported")
     return {
         "family": "gemma3",
-        "rope_theta": float(_field(reader, "gemma3.rope.freq_base", 1e6)),
-        "rope_local_base_freq": float(_field(reader, "gemma3.rope.freq_base_swa", 1e4)),
+        "rope_theta": _typed(reader, "gemma3.rope.freq_base", source, "float", 1e6),
+        "rope_local_base_freq": _typed(reader, "gemma3.rope.freq_base_swa", source, "float",
+                                       1e4),
         "layer_types": layer_types,
-        "sliding_window": int(_field(reader, "gemma3.attention.sliding_window", 512)),
+        "sliding_window": _typed(reader, "gemma3.attention.sliding_window", source, "int", 512),
         "query_pre_attn_scalar": qpas,
         "embed_scale": math.sqrt(hidden),
         "hidden_act": "gelu_pytorch_tanh",
@@ -292,6 +353,13 @@ def read_gguf_header(path: str | Path, with_tokenizer: bool = True
     reader = open_gguf(path)
     tokenizer = None
     if with_tokenizer and "tokenizer.ggml.tokens" in reader.fields:
+        # transformers' builders for these types (gguf_tokenizer_mapping.py) need merges, or
+        # scores to derive them from; it reports other types as unsupported itself.
+        known = _field(reader, "tokenizer.ggml.model") in ("gpt2", "llama", "t5", "gemma4")
+        if known and not {"tokenizer.ggml.merges", "tokenizer.ggml.scores"} & set(reader.fields):
+            raise CheckpointError(f"{source}: GGUF has tokenizer.ggml.tokens but neither "
+                                  "tokenizer.ggml.merges nor tokenizer.ggml.scores: cannot "
+                                  "build its tokenizer")
         try:
             tokenizer = Tokenizer.from_gguf(reader)
         except TokenizerError as e:

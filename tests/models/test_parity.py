@@ -131,3 +131,22 @@ def test_scanned_layers_match_unrolled_and_transformers(family):
     assert llm.engine.runner.graphdef is not None and "layers__wqkv" in llm.engine.runner.state
     np.testing.assert_allclose(llm.engine.prompt_logits(ids), ref["logits"][0], atol=ATOL,
                                rtol=0)
+
+
+def test_llama_config_with_a_sliding_window_key_keeps_full_attention(tmp_path):
+    """transformers' Llama ignores ``sliding_window`` (modeling_llama.py has no window): a
+    Llama config carrying one still matches the reference logits over 24 tokens > window 6."""
+    import shutil
+
+    d = tmp_path / "llama"
+    shutil.copytree(FIXTURES / "tiny" / "llama", d)
+    raw = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**raw, "sliding_window": 6}))
+    ref = np.load(d / "reference.npz")
+    llm = LLM(str(d), max_model_len=64, block_size=4, max_num_seqs=1,
+              max_num_batched_tokens=32, dtype="float32")
+    assert set(llm.engine.model_config.layer_types) == {"full_attention"}
+    ids = ref["input_ids"][0].tolist()
+    assert len(ids) > 6
+    np.testing.assert_allclose(llm.engine.prompt_logits(ids), ref["logits"][0], atol=ATOL,
+                               rtol=0)

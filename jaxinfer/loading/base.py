@@ -10,6 +10,7 @@ bytes, would otherwise load and generate garbage).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -114,12 +115,25 @@ def check_finite(a: np.ndarray, what: str, source: str) -> None:
                               "model whose weights diverged)")
 
 
+def split_layer_name(name: str, prefix: str, where: object) -> tuple[int, str]:
+    """``(layer, rest)`` of ``<prefix><layer>.<rest>``; CheckpointError naming ``where`` and
+    the tensor when the layer index is not a decimal integer or nothing follows it."""
+    idx, _, rest = name[len(prefix):].partition(".")
+    if not re.fullmatch(r"[0-9]+", idx):
+        raise CheckpointError(f"{where}: tensor {name!r}: layer index {idx!r} is not an integer")
+    if not rest:
+        raise CheckpointError(f"{where}: tensor {name!r}: no parameter name after the layer "
+                              f"index (expected {prefix}{idx}.<name>)")
+    return int(idx), rest
+
+
 class ParamBuilder:
     """Collects tensors into the canonical layout, checking names and shapes as they come.
 
     ``put(name, value, layer=None, source_name=...)`` stores an ``[in, out]``-ordered array
-    (already transposed by the caller) into ``name`` (a key of ``param_shapes`` such as
-    ``"embed"``, or a per-layer suffix such as ``"wq"`` with ``layer``). ``finish()`` raises
+    (``transpose=True``: the checkpoint's ``[out, in]`` array, transposed here) into ``name``
+    (a key of ``param_shapes`` such as ``"embed"``, or a per-layer suffix such as ``"wq"``
+    with ``layer``). ``finish()`` raises
     :class:`CheckpointError` listing what was never filled. ``put_fp8`` stores a projection
     layer that a checkpoint carries in FP8 (e4m3 ``[in, out]`` + its scale) as it is.
     """
@@ -138,17 +152,27 @@ class ParamBuilder:
         """Whether ``name`` (a top-level name or a per-layer suffix) is part of the layout."""
         return name in self.shapes or f"layers.{name}" in self.shapes
 
-    def _check(self, name: str, shape: tuple[int, ...], layer: int | None,
-               what: str) -> str:
-        """The params key for ``name``; raises CheckpointError for a bad name/shape/layer."""
+    def check(self, name: str, shape: tuple[int, ...], layer: int | None,
+               what: str, transpose: bool = False, layout: str = "",
+               reverse_dims: bool = False) -> str:
+        """The params key for ``name``; raises CheckpointError for a bad name/shape/layer.
+
+        ``shape`` is the tensor's shape as the checkpoint stores it, ``transpose`` whether
+        the canonical ``[in, out]`` layout is its transpose, ``reverse_dims`` whether the file
+        lists dimensions in reverse numpy order (GGUF's ggml ``ne``), ``layout`` how the
+        file orders them, for the message (which quotes both shapes in that order)."""
         key = name if layer is None else f"layers.{name}"
         if key not in self.shapes:
             raise CheckpointError(f"{self.source}: tensor {what!r} has no place in a "
                                   f"{self.cfg.family} model with this config")
-        want = self.shapes[key] if layer is None else self.shapes[key][1:]
-        if tuple(shape) != tuple(want):
-            raise CheckpointError(f"{self.source}: tensor {what!r} has shape "
-                                  f"{tuple(shape)}, expected {tuple(want)} for {key}")
+        want = tuple(self.shapes[key] if layer is None else self.shapes[key][1:])
+        want_np = want[::-1] if transpose else want  # as a numpy array of the file
+        if tuple(shape) != want_np:
+            file, exp = (tuple(shape)[::-1], want_np[::-1]) if reverse_dims else (
+                tuple(shape), want_np)
+            note = f" ({layout})" if layout else ""
+            raise CheckpointError(f"{self.source}: tensor {what!r} has shape {file}{note}, "
+                                  f"expected {exp} for {key}")
         if layer is not None and not 0 <= layer < self.cfg.num_layers:
             raise CheckpointError(f"{self.source}: tensor {what!r} is for layer {layer}, "
                                   f"but the model has {self.cfg.num_layers} layers")
@@ -163,8 +187,14 @@ class ParamBuilder:
             done.add(layer)
 
     def put(self, name: str, value: np.ndarray, layer: int | None = None,
-            source_name: str = "") -> None:
-        key = self._check(name, value.shape, layer, source_name or name)
+            source_name: str = "", transpose: bool = False, layout: str = "",
+            reverse_dims: bool = False) -> None:
+        """Store ``value`` (``.T`` of it with ``transpose``: the checkpoint's ``[out, in]``
+        projections); shape errors quote the file's layout (see ``_check``)."""
+        key = self.check(name, value.shape, layer, source_name or name, transpose, layout,
+                          reverse_dims)
+        if transpose:
+            value = value.T
         check_finite(value, source_name or name, self.source)
         if layer is None:
             self.params[key][...] = value
@@ -177,7 +207,8 @@ class ParamBuilder:
         """Store layer ``layer`` of projection ``name`` as e4m3 ``q [K, N]`` with float32
         ``scale`` ``[N]`` or ``[G, N]`` (see jaxinfer/models/params.py)."""
         what = source_name or name
-        key = self._check(name, q.shape, layer, what)
+        key = self.check(name, q.T.shape, layer, what, transpose=True,
+                          layout="[out, in] as stored")
         if key not in FP8_PROJECTIONS:
             raise CheckpointError(f"{self.source}: tensor {what!r} ({key}) cannot be stored "
                                   "in FP8 (only the layers' projections can)")

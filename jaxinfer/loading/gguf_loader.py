@@ -27,7 +27,7 @@ from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
 from jaxinfer.config import ConfigError, ModelConfig, check_positive_int, check_positive_number
-from jaxinfer.loading.base import CheckpointError, LoadedModel, ParamBuilder
+from jaxinfer.loading.base import CheckpointError, LoadedModel, ParamBuilder, split_layer_name
 from jaxinfer.tokenizer import Tokenizer, TokenizerError
 
 SUPPORTED_GGUF_ARCHS = ("llama", "gemma3")
@@ -51,6 +51,8 @@ _LAYER_TENSORS: dict[str, tuple[str, bool]] = {
     "ffn_up.weight": ("w_up", True),
     "ffn_down.weight": ("w_down", True),
 }
+# ggml tensor types that hold integers, never float weights.
+_INT_TYPES = ("I8", "I16", "I32", "I64")
 _TOP_TENSORS: dict[str, tuple[str, bool]] = {
     "token_embd.weight": ("embed", False),
     "output_norm.weight": ("final_norm", False),
@@ -311,8 +313,8 @@ def read_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, source: str,
     for t in bar:
         layer: int | None = None
         if t.name.startswith("blk."):
-            _, idx, rest = t.name.split(".", 2)
-            layer, spec = int(idx), _LAYER_TENSORS.get(rest)
+            layer, rest = split_layer_name(t.name, "blk.", source)
+            spec = _LAYER_TENSORS.get(rest)
         else:
             spec = _TOP_TENSORS.get(t.name)
         if spec is None:
@@ -321,17 +323,26 @@ def read_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, source: str,
         name, transpose = spec
         if name == "lm_head" and cfg.tie_word_embeddings:
             continue
+        if t.tensor_type.name in _INT_TYPES:
+            raise CheckpointError(
+                f"{source}: tensor {t.name!r} is stored as {t.tensor_type.name}, not as floats "
+                "or a ggml quantization: the file is probably quantized in a format jaxinfer "
+                "does not support")
+        file_shape = dict(transpose=transpose, layout="ggml dims, as gguf-dump lists them",
+                          reverse_dims=True)
+        dims = tuple(int(d) for d in reversed(t.shape))  # ggml dims are reversed
+        builder.check(name, dims, layer, t.name, **file_shape)
         try:
             w = dequantize(t.data, t.tensor_type)
         except Exception as e:
             raise CheckpointError(f"{source}: cannot dequantize {t.name!r} "
                                   f"({t.tensor_type.name}): {e}") from e
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # ggml dims are reversed
+        w = w.reshape(dims)
         if arch == "llama" and name in ("wq", "bq"):
             w = reverse_permute(w, cfg.num_heads)
         elif arch == "llama" and name in ("wk", "bk"):
             w = reverse_permute(w, cfg.num_kv_heads)
-        builder.put(name, w.T if transpose else w, layer, source_name=t.name)
+        builder.put(name, w, layer, source_name=t.name, **file_shape)
     return builder.finish()
 
 

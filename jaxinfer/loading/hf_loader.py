@@ -17,7 +17,12 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from jaxinfer.config import ModelConfig
-from jaxinfer.loading.base import CheckpointError, LoadedModel, ParamBuilder
+from jaxinfer.loading.base import (
+    CheckpointError,
+    LoadedModel,
+    ParamBuilder,
+    split_layer_name,
+)
 from jaxinfer.loading.fp8_checkpoint import Fp8Weights, dequantize, parse_quantization_config
 from jaxinfer.loading.hf_config import (  # noqa: F401 (re-exported)
     SUPPORTED_HF_ARCHS,
@@ -42,6 +47,8 @@ _LAYER = {
     "mlp.gate_proj.weight": ("w_gate", True), "mlp.up_proj.weight": ("w_up", True),
     "mlp.down_proj.weight": ("w_down", True),
 }
+# safetensors dtypes that cannot hold float weights (an unrecognised quantized format).
+_INT_DTYPES = ("BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")
 _GEMMA_NORMS = {"attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm",
                 "final_norm"}
 
@@ -53,6 +60,10 @@ def _weight_map(d: Path) -> dict[str, Path]:
         wm = read_json(index).get("weight_map")
         if not isinstance(wm, dict):
             raise CheckpointError(f"{index} has no weight_map")
+        for k, f in wm.items():
+            if not isinstance(f, str) or not f:
+                raise CheckpointError(f"{index}: weight_map gives {f!r} as the file of tensor "
+                                      f"{k!r} (expected a shard file name)")
         files = {f: d / f for f in set(wm.values())}
         for f, p in files.items():
             if not p.is_file():
@@ -101,8 +112,8 @@ def read_hf_params(d: Path, cfg: ModelConfig, dtype: str = "float32",
                     continue  # scales are read with their FP8 weight
                 layer: int | None = None
                 if k.startswith("model.layers."):
-                    idx, rest = k[len("model.layers."):].split(".", 1)
-                    layer, spec = int(idx), _LAYER.get(rest)
+                    layer, rest = split_layer_name(k, "model.layers.", path)
+                    spec = _LAYER.get(rest)
                     if gemma and rest == "post_attention_layernorm.weight":
                         spec = ("post_attn_norm", False)
                 else:
@@ -116,6 +127,12 @@ def read_hf_params(d: Path, cfg: ModelConfig, dtype: str = "float32",
                 if k not in present:
                     raise CheckpointError(f"{path}: lacks tensor {k!r} named in the index")
                 st_dtype = f.get_slice(k).get_dtype()
+                if st_dtype in _INT_DTYPES:
+                    raise CheckpointError(
+                        f"{path}: tensor {k!r} is stored as {st_dtype}, not as floats: the "
+                        "checkpoint is probably quantized in a format jaxinfer does not support "
+                        "(config.json has no quantization_config that explains integer "
+                        "weights; supported: FP8)")
                 if st_dtype.startswith("F8"):
                     q, scale = fp8.read(path, k, st_dtype)
                     if layer is not None and transpose and f"layers.{name}" in FP8_PROJECTIONS:
@@ -129,7 +146,8 @@ def read_hf_params(d: Path, cfg: ModelConfig, dtype: str = "float32",
                         raise CheckpointError(f"{path}: cannot read tensor {k!r}: {e}") from e
                 if gemma and name in _GEMMA_NORMS:
                     w = w.astype(np.float32) + 1.0  # Gemma RMSNorm computes x * (1 + w)
-                builder.put(name, w.T if transpose else w, layer, source_name=k)
+                builder.put(name, w, layer, source_name=k, transpose=transpose,
+                            layout="[out, in] as stored" if transpose else "")
     bar.close()
     fp8.check_all_used()
     return builder.finish()

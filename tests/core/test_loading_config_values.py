@@ -201,6 +201,10 @@ def test_converted_model_config_json_with_bad_theta_is_refused(tmp_path: Path) -
     mc = json.loads((out / "model_config.json").read_text())
     mc["rope_theta"] = -1.0
     (out / "model_config.json").write_text(json.dumps(mc))
+    # As if written so (the manifest's size check would call an edited copy damaged first).
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"]["model_config.json"] = (out / "model_config.json").stat().st_size
+    (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError) as e:
         read_header(str(out))
     msg = one_line(e)

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-
 # Tokens that end a chat turn in common templates. When a model's chat template uses one, its id
 # joins the EOS set: chat models stop on the turn end (e.g. SmolLM2's "<|im_end|>").
 TURN_END_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|eom_id|>")

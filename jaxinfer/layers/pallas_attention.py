@@ -29,14 +29,14 @@ from pallas_kernels.paged_attention import (
     paged_prefill_attention_supported,
 )
 from pallas_kernels.paged_attention.kv_write import kv_write_supported, write_kv_pallas
-from pallas_kernels.paged_attention.rope_kv_write import (
-    rope_kv_write_supported,
-    rope_write_kv_pallas,
-)
 from pallas_kernels.paged_attention.prefill_mgpu import paged_prefill_attention_mgpu
 from pallas_kernels.paged_attention.prefill_mgpu_route import (
     mgpu_route,
     paged_prefill_mgpu_supported,
+)
+from pallas_kernels.paged_attention.rope_kv_write import (
+    rope_kv_write_supported,
+    rope_write_kv_pallas,
 )
 
 

@@ -24,10 +24,10 @@ import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from jaxinfer.loading.base import CheckpointError, LoadedModel, cast_params, np_dtype
 from jaxinfer.config import ModelConfig
-from jaxinfer.loading.dummy import DUMMY_CONFIGS, dummy_params, load_dummy
+from jaxinfer.loading.base import CheckpointError, LoadedModel, cast_params, np_dtype
 from jaxinfer.loading.converted_check import read_manifest
+from jaxinfer.loading.dummy import DUMMY_CONFIGS, dummy_params, load_dummy
 from jaxinfer.loading.hf_loader import load_hf, read_hf_header
 from jaxinfer.loading.named import DEFAULT_MODEL, NAMED_MODELS, resolve_named
 from jaxinfer.loading.orbax_store import (

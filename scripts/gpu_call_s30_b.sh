@@ -6,12 +6,14 @@
 #       defaults since), bf16 KV;
 #   (b) + FP8 KV cache and multi-step decode (k = 8).
 # Each engine configuration is compiled once by `jaxinfer compile` into its own cache.
-#   OUT=... bash scripts/gpu_call_s30_b.sh
+# PAGES: KV pool pages (default 36,000 as in session 9: 70 GiB of bf16 KV, too much for an
+# H100's 80 GB beside the weights; PAGES=20000 there).
+#   OUT=... [PAGES=20000] bash scripts/gpu_call_s30_b.sh
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/logs/nvidia-smi.txt"
-BASE="--load-format dummy --model llama-3.1-8b --quantization fp8 $OPTS"
+BASE="--load-format dummy --model llama-3.1-8b --quantization fp8 $OPTS --num-kv-pages ${PAGES:-36000}"
 for v in a b; do
   EXTRA=""; [ $v = b ] && EXTRA="--kv-cache-dtype fp8 --num-scheduler-steps 8"
   # shellcheck disable=SC2086  # option lists

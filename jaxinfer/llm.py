@@ -72,10 +72,11 @@ class LLM:
         for i, (p, e, sp) in enumerate(zip(prompts, encoded, params)):
             try:  # the engine checks lengths and n against its limits here
                 ids.append(self.engine.add_request(p, sp, prompt_token_ids=e))
-            except ValueError as err:  # RequestError, ParameterError, the scheduler's
-                for rid in ids:
+            except BaseException as err:  # RequestError, ParameterError, the scheduler's;
+                for rid in ids:  # an interrupt too: nothing of the batch stays queued
                     self.engine.abort_request(rid)
-                err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])
+                if isinstance(err, ValueError):
+                    err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])
                 raise
         return self._run(ids, use_tqdm)
 

@@ -252,4 +252,6 @@ def engine_config_record(engine: Any) -> dict[str, Any]:
             "max_prefill_seqs": ec.max_prefill_seqs, "decode_buckets": list(ec.decode_buckets),
             "kv_pages": kv.num_pages - 1, "kv_tokens": kv.max_tokens,
             "kv_sizing": kv.source, "enable_prefix_caching": ec.enable_prefix_caching,
-            "kernel_env": kernel_env()}
+            "async_scheduling": bool(ec.async_scheduling),
+            "num_scheduler_steps": ec.num_scheduler_steps,
+            "matmul_backend": ec.matmul_backend, "kernel_env": kernel_env()}

@@ -95,6 +95,9 @@ def test_bench_offline_multi_step_warm_up_builds_the_k_step_programs(tmp_path: P
     assert (v["completed"], v["output_tokens"], v["errors"]) == (4, 32, 0)
     assert v["run_programs_compiled"] == 0 and v["run_programs_loaded"] == 0
     assert v["run_compile_s"] == 0.0
+    cfg = load_records(tmp_path, "bench_offline-dummy-tiny-llama-16x8")[
+        "bench_offline.output_throughput"]["config"]  # the record says how it decoded
+    assert (cfg["num_scheduler_steps"], cfg["async_scheduling"]) == (2, True)
 
 
 def test_bench_offline_samples_with_top_p_top_k_min_p(tmp_path: Path) -> None:

@@ -180,6 +180,19 @@ def test_interrupted_generate_aborts_its_requests(monkeypatch) -> None:
     assert bm.num_free_pages == free
     out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
     assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
+    # Interrupted while the batch is being added (the second add_request): the first goes.
+    add, adds = llm.engine.add_request, []
+
+    def interrupted_add(*a, **kw):
+        adds.append(1)
+        if len(adds) == 2:
+            raise KeyboardInterrupt
+        return add(*a, **kw)
+
+    monkeypatch.setattr(llm.engine, "add_request", interrupted_add)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[5, 6, 7], [8, 9]], SamplingParams(temperature=0, max_tokens=8))
+    assert not llm.engine.has_unfinished_requests() and bm.num_free_pages == free
 
 
 @pytest.fixture(scope="module")

@@ -98,6 +98,9 @@ def config_from_hf(raw: dict[str, Any], source: str,
     import transformers
 
     archs = raw.get("architectures") or []
+    if not isinstance(archs, list):  # a str would be read a character at a time
+        raise CheckpointError(f"{source}: config.json's architectures must be a list of "
+                              f"class names, got {type(archs).__name__} {archs!r:.60}")
     arch = archs[0] if archs else None
     if arch not in SUPPORTED_HF_ARCHS:
         raise CheckpointError(f"{source}: architecture {arch!r} is not supported "

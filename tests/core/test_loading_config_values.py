@@ -146,6 +146,14 @@ def test_hf_nonsense_numbers_are_refused_by_name(tmp_path: Path, key: str, value
     assert "max_model_len" not in msg
 
 
+@pytest.mark.parametrize("archs", [{"a": 1}, "LlamaForCausalLM"])
+def test_hf_architectures_must_be_a_list(tmp_path: Path, archs: Any) -> None:
+    d = hf_copy(tmp_path, edit=lambda raw: raw.update(architectures=archs))
+    with pytest.raises(CheckpointError, match=r"config.json's architectures must be a list "
+                                              r"of class names, got (dict|str)"):
+        read_hf_header(d)
+
+
 def test_hf_llama3_high_freq_factor_must_exceed_low(tmp_path: Path) -> None:
     d = hf_copy(tmp_path, edit=_set("rope_parameters.high_freq_factor", 1.0))
     with pytest.raises(CheckpointError, match=r"rope_parameters.high_freq_factor must be "

@@ -190,7 +190,7 @@ class ParamBuilder:
             source_name: str = "", transpose: bool = False, layout: str = "",
             reverse_dims: bool = False) -> None:
         """Store ``value`` (``.T`` of it with ``transpose``: the checkpoint's ``[out, in]``
-        projections); shape errors quote the file's layout (see ``_check``)."""
+        projections); shape errors quote the file's layout (see ``check``)."""
         key = self.check(name, value.shape, layer, source_name or name, transpose, layout,
                           reverse_dims)
         if transpose:

@@ -103,6 +103,9 @@ class Scheduler:
         self._counter = itertools.count()
         self._eos = frozenset(cfg.eos_token_ids)
         self._prefills_in_a_row = 0  # consecutive prefill steps (alternation rule)
+        # Recompute preemptions since start (vLLM's ``num_preemptions_total``): a pool too
+        # small for the running set shows here, and each one re-runs that sequence's prefill.
+        self.num_preemptions_total = 0
 
     # ---------------------------------------------------------------- requests in and out
     def add(self, seq: Sequence) -> None:
@@ -295,6 +298,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
+        self.num_preemptions_total += 1
         rank, i = self._rank[seq.seq_id], 0
         while i < len(self.waiting) and self._rank[self.waiting[i].seq_id] < rank:
             i += 1

@@ -169,15 +169,20 @@ def _say(text: str) -> None:
 
 
 def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingParams], *,
-                 time_limit: float | None = None, progress: Progress | None = None
+                 time_limit: float | None = None, progress: Progress | None = None,
+                 stats: dict[str, int] | None = None
                  ) -> tuple[list[RequestTimeline], float]:
     """Submit every prompt at once and step the engine until all finish or ``time_limit``
     seconds pass (then the unfinished ones are aborted and stay ``end=None``).
 
     Returns (one timeline per prompt, in order; seconds from the first submission to the
     last finish, or to the time limit). A request the engine finishes as "abort" gets
-    ``error="abort"``.
+    ``error="abort"``. ``stats``, if given, receives ``peak_running`` (the most sequences
+    the scheduler held running after any step: how much of ``max_num_seqs`` the KV pool let
+    run) and ``preemptions`` (recompute preemptions during the run: the pool ran out).
     """
+    sched = engine.scheduler
+    preempted0, peak = sched.num_preemptions_total, 0
     t0 = time.perf_counter()
     timelines: dict[int, RequestTimeline] = {}
     order = []
@@ -192,6 +197,7 @@ def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingPar
     while pending:
         outs = engine.step()
         now = time.perf_counter()
+        peak = max(peak, sched.num_running)
         for o in outs:
             tl = timelines.get(o.request_id)
             if tl is None or o.request_id not in pending:
@@ -213,6 +219,9 @@ def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingPar
             break
     if progress is not None:
         progress.tick(lambda: _status(timelines.values(), last - t0), force=True)
+    if stats is not None:
+        stats.update(peak_running=peak,
+                     preemptions=sched.num_preemptions_total - preempted0)
     return [timelines[r] for r in order], max(last - t0, 1e-9)
 
 

@@ -4,8 +4,10 @@
 Phases, each timed on its own: engine start (weights, KV sizing), loading a compile cache
 (``--compile-cache-dir``), warm-up (compiles the programs the workload needs; see
 ``driver.warm_up``), the measured run. Reported: output and total tok/s, request/s, TTFT /
-TPOT / ITL / end-to-end percentiles, programs compiled inside the measured run (and their
-seconds), peak device memory, the KV pool (pages, tokens). ``--time-limit`` aborts what has
+TPOT / ITL / end-to-end percentiles, the most sequences running at once and the recompute
+preemptions (a KV pool too small for ``--max-num-seqs`` shows in both), programs compiled
+inside the measured run (and their seconds), peak device memory, the KV pool (pages,
+tokens). ``--time-limit`` aborts what has
 not finished when it expires and reports what did; progress prints every
 ``--progress-interval`` seconds.
 
@@ -118,10 +120,12 @@ def _run_workload(engine: Any, phases: dict[str, Any], ns: argparse.Namespace, i
     prompts = driver.random_prompts(rng, [isl] * n, engine.model_config.vocab_size)
     params = [driver.params_of(ns, osl)] * n
     before = driver.CompileState.of(engine)
+    stats: dict[str, int] = {}
     timelines, duration = driver.run_requests(
         engine, prompts, params, time_limit=ns.time_limit,
-        progress=Progress("offline", ns.progress_interval))
+        progress=Progress("offline", ns.progress_interval), stats=stats)
     s = summarize(timelines, duration)
+    s.update(stats)
     s.update({f"run_{k}": v for k, v in driver.CompileState.of(engine).since(before).items()})
     s.update(phases)
     s.update(driver.memory_report())
@@ -155,6 +159,8 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
         ("TTFT p50 / p99 (ms)", f"{s['ttft_ms_p50']:.4g} / {s['ttft_ms_p99']:.4g}"),
         ("TPOT p50 / p99 (ms)", f"{s['tpot_ms_p50']:.4g} / {s['tpot_ms_p99']:.4g}"),
         ("ITL p50 / p99 (ms)", f"{s['itl_ms_p50']:.4g} / {s['itl_ms_p99']:.4g}"),
+        ("running sequences peak, preemptions",
+         f"{s['peak_running']}, {s['preemptions']}"),
         ("engine start (s)", s["load_s"]),
         ("  weights read / to device / KV pool (s)",
          " / ".join(f"{s.get(k, float('nan')):.3g}" for k in

@@ -49,6 +49,10 @@ class ServingMetrics:
         self.loaded = Gauge("jaxinfer_num_programs_loaded", "Programs loaded from a compile "
                             "cache instead of compiled", registry=r)
         self.steps = Counter("jaxinfer_engine_steps", "Engine steps run", registry=r)
+        self.preemptions = Counter("jaxinfer_num_preemptions", "Recompute preemptions: a "
+                                   "running sequence lost its KV pages to make room",
+                                   registry=r)
+        self._preemptions_seen = 0
         self._http: Any = None
 
     # engine-thread hooks -------------------------------------------------------------------
@@ -74,6 +78,9 @@ class ServingMetrics:
         sched = engine.scheduler
         bm = sched.block_manager
         self.steps.inc()
+        total = sched.num_preemptions_total
+        self.preemptions.inc(total - self._preemptions_seen)
+        self._preemptions_seen = total
         self.running.set(sched.num_running)
         self.waiting.set(sched.num_waiting)
         self.pages_total.set(bm.num_pages - 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,7 @@ def test_bench_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert v["warmup_programs_compiled"] + v["warmup_programs_loaded"] >= 2
     assert v["run_programs_compiled"] == 0 and v["run_programs_loaded"] == 0
     assert v["kv_pages"] == 4 * 4 and v["kv_tokens"] == 16 * 16  # max_num_seqs x 64 tokens
+    assert (v["peak_running"], v["preemptions"]) == (4, 0)  # the pool holds 4 at full length
     # The engine start's phases (issue #5 reports the warm start without the weights).
     phases = [v[f"start_{k}_s"] for k in ("read_weights", "weights_to_device", "kv_pool",
                                           "compile_cache_open")]
@@ -68,6 +70,23 @@ def test_bench_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert recs["bench_offline.output_throughput"]["unit"] == "tok/s"
     out = capsys.readouterr().out
     assert "requests completed / submitted             10 / 10" in out  # the summary table
+
+
+def test_bench_offline_reports_preemptions_of_a_small_pool(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    # 6 usable pages of 16 tokens; 4 running requests of 16 + 40 tokens need 4 pages each
+    # at the end: the pool admits them (2 pages each for the prompt and first tokens) and
+    # must preempt as they grow. Outputs stay complete (recompute preemption).
+    rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--num-kv-pages", "7",
+               "--input-len", "16", "--output-len", "40", "--num-prompts", "4",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    v = values(load_records(tmp_path, "bench_offline-dummy-tiny-llama-16x40"), "bench_offline.")
+    assert (v["completed"], v["errors"], v["length_mismatches"]) == (4, 0, 0)
+    assert v["preemptions"] >= 1 and 1 <= v["peak_running"] <= 4
+    row = f"running sequences peak, preemptions +{v['peak_running']}, {v['preemptions']}\n"
+    assert re.search(row, capsys.readouterr().out)  # the summary table's row
 
 
 def test_bench_offline_several_workloads_share_one_engine(tmp_path: Path) -> None:

@@ -481,6 +481,7 @@ def test_preemption_under_pressure_and_completion(caching: bool) -> None:
         check_pages(s)
     assert preempted and preempted[0] is b  # the newest running sequence
     assert b.num_preemptions >= 1 and a.num_preemptions == 0
+    assert s.num_preemptions_total == len(preempted) == b.num_preemptions  # the run's count
     for q in (a, b):  # every token kept, none duplicated across the recompute
         assert q.output_token_ids == [100 + q.seq_id * 20 + i for i in range(8)]
         assert q.finish_reason == "length"

@@ -104,6 +104,8 @@ def test_200_concurrent_streams_equal_offline(tiny_server):
     assert metrics["jaxinfer_num_programs_loaded"] == getattr(runner, "num_loaded", 0)
     assert metrics["jaxinfer_num_compilations"] + metrics["jaxinfer_num_programs_loaded"] > 0
     assert "jaxinfer_inter_token_latency_seconds_bucket{le=\"0.1\"}" in metrics
+    assert (metrics["jaxinfer_num_preemptions_total"]
+            == st.engine.scheduler.num_preemptions_total)
     print(f"200 streams in {dt:.2f} s")
 
 

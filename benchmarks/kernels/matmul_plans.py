@@ -13,6 +13,8 @@ NOTES_matmul.md.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from pallas_kernels.matmul.fp8_plan import fp8_decode_config
@@ -260,7 +262,30 @@ TILES_WIDE_M = ((128, 256, 3, 8, 2), (128, 256, 4, 4, 2), (128, 128, 4, 4, 2),
                 (64, 256, 4, 4, 1), (64, 256, 4, 4, 4))
 
 
-def plan_tiles(ms, shapes):
+# Session 31: at 32-64 tokens the large weights stream at 2.3-2.8 TB/s (issue #4 asks 3.6).
+# 256-row weight tiles (8 warps: two warpgroups of 128 rows) halve x's L2 re-reads again
+# against 128, and one wave (waves=1) keeps split-K's float32 partials small.
+TILES_BN256 = ((256, 128, 3, 8, 1), (256, 128, 4, 8, 1), (256, 128, 3, 8, 2),
+               (256, 64, 4, 8, 1), (256, 64, 6, 8, 1), (256, 256, 2, 8, 1),
+               (128, 128, 6, 8, 1), (128, 128, 4, 8, 1))
+
+
+def plan_wide(ms, shapes):
+    """Session 31: :func:`plan_tiles` at 32+ tokens with :data:`TILES_WIDE_M` and the
+    256-row weight tiles of :data:`TILES_BN256` (the engine's tiles and XLA bf16 beside)."""
+    jobs = plan_tiles([m for m in ms if m >= 32], shapes, wide=TILES_WIDE_M + TILES_BN256)
+    # each swept tile also with its FP8 dot on wgmma (fast_accum, as the engine's own tile
+    # runs since session 13): family tri_w8a8_sweep_fa
+    fa = []
+    for sname, M, fam, kind, backend, c in jobs:
+        if fam == "tri_w8a8_sweep" and not c.fast_accum:
+            K, _, gu = {**SHAPES, **EXTRA_SHAPES}[sname]
+            c = fit_smem(dataclasses.replace(c, fast_accum=True), K, FP8, FP8, gu)
+            fa.append((sname, M, "tri_w8a8_sweep_fa", kind, backend, c))
+    return jobs + fa
+
+
+def plan_tiles(ms, shapes, wide=TILES_WIDE_M):
     """Session 13: the engine's Triton W8A8 decode GEMM, kernel alone (x quantized outside
     the timed call, as the engine's norm_quant path gives it), with the engine's own tiles
     (``tri_w8a8_kernel``, ``fp8_plan.fp8_decode_config``) and the best of a sweep around them
@@ -281,7 +306,7 @@ def plan_tiles(ms, shapes):
             jobs.append((sname, M, "tri_w8a8_kernel", "w8a8", "triton_k", eng))
             jobs.append((sname, M, "xla_bf16", "bf16", "xla", None))
             seen = {eng}
-            for bn, bk, st, wp, waves in TILES_SMALL_M if bm == 16 else TILES_WIDE_M:
+            for bn, bk, st, wp, waves in TILES_SMALL_M if bm == 16 else wide:
                 c = tri(bm, bn, bk, K, n_out, M, "w8a8", gu, warps=wp, stages=st,
                         fp8_dot=True, swap_ab=True, waves=waves)
                 if c not in seen:
@@ -298,7 +323,6 @@ def plan_fast_accum(ms, shapes):
     MMAv3 keeps every stage's tiles in shared memory, so one stage fewer holds the same
     programs an SM) against the engine's tiles (f16 mma.sync after widening), in the same
     run, M by M."""
-    import dataclasses
 
     from pallas_kernels.matmul.fp8_plan import FP8_GATE_UP_EPILOGUE_MAX_M
     jobs = []

@@ -12,6 +12,7 @@ are checked for the files every copy has.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,10 @@ def read_manifest(d: str | Path) -> dict[str, Any] | None:
 
 def file_sizes(d: Path) -> dict[str, int]:
     """``{path relative to d (posix): size in bytes}`` of every file under ``d`` except the
-    manifest."""
+    manifest (and a manifest being rewritten by :func:`backfill_files`)."""
     return {p.relative_to(d).as_posix(): p.stat().st_size for p in sorted(d.rglob("*"))
-            if p.is_file() and p.relative_to(d).as_posix() != MANIFEST}
+            if p.is_file() and p.relative_to(d).as_posix() != MANIFEST
+            and not (p.parent == d and p.name.startswith(f".{MANIFEST}."))}
 
 
 def damage(d: Path, manifest: dict[str, Any]) -> str | None:
@@ -67,6 +69,24 @@ def damage(d: Path, manifest: dict[str, Any]) -> str | None:
             if (d / other).is_file():
                 return f"tokenizer.json is missing ({other} is there)"
     return None
+
+
+def backfill_files(d: Path, manifest: dict[str, Any]) -> bool:
+    """Record every file's size in the manifest of ``d`` when it has no list (a copy
+    written before the list existed), so the next start's cheap check sees a file cut
+    short or lost later instead of orbax failing mid-restore. Call only after a load of
+    ``d`` succeeded (the sizes on disk are then the good ones). Written beside and renamed
+    over (atomic); a read-only cache is left as it is. Returns whether it wrote."""
+    if not manifest or "files" in manifest:
+        return False
+    tmp = d / f".{MANIFEST}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps({**manifest, "files": file_sizes(d)}, indent=1))
+        os.replace(tmp, d / MANIFEST)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def looks_converted(d: Path) -> bool:

@@ -45,6 +45,7 @@ from jaxinfer.loading.base import CheckpointError, LoadedModel, check_finite, np
 from jaxinfer.loading.converted_check import (
     FORMAT,
     MANIFEST,
+    backfill_files,
     damage,
     file_sizes,
     looks_converted,
@@ -302,6 +303,7 @@ def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
     if set(fp8_names(params)) != fp8:
         raise CheckpointError(f"{d}: FP8 tensors {sorted(fp8_names(params))} do not match the "
                               f"manifest's {sorted(fp8)}")
+    backfill_files(d, manifest)  # a copy from before the file list: list it now (good)
     return LoadedModel(config=cfg, params=params, tokenizer=tokenizer, source=str(d))
 
 

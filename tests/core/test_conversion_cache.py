@@ -143,3 +143,38 @@ def test_a_foreign_directory_at_the_cache_key_is_left_alone(tmp_path: Path) -> N
     with pytest.raises(CheckpointError, match="not a converted checkpoint"):
         convert(str(src), progress=False)
     assert (entry / "thesis.tex").read_text() == "mine"
+
+
+def test_a_copy_without_a_file_list_gets_one_after_a_good_load(cached) -> None:
+    """Copies written before the manifest listed its files (N1 of session 30's recheck):
+    the first good load records the sizes, so later damage is found by the cheap check
+    (re-converted) instead of failing inside orbax's restore."""
+    src, entry, first = cached
+    m = json.loads((entry / "manifest.json").read_text())
+    listed = m.pop("files")
+    (entry / "manifest.json").write_text(json.dumps(m))
+    _same(first, load_model(str(entry), progress=False))
+    m2 = json.loads((entry / "manifest.json").read_text())
+    assert m2["files"] == listed and {k: v for k, v in m2.items() if k != "files"} == m
+    assert not list(entry.glob(".manifest.json.*"))  # no temp file left
+    big = _biggest(entry)
+    big.write_bytes(big.read_bytes()[:1000])
+    assert orbax_store.cache_state(src)[1] == "damaged"
+    _same(first, load_model(str(src), progress=False))  # re-made from the source
+
+
+def test_a_read_only_copy_without_a_file_list_still_loads(cached, monkeypatch) -> None:
+    """The manifest cannot be rewritten (a read-only cache; simulated, as root may write
+    anywhere): the load succeeds, the manifest stays as it was, no temp file is left."""
+    _, entry, first = cached
+    m = json.loads((entry / "manifest.json").read_text())
+    del m["files"]
+    (entry / "manifest.json").write_text(json.dumps(m))
+
+    def denied(*_a, **_k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("jaxinfer.loading.converted_check.os.replace", denied)
+    _same(first, load_model(str(entry), progress=False))
+    assert json.loads((entry / "manifest.json").read_text()) == m
+    assert not list(entry.glob(".manifest.json.*"))

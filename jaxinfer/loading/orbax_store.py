@@ -107,11 +107,24 @@ def cache_state(source: str | Path, root: Path | None = None,
     ``scheme``). ``state``: "ok" (usable), "absent", "stale" (manifest malformed, or naming
     another source or scheme), "damaged" (a file missing or cut short) -- both re-made by
     the loader and ``jaxinfer convert`` -- or "foreign" (something that is not a converted
-    copy's layout, never touched). ``why`` says what is wrong ("" for ok / absent)."""
+    copy's layout, never touched). ``why`` says what is wrong ("" for ok / absent). A
+    symbolic link at the entry (a cache moved to another disk) is read through when it
+    leads to a usable copy, and is otherwise "foreign": nothing is deleted through it."""
     path = cache_path_for(source, root, scheme)
     if not path.exists():
         return path, "absent", ""
-    if not path.is_dir() or path.is_symlink() or not looks_converted(path):
+    if path.is_symlink():
+        _, state, why = _dir_state(path, source, scheme)
+        if state == "ok":
+            return path, state, why
+        return path, "foreign", f"a symbolic link to a copy that is not usable ({why})"
+    return _dir_state(path, source, scheme)
+
+
+def _dir_state(path: Path, source: str | Path,
+               scheme: dict[str, Any] | None) -> tuple[Path, str, str]:
+    """:func:`cache_state` of an existing entry, symbolic links followed."""
+    if not path.is_dir() or not looks_converted(path):
         return path, "foreign", "not a converted checkpoint's layout"
     manifest = read_manifest(path)
     if manifest is None:
@@ -188,7 +201,7 @@ def save_converted(out: str | Path, model: LoadedModel,
     their float32 scales; ``scheme`` (the quantize-on-load scheme that made them, or None for
     weights that came in FP8 or are not quantized) goes into the manifest. If another process
     finished the same directory first, its copy is kept. Raises CheckpointError when ``out``
-    exists and is not a converted checkpoint.
+    exists and is not a converted checkpoint, or is a symbolic link.
 
     ``replace``: ``out`` is a damaged or stale copy to replace (the caller checked its layout,
     :func:`cache_state`): the new copy is written beside it and swapped in, the old one
@@ -201,6 +214,9 @@ def save_converted(out: str | Path, model: LoadedModel,
     out.parent.mkdir(parents=True, exist_ok=True)
     ours = out.parent == (checkpoint_dir() / "converted").absolute()
     remove_stale_temps(out.parent, None if ours else out.name)
+    if out.is_symlink():  # cache_state reads through a link, never writes through one
+        raise CheckpointError(f"{out} is a symbolic link (to {out.resolve()}); no converted "
+                              f"copy is written through it: repair or delete it")
     if out.exists() and replace is None:
         if is_converted(out):
             return out

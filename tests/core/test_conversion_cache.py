@@ -178,3 +178,30 @@ def test_a_read_only_copy_without_a_file_list_still_loads(cached, monkeypatch) -
     _same(first, load_model(str(entry), progress=False))
     assert json.loads((entry / "manifest.json").read_text()) == m
     assert not list(entry.glob(".manifest.json.*"))
+
+
+def test_a_symlinked_cache_entry_is_read_through_when_usable(cached, tmp_path,
+                                                             monkeypatch) -> None:
+    """A cache entry moved to another disk and linked back (N4 of session 30's recheck):
+    a usable copy is read through the link; a damaged one is never re-made through it."""
+    src, entry, first = cached
+    moved = tmp_path / "other_disk" / entry.name
+    moved.parent.mkdir()
+    shutil.move(str(entry), moved)
+    entry.symlink_to(moved, target_is_directory=True)
+    assert orbax_store.cache_state(src)[1] == "ok"
+    import jaxinfer.loading as loading
+
+    def no_gguf(*_a, **_k):
+        raise AssertionError("the GGUF was read although the linked copy is usable")
+
+    with monkeypatch.context() as m:
+        m.setattr(loading, "_load_gguf", no_gguf)
+        _same(first, load_model(str(src), progress=False))
+    big = _biggest(moved)
+    big.write_bytes(big.read_bytes()[:1000])
+    path, state, why = orbax_store.cache_state(src)
+    assert state == "foreign" and "symbolic link" in why and "1000 bytes" in why
+    with pytest.warns(UserWarning, match="could not cache .* is a symbolic link"):
+        _same(first, load_model(str(src), progress=False))  # from the GGUF
+    assert entry.is_symlink() and big.stat().st_size == 1000  # nothing re-made through it

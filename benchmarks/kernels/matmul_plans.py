@@ -285,6 +285,43 @@ def plan_wide(ms, shapes):
     return jobs + fa
 
 
+def plan_m64(ms, shapes):
+    """Session 31: 32-64 tokens, where the swap-AB GEMMs (weights on wgmma's M side, the
+    tokens as N = 32-64) give ~365 TFLOP/s on both Hopper cards, which on an H200 holds
+    the large weights to ~2.8 TB/s. Candidates beside the engine's Triton tile: the H100
+    sweep's best Triton tile (64-row weight tiles, 256-deep K, 3 stages, FP8 dot on wgmma:
+    ``tri_w8a8_fa64``), the Mosaic swap-AB kernel (64 / 128-row weight tiles), and the
+    Mosaic kernel in the plain orientation with one 64-token row tile (``mgpu_w8a8_m64_*``:
+    x as wgmma's A operand, 128 or 256 weight rows a warpgroup as N, so each instruction
+    does 2-4x the work of the swap-AB one for the same operand bytes); XLA bf16 beside."""
+    jobs = []
+    for M in ms:
+        bm = min(64, max(16, 1 << max(M - 1, 0).bit_length()))
+        for sname in shapes:
+            if sname == "8b_gate_up":
+                sname = "8b_gate_up_2f"
+            K, N, gu = {**SHAPES, **EXTRA_SHAPES}[sname]
+            jobs.append((sname, M, "tri_w8a8_kernel", "w8a8", "triton_k",
+                         fp8_decode_config(M, K, N, gu, "none")))
+            c = tri(bm, 64, 256, K, N, M, "w8a8", gu, warps=4, stages=3, fp8_dot=True,
+                    swap_ab=True, waves=1)
+            jobs.append((sname, M, "tri_w8a8_fa64", "w8a8", "triton_k",
+                         fit_smem(dataclasses.replace(c, fast_accum=True), K, FP8, FP8, gu)))
+            for tm in (128, 64):
+                if N % tm == 0 and mgpu_decode_supported(M, K, N, FP8):
+                    jobs.append((sname, M, f"mdec_w8a8_t{tm}", "w8a8", "mgpu_decode",
+                                 decode_config(M, K, N, FP8, tile_m=tm)))
+            for tn, tk, st in ((128, 128, 4), (128, 128, 6), (256, 64, 4), (256, 128, 2)):
+                if N % (2 * tn):
+                    continue
+                sk = mid_split_k(M, K, N, tk, tile_m=64, tile_n=2 * tn)
+                jobs.append((sname, M, f"mgpu_w8a8_m64_n{tn}k{tk}s{st}", "w8a8", "mgpu",
+                             MgpuConfig(tile_m=64, tile_n=tn, tile_k=tk, split_k=sk,
+                                        max_concurrent_steps=st if sk == 1 else min(st, 3))))
+            jobs.append((sname, M, "xla_bf16", "bf16", "xla", None))
+    return jobs[:1] and [jobs[0][:2] + ("warmup",) + jobs[0][3:]] + jobs
+
+
 def plan_tiles(ms, shapes, wide=TILES_WIDE_M):
     """Session 13: the engine's Triton W8A8 decode GEMM, kernel alone (x quantized outside
     the timed call, as the engine's norm_quant path gives it), with the engine's own tiles

@@ -372,6 +372,27 @@ def test_mid_band_plan_lowers_for_cuda():
                                               sds((N,), F32))
 
 
+def test_m64_plan_lowers_for_cuda():
+    """Every Mosaic GPU job of bench_matmul's ``plan_m64`` (64 tokens: the swap-AB kernel
+    and the plain orientation with one 64-row tile) fits an H200's shared memory."""
+    import sys
+    sys.path.insert(0, "benchmarks/kernels")
+    from matmul_plans import EXTRA_SHAPES, SHAPES, plan_m64
+
+    jobs = [j for j in plan_m64([64], ["70b_up", "70b_o"]) if j[4] in ("mgpu", "mgpu_decode")]
+    assert {j[5].tile_m for j in jobs if j[4] == "mgpu"} == {64}
+    assert len([j for j in jobs if j[4] == "mgpu"]) == 8
+    for sname, M, _, kind, backend, cfg in jobs:
+        K, N, gu = {**SHAPES, **EXTRA_SHAPES}[sname]
+
+        def f(x, w, ws, backend=backend, cfg=cfg, gu=gu):
+            return linear(x, PreparedWeight(w, ws, gu), act_quant=True, backend=backend,
+                          mgpu_config=cfg)
+
+        assert "mosaic_gpu" in lower_for_cuda(f, sds((M, K), jnp.bfloat16), sds((N, K), FP8),
+                                              sds((N,), F32))
+
+
 def test_mgpu_lowering_catches_shared_memory_overflow():
     cfg = MgpuConfig(tile_k=128, max_concurrent_steps=8)
 

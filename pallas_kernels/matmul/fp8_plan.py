@@ -115,7 +115,13 @@ FP8_DECODE_WIDE_N = 16384
 # 72.1 vs 83.3, 8B down 20.7 vs 26.3, 70B o 22.7 vs 28.8. Slower on the 512-deep steps
 # (70B up at 1 token 66.0 vs 58.4) and on 128-row tiles at 32 tokens (65.7 vs 59.2): those
 # keep mma.sync. $JAXINFER_FP8_DECODE_FAST_ACCUM=off turns it off (an A/B end to end).
+# Session 31 (bench_matmul --plan m64, H200, record matmul_h200_s31call4_m64-20261206.json):
+# with the wgmma dot, 64-token tiles stream the wide weights faster on 64 weight rows in 3
+# stages than on 128 in 2: 70B up 63.1 vs 72.0 us (3.72 TB/s), 8B gate_up (2F) 35.1 vs 39.7;
+# at 32 tokens the 128-row mma.sync tiles stay (59.7 vs 70.9). FP8_DECODE_ROWS_AT_64 = 128
+# gives session 13's tiles back (128 rows, 2 stages; an A/B end to end).
 FP8_DECODE_FAST_ACCUM = True
+FP8_DECODE_ROWS_AT_64 = 64
 
 
 def _env_choice(var: str, default: str, choices: tuple[str, ...]) -> str:
@@ -180,8 +186,9 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
     per step, tokens padded to a power of two >= 16; ``tiles`` (default
     ``$JAXINFER_FP8_DECODE_TILES`` or :data:`FP8_DECODE_TILES`, see there) "wave15": split-K
     until FP8_DECODE_SPLIT_TARGET programs, at >= 32 tokens 3 stages and 128 weight rows
-    where N >= FP8_DECODE_WIDE_N, and the FP8 dot on wgmma (``fast_accum``) on the 256-deep
-    steps where :data:`FP8_DECODE_FAST_ACCUM` says; "wave2": split-K until 2 waves of 132
+    where N >= FP8_DECODE_WIDE_N (not at 64 tokens with the wgmma dot), and the FP8 dot on
+    wgmma (``fast_accum``) on the 256-deep steps of 64-row weight tiles where
+    :data:`FP8_DECODE_FAST_ACCUM` says; "wave2": split-K until 2 waves of 132
     SMs, 4 stages;
     512 K a step in 3 stages for large weights at <= 16 tokens (``deep_k``, default
     ``$JAXINFER_FP8_DECODE_DEEP_K`` on / off or :data:`FP8_DECODE_DEEP_K`; see there); ``N``
@@ -201,11 +208,14 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
     target = FP8_DECODE_SPLIT_TARGET if wave15 else 264
     bm = min(64, max(16, 1 << max(M - 1, 0).bit_length()))
     bn, bk, stages = 64, 256, 4
-    if wave15 and bm >= 32:
-        bn, stages = (128 if N >= FP8_DECODE_WIDE_N else 64), 3
+    group = FP8_DECODE_ACT_GROUP if fuse == "all" and K % FP8_DECODE_ACT_GROUP == 0 else 0
+    fast_ok = wave15 and not group and K % 256 == 0 and _fp8_decode_fast_accum()
+    if wave15 and bm >= 32:  # 128-row tiles for wide N, except 64 tokens on wgmma dots
+        wide = N >= FP8_DECODE_WIDE_N and not (bm == 64 and fast_ok
+                                                and FP8_DECODE_ROWS_AT_64 == 64)
+        bn, stages = (128 if wide else 64), 3
     while bk > 16 and K % bk:
         bk //= 2
-    group = FP8_DECODE_ACT_GROUP if fuse == "all" and K % FP8_DECODE_ACT_GROUP == 0 else 0
     n_tiles = pl.cdiv(N, bn) * pl.cdiv(M, bm)
     split = triton_gemm.split_to_fill(n_tiles, K, bk, target)
     deep_k = _fp8_decode_deep_k() if deep_k is None else deep_k
@@ -214,11 +224,10 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
         if K // (split_deep * 512) >= FP8_DECODE_DEEP_K_MIN_STEPS:
             bk, split, stages = 512, split_deep, 3
     fast = False
-    if wave15 and not group and bk == 256 and _fp8_decode_fast_accum():
-        if bn == 64:
-            fast, stages = True, 3
-        elif bm == 64:  # 128-row tiles at 64 tokens
-            fast, stages = True, 2
+    if fast_ok and bk == 256 and bn == 64:
+        fast, stages = True, 3
+    elif fast_ok and bk == 256 and bm == 64:  # 128-row tiles at 64 tokens (ROWS_AT_64 = 128)
+        fast, stages = True, 2
     cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
                                    num_stages=stages, fp8_dot=True, swap_ab=True,
                                    act_group=group, merge=fuse != "none", fast_accum=fast)

@@ -79,14 +79,15 @@ def test_fast_accum_configs_match_the_reference(M, N, gate_up):
 
 def test_plan_takes_fast_accum_where_the_h200_measured_it_faster(monkeypatch):
     """Session 13, call 4: faster on 256-deep K steps with 64-row tiles (3 stages) and on
-    128-row tiles at 64 tokens (2 stages); slower on the 512-deep steps (deep K, opt-in) and
-    on 128-row tiles at 32 tokens, which keep mma.sync. Off with $JAXINFER_FP8_DECODE_FAST_ACCUM=off, with
+    128-row tiles at 64 tokens (2 stages) — since session 31 the wide weights take 64-row
+    tiles in 3 stages at 64 tokens (faster still); slower on the 512-deep steps (deep K,
+    opt-in) and on 128-row tiles at 32 tokens, which keep mma.sync. Off with $JAXINFER_FP8_DECODE_FAST_ACCUM=off, with
     session 12's tiles, and with in-kernel activation groups."""
     cfg = functools.partial(fp8_plan.fp8_decode_config, fuse="none", tiles="wave15")
     for (M, K, N, gu), (fast, stages) in {
             (1, 4096, 6144, False): (True, 3), (16, 4096, 14336, True): (True, 3),
             (32, 14336, 4096, False): (True, 3), (64, 8192, 8192, False): (True, 3),
-            (64, 4096, 28672, False): (True, 2), (64, 8192, 28672, False): (True, 2),
+            (64, 4096, 28672, False): (True, 3), (64, 8192, 28672, False): (True, 3),
             (1, 8192, 28672, False): (True, 3), (16, 14336, 4096, False): (True, 3),
             (32, 8192, 28672, False): (False, 3)}.items():
         c = cfg(M, K, N, gu)

@@ -248,6 +248,26 @@ def test_decode_tiles_wave15_against_wave2(monkeypatch):
         cfg(1, 4096, 4096, tiles="wide")
 
 
+def test_64_token_tiles_of_the_wide_weights_take_64_rows_on_wgmma(monkeypatch):
+    """Session 31's H200 measurement (bench_matmul --plan m64): at 64 tokens with the FP8
+    dot on wgmma, 64 weight rows x 256 K in 3 stages (70B up 63.1 vs 72.0 us on 128 rows in
+    2); 32 tokens keep 128-row mma.sync tiles; with the wgmma dot off, 64 tokens too."""
+    monkeypatch.delenv("JAXINFER_FP8_DECODE_FAST_ACCUM", raising=False)
+    monkeypatch.setattr(fp8_plan, "FP8_DECODE_FAST_ACCUM", True)
+    cfg = fp8_plan.fp8_decode_config
+    for K, N in ((8192, 28672), (4096, 28672), (8192, 57344)):
+        c = cfg(64, K, N, fuse="none")
+        assert (c.bn, c.bk, c.split_k, c.num_stages, c.fast_accum) == (64, 256, 1, 3, True), c
+        c32 = cfg(32, K, N, fuse="none")
+        assert (c32.bn, c32.num_stages, c32.fast_accum) == (128, 3, False), c32
+    monkeypatch.setattr(fp8_plan, "FP8_DECODE_ROWS_AT_64", 128)  # session 13's, for an A/B
+    c = cfg(64, 8192, 28672, fuse="none")
+    assert (c.bn, c.num_stages, c.fast_accum) == (128, 2, True), c
+    monkeypatch.setattr(fp8_plan, "FP8_DECODE_FAST_ACCUM", False)
+    c = cfg(64, 8192, 28672, fuse="none")
+    assert (c.bn, c.num_stages, c.fast_accum) == (128, 3, False), c
+
+
 def test_decode_tiles_follow_the_environment(monkeypatch):
     from jaxinfer.compile_cache import kernel_env
 
@@ -261,16 +281,19 @@ def test_decode_tiles_follow_the_environment(monkeypatch):
         fp8_plan.fp8_engine_plan(1, 8192, 28672)
 
 
-@pytest.mark.parametrize("M,N", [(20, 300), (33, 257)])
-def test_wide_tiles_match_the_reference(monkeypatch, M, N):
-    """wave15's 128-row weight tiles at 17-64 tokens (3 stages; 2 with the FP8 dot on
-    wgmma on 64-token tiles; FP8_DECODE_WIDE_N lowered so a small ragged N takes them; split 1 and 2),
-    W8A8 as the engine calls it: equal to the float32 reference (interpret mode)."""
+@pytest.mark.parametrize("M,N,fast", [(20, 300, True), (33, 257, False), (33, 257, True)])
+def test_wide_tiles_match_the_reference(monkeypatch, M, N, fast):
+    """wave15's tiles for wide N at 17-64 tokens (FP8_DECODE_WIDE_N lowered so a small
+    ragged N takes them; split 1 and 2): 128 weight rows in 3 stages with mma.sync dots, and
+    at 64 tokens with the FP8 dot on wgmma 64 rows in 3 stages (session 31). W8A8 as the
+    engine calls it: equal to the float32 reference (interpret mode)."""
     monkeypatch.setattr(fp8_plan, "FP8_DECODE_WIDE_N", 256)
+    monkeypatch.setattr(fp8_plan, "FP8_DECODE_FAST_ACCUM", fast)
+    monkeypatch.delenv("JAXINFER_FP8_DECODE_FAST_ACCUM", raising=False)
     K = 2048
     c = fp8_plan.fp8_decode_config(M, K, N, fuse="none", tiles="wave15")
-    assert (c.bn, c.num_stages) == (128, 2 if c.fast_accum else 3), c
-    assert c.fast_accum == (c.bm == 64 and fp8_plan._fp8_decode_fast_accum())
+    wgmma64 = fast and c.bm == 64
+    assert (c.bn, c.num_stages, c.fast_accum) == ((64, 3, True) if wgmma64 else (128, 3, False)), c
     x = rand(M + N, (M, K))
     wq, ws = fp8_weight(3 * M + N, N, K)
     xq, xs = quantize_rows_fp8(x)
@@ -316,10 +339,12 @@ def test_deep_k_config_matches_the_reference(M, N):
 @pytest.mark.parametrize("deep_k", [True, None])  # the opt-in and the default (off)
 def test_deep_k_and_wide_configs_lower_for_cuda_at_the_70b_shapes(deep_k):
     sds = jax.ShapeDtypeStruct
-    for M, K, N in [(1, 8192, 28672), (1, 28672, 8192), (1, 8192, 10240), (64, 8192, 28672)]:
+    for M, K, N in [(1, 8192, 28672), (1, 28672, 8192), (1, 8192, 10240), (32, 8192, 28672),
+                    (64, 8192, 28672)]:
         c = fp8_plan.fp8_decode_config(M, K, N, fuse="none", deep_k=deep_k)
-        assert c.bk == (512 if deep_k else 256) if M == 1 else c.bn == 128
-        assert c.fast_accum == (c.bk == 256)  # the default's 256-deep steps: wgmma
+        assert c.bk == (512 if deep_k else 256) if M == 1 else c.bn == (128 if M == 32 else 64)
+        # the default's 256-deep steps of 64-row tiles: wgmma
+        assert c.fast_accum == (c.bk == 256 and c.bn == 64)
         text = lower_for_cuda(functools.partial(triton_linear, config=c),
                               sds((M, K), FP8), sds((N, K), FP8), sds((N,), F32),
                               sds((M,), F32))

@@ -36,3 +36,12 @@ if best != "default" and ok[best]["sync_ms"] < 0.97 * ok["default"]["sync_ms"]:
                    for k, x in ok[best]["options"].items()))
 PY
 }
+summarize_offline() {  # bench offline record files: one line each (tok/s, TPOT, done)
+  python3 - "$@" <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    r = {x["name"].split(".")[-1]: x["value"] for x in json.load(open(f))}
+    print(f.split("/records/")[1][:60], "out tok/s %.0f  TPOT p50 %.2f ms  done %s / %s" % (
+        r["output_throughput"], r["tpot_ms_p50"], r["completed"], r["num_requests"]))
+PY
+}

@@ -24,10 +24,4 @@ for v in a b; do
     --out "$OUT/records/O-$v" --time-limit 75 --input-len 1000 --output-len 1000 \
     --num-prompts 512
 done
-python3 - "$OUT"/records/O-*/*.json <<'PY'
-import json, sys
-for f in sys.argv[1:]:
-    r = {x["name"].split(".")[-1]: x["value"] for x in json.load(open(f))}
-    print(f.split("/records/")[1][:3], "out tok/s %.0f  TPOT p50 %.2f ms  done %s / %s" % (
-        r["output_throughput"], r["tpot_ms_p50"], r["completed"], r["num_requests"]))
-PY
+summarize_offline "$OUT"/records/O-*/*.json

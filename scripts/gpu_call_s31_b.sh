@@ -30,10 +30,4 @@ E70="--load-format dummy --model llama-3.1-70b --quantization fp8 --max-model-le
 TAIL=3 run compile-70b 130 $JI compile $E70 --modes sample --jobs 14
 # shellcheck disable=SC2086
 TAIL=22 run O-70b 170 $JI $OFF $E70 --input-len 1000 --output-len 1000 --num-prompts 64
-python3 - "$OUT"/records/*.json <<'PY'
-import json, sys
-for f in sys.argv[1:]:
-    r = {x["name"].split(".")[-1]: x["value"] for x in json.load(open(f))}
-    print(f.split("/records/")[1][:60], "out tok/s %.0f  TPOT p50 %.2f ms  done %s / %s" % (
-        r["output_throughput"], r["tpot_ms_p50"], r["completed"], r["num_requests"]))
-PY
+summarize_offline "$OUT"/records/*.json

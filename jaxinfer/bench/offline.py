@@ -7,9 +7,8 @@ Phases, each timed on its own: engine start (weights, KV sizing), loading a comp
 TPOT / ITL / end-to-end percentiles, the most sequences running at once and the recompute
 preemptions (a KV pool too small for ``--max-num-seqs`` shows in both), programs compiled
 inside the measured run (and their seconds), peak device memory, the KV pool (pages,
-tokens). ``--time-limit`` aborts what has
-not finished when it expires and reports what did; progress prints every
-``--progress-interval`` seconds.
+tokens). ``--time-limit`` aborts what has not finished when it expires and reports what
+did; progress prints every ``--progress-interval`` seconds.
 
 Several workloads may share one engine start: ``--input-len 128,1000 --output-len 128,1000
 --num-prompts 1024,512`` runs 128/128 then 1000/1000 on the same engine (one record file and

@@ -114,7 +114,7 @@ PROGRAM_SOURCES = ("jaxinfer/batch.py", "jaxinfer/config.py", "jaxinfer/layers",
 KERNEL_ENV_VARS = ("JAXINFER_FP8_DECODE", "JAXINFER_FP8_DECODE_GEMM", "JAXINFER_FP8_MID_GEMM",
                    "JAXINFER_DECODE_MERGE", "JAXINFER_FP8_DECODE_FUSE",
                    "JAXINFER_FP8_DECODE_DEEP_K", "JAXINFER_FP8_DECODE_TILES",
-                   "JAXINFER_FP8_DECODE_FAST_ACCUM")
+                   "JAXINFER_FP8_DECODE_FAST_ACCUM", "JAXINFER_FP8_DECODE_ROWS_AT_64")
 
 
 def kernel_env() -> dict[str, str]:

@@ -5,7 +5,8 @@ call the model makes (jaxinfer/models/transformer.py).
 Kernel choices read environment variables at trace time (A/B runs; each is in the compile-
 cache fingerprint, jaxinfer/compile_cache.KERNEL_ENV_VARS): ``$JAXINFER_FP8_DECODE_GEMM``,
 ``$JAXINFER_FP8_MID_GEMM``, ``$JAXINFER_FP8_DECODE_FUSE``, ``$JAXINFER_FP8_DECODE_DEEP_K``,
-``$JAXINFER_FP8_DECODE_TILES``, ``$JAXINFER_FP8_DECODE_FAST_ACCUM``.
+``$JAXINFER_FP8_DECODE_TILES``, ``$JAXINFER_FP8_DECODE_FAST_ACCUM``,
+``$JAXINFER_FP8_DECODE_ROWS_AT_64``.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ FP8_DECODE_WIDE_N = 16384
 # with the wgmma dot, 64-token tiles stream the wide weights faster on 64 weight rows in 3
 # stages than on 128 in 2: 70B up 63.1 vs 72.0 us (3.72 TB/s), 8B gate_up (2F) 35.1 vs 39.7;
 # at 32 tokens the 128-row mma.sync tiles stay (59.7 vs 70.9). FP8_DECODE_ROWS_AT_64 = 128
-# gives session 13's tiles back (128 rows, 2 stages; an A/B end to end).
+# ($JAXINFER_FP8_DECODE_ROWS_AT_64=128) gives session 13's tiles back (128 rows, 2 stages;
+# an A/B end to end).
 FP8_DECODE_FAST_ACCUM = True
 FP8_DECODE_ROWS_AT_64 = 64
 
@@ -139,7 +141,8 @@ def env_values() -> dict[str, str]:
             "JAXINFER_FP8_DECODE_FUSE": _fp8_decode_fuse(),
             "JAXINFER_FP8_DECODE_DEEP_K": "on" if _fp8_decode_deep_k() else "off",
             "JAXINFER_FP8_DECODE_TILES": _fp8_decode_tiles(),
-            "JAXINFER_FP8_DECODE_FAST_ACCUM": "on" if _fp8_decode_fast_accum() else "off"}
+            "JAXINFER_FP8_DECODE_FAST_ACCUM": "on" if _fp8_decode_fast_accum() else "off",
+            "JAXINFER_FP8_DECODE_ROWS_AT_64": str(_fp8_decode_rows_at_64())}
 
 
 def _fp8_decode_gemm() -> str:
@@ -172,6 +175,11 @@ def _fp8_decode_deep_k() -> bool:
 def _fp8_decode_fast_accum() -> bool:
     return _env_choice("JAXINFER_FP8_DECODE_FAST_ACCUM",
                        "on" if FP8_DECODE_FAST_ACCUM else "off", ("on", "off")) == "on"
+
+
+def _fp8_decode_rows_at_64() -> int:
+    return int(_env_choice("JAXINFER_FP8_DECODE_ROWS_AT_64", str(FP8_DECODE_ROWS_AT_64),
+                           ("64", "128")))
 
 
 def _fp8_decode_tiles() -> str:
@@ -212,7 +220,7 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
     fast_ok = wave15 and not group and K % 256 == 0 and _fp8_decode_fast_accum()
     if wave15 and bm >= 32:  # 128-row tiles for wide N, except 64 tokens on wgmma dots
         wide = N >= FP8_DECODE_WIDE_N and not (bm == 64 and fast_ok
-                                                and FP8_DECODE_ROWS_AT_64 == 64)
+                                                and _fp8_decode_rows_at_64() == 64)
         bn, stages = (128 if wide else 64), 3
     while bk > 16 and K % bk:
         bk //= 2

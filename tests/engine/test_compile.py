@@ -423,7 +423,8 @@ def test_fingerprint_names_the_kernel_choices_read_from_the_environment(monkeypa
                                        ("JAXINFER_FP8_DECODE_FUSE", "yes"),
                                        ("JAXINFER_FP8_DECODE_DEEP_K", "1"),
                                        ("JAXINFER_FP8_DECODE_TILES", "wide"),
-                                       ("JAXINFER_FP8_DECODE_FAST_ACCUM", "fast")])
+                                       ("JAXINFER_FP8_DECODE_FAST_ACCUM", "fast"),
+                                       ("JAXINFER_FP8_DECODE_ROWS_AT_64", "256")])
 def test_a_bad_kernel_switch_fails_at_engine_start_on_any_backend(monkeypatch, var, value):
     """Every kernel switch is checked when an engine starts, also where no Pallas kernel
     traces (the CPU's reference attention, a bf16 model): the error names the variable and

@@ -260,7 +260,14 @@ def test_64_token_tiles_of_the_wide_weights_take_64_rows_on_wgmma(monkeypatch):
         assert (c.bn, c.bk, c.split_k, c.num_stages, c.fast_accum) == (64, 256, 1, 3, True), c
         c32 = cfg(32, K, N, fuse="none")
         assert (c32.bn, c32.num_stages, c32.fast_accum) == (128, 3, False), c32
-    monkeypatch.setattr(fp8_plan, "FP8_DECODE_ROWS_AT_64", 128)  # session 13's, for an A/B
+    monkeypatch.setenv("JAXINFER_FP8_DECODE_ROWS_AT_64", "128")  # session 13's, for an A/B
+    c = cfg(64, 8192, 28672, fuse="none")
+    assert (c.bn, c.num_stages, c.fast_accum) == (128, 2, True), c
+    from jaxinfer.compile_cache import kernel_env
+
+    assert kernel_env()["JAXINFER_FP8_DECODE_ROWS_AT_64"] == "128"  # in the cache fingerprint
+    monkeypatch.delenv("JAXINFER_FP8_DECODE_ROWS_AT_64")
+    monkeypatch.setattr(fp8_plan, "FP8_DECODE_ROWS_AT_64", 128)  # the constant, as --patch
     c = cfg(64, 8192, 28672, fuse="none")
     assert (c.bn, c.num_stages, c.fast_accum) == (128, 2, True), c
     monkeypatch.setattr(fp8_plan, "FP8_DECODE_FAST_ACCUM", False)

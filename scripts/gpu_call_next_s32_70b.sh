@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Prepared in session 31 for the next device call (~420 s, an H200: 70B FP8 needs > 80 GB):
+# Llama-3.1-70B FP8 weights + FP8 KV, k = 8, 64 x 1000 / 1000 offline (session 31 call 2:
+# 1,656 tok/s, TPOT p50 33.5 ms) with the 64-token GEMM tiles of session 31 (the default)
+# and with session 13's ($JAXINFER_FP8_DECODE_ROWS_AT_64=128), each compiled into its own
+# cache (the switch is in the compile-cache fingerprint).
+#   OUT=... bash scripts/gpu_call_next_s32_70b.sh
+set -u
+# shellcheck source=scripts/gpu_call_lib.sh
+source scripts/gpu_call_lib.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/logs/nvidia-smi.txt"
+export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92  # 67 GiB of 70B FP8 weights + the KV pool
+E70="--load-format dummy --model llama-3.1-70b --quantization fp8 --max-model-len 2048
+  --max-num-seqs 64 --max-num-batched-tokens 8192 --max-prefill-seqs 8
+  --prefill-buckets 1024,8192 --decode-buckets 8,32,64 --num-kv-pages 8448
+  --kv-cache-dtype fp8 --num-scheduler-steps 8"
+for rows in 64 128; do
+  export JAXINFER_FP8_DECODE_ROWS_AT_64=$rows
+  # shellcheck disable=SC2086  # option lists
+  TAIL=3 run "compile-70b-rows$rows" 80 $JI compile $E70 --cache-dir /tmp/c70-$rows \
+    --modes sample --jobs 14
+  # shellcheck disable=SC2086
+  TAIL=22 run "O-70b-rows$rows" 130 $JI bench offline --out "$OUT/records/rows$rows" \
+    --time-limit 60 $E70 --cache-dir /tmp/c70-$rows --input-len 1000 --output-len 1000 \
+    --num-prompts 64
+done
+summarize_offline "$OUT"/records/rows*/*.json

@@ -178,8 +178,9 @@ def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingPar
     Returns (one timeline per prompt, in order; seconds from the first submission to the
     last finish, or to the time limit). A request the engine finishes as "abort" gets
     ``error="abort"``. ``stats``, if given, receives ``peak_running`` (the most sequences
-    the scheduler held running after any step: how much of ``max_num_seqs`` the KV pool let
-    run) and ``preemptions`` (recompute preemptions during the run: the pool ran out).
+    one step ran: held running after it, or given output by it -- how much of
+    ``max_num_seqs`` the KV pool let run) and ``preemptions`` (recompute preemptions during
+    the run: the pool ran out).
     """
     sched = engine.scheduler
     preempted0, peak = sched.num_preemptions_total, 0
@@ -197,7 +198,8 @@ def run_requests(engine: Any, prompts: list[list[int]], params: list[SamplingPar
     while pending:
         outs = engine.step()
         now = time.perf_counter()
-        peak = max(peak, sched.num_running)
+        # running after the step, or (a step whose sequences all finished) those it served
+        peak = max(peak, sched.num_running, len({o.request_id for o in outs}))
         for o in outs:
             tl = timelines.get(o.request_id)
             if tl is None or o.request_id not in pending:

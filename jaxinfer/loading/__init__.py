@@ -127,7 +127,7 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
         return load_converted(path, dtype)
     if kind == "hf":
         return load_hf(path, dtype, progress)
-    replace = None
+    replace, write_cache = None, use_cache
     if use_cache:
         cached, state, why = cache_state(path)
         if state == "ok":
@@ -135,9 +135,16 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
                 return load_converted(cached, dtype)
             except CheckpointError as e:  # damage the cheap checks do not see
                 state, why = "damaged", str(e)
-        replace = _remake(cached, state, why, path)
+                if cached.is_symlink():
+                    why = f"a symbolic link to a copy that fails to load: {e}"
+        if cached.is_symlink():  # read through a link, never re-made through one
+            warnings.warn(f"not using the cache entry {cached}: {why}; reading {path} "
+                          f"instead (repair or delete the link)", stacklevel=2)
+            write_cache = False
+        else:
+            replace = _remake(cached, state, why, path)
     loaded = _load_gguf(path, progress)
-    if use_cache:
+    if write_cache:
         try:
             save_converted(cache_path_for(path), loaded, source=path, replace=replace)
         except (OSError, CheckpointError) as e:
@@ -281,6 +288,10 @@ def convert(model: str, output: str | None = None, progress: bool = True,
         output_path, state, why = cache_state(path, scheme=scheme)
         if state == "ok":
             return output_path
+        if state == "foreign":  # before the model is read: it could not be written there
+            raise CheckpointError(f"the cache entry {output_path} is not a usable converted "
+                                  f"copy ({why}) and is left alone: remove it, or give an "
+                                  f"output directory")
         replace = _remake(output_path, state, why, path, scheme)
     else:
         output_path = Path(output).expanduser()

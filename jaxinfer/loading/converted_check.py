@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ _ALWAYS = ("model_config.json", "params/_METADATA", "params/manifest.ocdbt")
 # Top-level files a converted copy may hold besides params/: ours and what a tokenizer's
 # save_pretrained writes.
 _FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model")
+# The manifest being rewritten by backfill_files (orbax_store.remove_stale_temps's pattern).
+_MANIFEST_TEMP = re.compile(rf"\.{re.escape(MANIFEST)}\.tmp-\d+")
 
 
 def read_manifest(d: str | Path) -> dict[str, Any] | None:
@@ -40,7 +43,7 @@ def file_sizes(d: Path) -> dict[str, int]:
     manifest (and a manifest being rewritten by :func:`backfill_files`)."""
     return {p.relative_to(d).as_posix(): p.stat().st_size for p in sorted(d.rglob("*"))
             if p.is_file() and p.relative_to(d).as_posix() != MANIFEST
-            and not (p.parent == d and p.name.startswith(f".{MANIFEST}."))}
+            and not (p.parent == d and _MANIFEST_TEMP.fullmatch(p.name))}
 
 
 def damage(d: Path, manifest: dict[str, Any]) -> str | None:
@@ -72,16 +75,20 @@ def damage(d: Path, manifest: dict[str, Any]) -> str | None:
 
 
 def backfill_files(d: Path, manifest: dict[str, Any]) -> bool:
-    """Record every file's size in the manifest of ``d`` when it has no list (a copy
-    written before the list existed), so the next start's cheap check sees a file cut
-    short or lost later instead of orbax failing mid-restore. Call only after a load of
-    ``d`` succeeded (the sizes on disk are then the good ones). Written beside and renamed
-    over (atomic); a read-only cache is left as it is. Returns whether it wrote."""
+    """Record the sizes of the files the restore reads (``params/``, ``model_config.json``)
+    in the manifest of ``d`` when it has no list (a copy written before the list existed),
+    so the next start's cheap check sees a file cut short or lost later instead of orbax
+    failing mid-restore. Other top-level files are not listed (a user's note there must not
+    make the copy "damaged"). Call only after a load of ``d`` succeeded (the sizes on disk
+    are then the good ones). Written beside (``.manifest.json.tmp-<pid>``) and renamed over
+    (atomic); a read-only cache is left as it is. Returns whether it wrote."""
     if not manifest or "files" in manifest:
         return False
-    tmp = d / f".{MANIFEST}.{os.getpid()}.tmp"
+    files = {k: v for k, v in file_sizes(d).items()
+             if k.startswith("params/") or k == "model_config.json"}
+    tmp = d / f".{MANIFEST}.tmp-{os.getpid()}"
     try:
-        tmp.write_text(json.dumps({**manifest, "files": file_sizes(d)}, indent=1))
+        tmp.write_text(json.dumps({**manifest, "files": files}, indent=1))
         os.replace(tmp, d / MANIFEST)
     except OSError:
         tmp.unlink(missing_ok=True)
@@ -102,6 +109,8 @@ def looks_converted(d: Path) -> bool:
     if "params" not in names and "model_config.json" not in names:
         return False
     for e in entries:
+        if _MANIFEST_TEMP.fullmatch(e.name):  # a backfill in progress (or cut short)
+            continue
         if e.name == "params":
             if not e.is_dir() or e.is_symlink():
                 return False

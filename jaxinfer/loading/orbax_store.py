@@ -111,7 +111,7 @@ def cache_state(source: str | Path, root: Path | None = None,
     symbolic link at the entry (a cache moved to another disk) is read through when it
     leads to a usable copy, and is otherwise "foreign": nothing is deleted through it."""
     path = cache_path_for(source, root, scheme)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # (a dangling link or loop: below)
         return path, "absent", ""
     if path.is_symlink():
         _, state, why = _dir_state(path, source, scheme)
@@ -215,8 +215,8 @@ def save_converted(out: str | Path, model: LoadedModel,
     ours = out.parent == (checkpoint_dir() / "converted").absolute()
     remove_stale_temps(out.parent, None if ours else out.name)
     if out.is_symlink():  # cache_state reads through a link, never writes through one
-        raise CheckpointError(f"{out} is a symbolic link (to {out.resolve()}); no converted "
-                              f"copy is written through it: repair or delete it")
+        raise CheckpointError(f"{out} is a symbolic link (to {os.readlink(out)}); no "
+                              f"converted copy is written through it: repair or delete it")
     if out.exists() and replace is None:
         if is_converted(out):
             return out
@@ -319,7 +319,9 @@ def load_converted(path: str | Path, dtype: str = "float32") -> LoadedModel:
     if set(fp8_names(params)) != fp8:
         raise CheckpointError(f"{d}: FP8 tensors {sorted(fp8_names(params))} do not match the "
                               f"manifest's {sorted(fp8)}")
-    backfill_files(d, manifest)  # a copy from before the file list: list it now (good)
+    if "files" not in manifest:  # a copy from before the file list: list it now (good)
+        remove_stale_temps(d, MANIFEST)  # a backfill whose process died
+        backfill_files(d, manifest)
     return LoadedModel(config=cfg, params=params, tokenizer=tokenizer, source=str(d))
 
 

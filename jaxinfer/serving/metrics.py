@@ -78,8 +78,9 @@ class ServingMetrics:
         sched = engine.scheduler
         bm = sched.block_manager
         self.steps.inc()
-        total = sched.num_preemptions_total
-        self.preemptions.inc(total - self._preemptions_seen)
+        total = sched.num_preemptions_total  # only grows (one ServingMetrics per engine)
+        if total > self._preemptions_seen:
+            self.preemptions.inc(total - self._preemptions_seen)
         self._preemptions_seen = total
         self.running.set(sched.num_running)
         self.waiting.set(sched.num_waiting)

@@ -89,6 +89,16 @@ def test_bench_offline_reports_preemptions_of_a_small_pool(tmp_path: Path,
     assert re.search(row, capsys.readouterr().out)  # the summary table's row
 
 
+def test_bench_offline_peak_counts_sequences_that_finish_in_their_step(tmp_path: Path) -> None:
+    # helper-56: one output token each, so every sequence finishes in the step that ran it
+    # and none is running after any step; the peak still counts them (was 0).
+    rc = main(["bench", "offline", *TINY, "--max-num-seqs", "4", "--input-len", "16",
+               "--output-len", "1", "--num-prompts", "4", "--out", str(tmp_path)])
+    assert rc == 0
+    v = values(load_records(tmp_path, "bench_offline-dummy-tiny-llama-16x1"), "bench_offline.")
+    assert v["completed"] == 4 and 1 <= v["peak_running"] <= 4 and v["preemptions"] == 0
+
+
 def test_bench_offline_several_workloads_share_one_engine(tmp_path: Path) -> None:
     # 16/8 then 32/8 (--output-len given once): one engine start, one record file and one
     # warm-up each, every request of both finished with the lengths asked for.

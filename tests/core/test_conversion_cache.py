@@ -163,6 +163,28 @@ def test_a_copy_without_a_file_list_gets_one_after_a_good_load(cached) -> None:
     _same(first, load_model(str(src), progress=False))  # re-made from the source
 
 
+def test_backfill_lists_only_what_the_restore_reads_and_a_dead_backfill_is_harmless(
+        cached) -> None:
+    """helper-56: a user's note in the entry is not listed (editing it later must not make
+    the copy "damaged" and get it re-made); a temp manifest left by a killed backfill does
+    not make the entry look foreign, and is cleaned up by the next load."""
+    src, entry, first = cached
+    m = json.loads((entry / "manifest.json").read_text())
+    listed = m.pop("files")
+    (entry / "manifest.json").write_text(json.dumps(m))
+    (entry / "README.txt").write_text("my note")
+    dead = entry / ".manifest.json.tmp-999999"  # no such process
+    dead.write_text("{partial")
+    assert orbax_store.cache_state(src)[1] == "ok"
+    _same(first, load_model(str(src), progress=False))
+    files = json.loads((entry / "manifest.json").read_text())["files"]
+    assert "README.txt" not in files and not dead.exists()
+    assert files == {k: v for k, v in listed.items()
+                     if k.startswith("params/") or k == "model_config.json"}
+    (entry / "README.txt").write_text("my note, longer now")
+    assert orbax_store.cache_state(src)[1] == "ok"
+
+
 def test_a_read_only_copy_without_a_file_list_still_loads(cached, monkeypatch) -> None:
     """The manifest cannot be rewritten (a read-only cache; simulated, as root may write
     anywhere): the load succeeds, the manifest stays as it was, no temp file is left."""
@@ -202,6 +224,52 @@ def test_a_symlinked_cache_entry_is_read_through_when_usable(cached, tmp_path,
     big.write_bytes(big.read_bytes()[:1000])
     path, state, why = orbax_store.cache_state(src)
     assert state == "foreign" and "symbolic link" in why and "1000 bytes" in why
-    with pytest.warns(UserWarning, match="could not cache .* is a symbolic link"):
+    with pytest.warns(UserWarning, match="not using the cache entry .* symbolic link") as w:
         _same(first, load_model(str(src), progress=False))  # from the GGUF
+    assert len(w) == 1 and "re-convert" not in str(w[0].message)
     assert entry.is_symlink() and big.stat().st_size == 1000  # nothing re-made through it
+
+
+@pytest.mark.parametrize("link", ["loop", "dangling", "to_a_file", "fails_to_load"])
+def test_unusable_symlinked_entries_warn_once_and_are_never_touched(cached, tmp_path, link,
+                                                                    capfd) -> None:
+    """helper-56's break test: a symlink loop, a dangling link, a link to a file, and a link
+    to a copy that passes the cheap checks but fails to restore (an old manifest without a
+    file list, a data file cut short): one warning, the GGUF read, nothing re-made or
+    deleted; ``jaxinfer convert`` refuses with one line before reading the model (not the
+    last case: convert trusts the cheap checks)."""
+    src, entry, first = cached
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(entry), moved)
+    if link == "loop":
+        entry.symlink_to(entry.name)
+    elif link == "dangling":
+        entry.symlink_to(tmp_path / "nowhere")
+    elif link == "to_a_file":
+        (tmp_path / "a_file").write_text("mine")
+        entry.symlink_to(tmp_path / "a_file")
+    else:
+        m = json.loads((moved / "manifest.json").read_text())
+        del m["files"]
+        (moved / "manifest.json").write_text(json.dumps(m))
+        big = _biggest(moved)
+        big.write_bytes(big.read_bytes()[: big.stat().st_size // 2])
+        entry.symlink_to(moved, target_is_directory=True)
+    capfd.readouterr()
+    with pytest.warns(UserWarning, match="not using the cache entry") as w:
+        _same(first, load_model(str(src), progress=False))
+    assert len(w) == 1 and "re-convert" not in capfd.readouterr().err
+    assert entry.is_symlink()
+    if link == "to_a_file":
+        assert (tmp_path / "a_file").read_text() == "mine"
+    if link == "fails_to_load":
+        return  # passes the cheap checks, which are all convert looks at
+    import jaxinfer.loading as loading
+
+    def no_gguf(*_a, **_k):
+        raise AssertionError("convert read the GGUF before refusing")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loading, "_load_gguf", no_gguf)
+        with pytest.raises(CheckpointError, match="is not a usable converted copy"):
+            convert(str(src))

@@ -130,14 +130,15 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
     replace, write_cache = None, use_cache
     if use_cache:
         cached, state, why = cache_state(path)
+        linked = cached.is_symlink()
         if state == "ok":
             try:
                 return load_converted(cached, dtype)
             except CheckpointError as e:  # damage the cheap checks do not see
                 state, why = "damaged", str(e)
-                if cached.is_symlink():
+                if linked:
                     why = f"a symbolic link to a copy that fails to load: {e}"
-        if cached.is_symlink():  # read through a link, never re-made through one
+        if linked:  # read through a link, never re-made through one
             warnings.warn(f"not using the cache entry {cached}: {why}; reading {path} "
                           f"instead (repair or delete the link)", stacklevel=2)
             write_cache = False

@@ -232,10 +232,8 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
         if K // (split_deep * 512) >= FP8_DECODE_DEEP_K_MIN_STEPS:
             bk, split, stages = 512, split_deep, 3
     fast = False
-    if fast_ok and bk == 256 and bn == 64:
-        fast, stages = True, 3
-    elif fast_ok and bk == 256 and bm == 64:  # 128-row tiles at 64 tokens (ROWS_AT_64 = 128)
-        fast, stages = True, 2
+    if fast_ok and bk == 256 and (bn == 64 or bm == 64):  # bn 128 at 64 tokens: ROWS_AT_64
+        fast, stages = True, 3 if bn == 64 else 2
     cfg = triton_gemm.TritonConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=4,
                                    num_stages=stages, fp8_dot=True, swap_ab=True,
                                    act_group=group, merge=fuse != "none", fast_accum=fast)

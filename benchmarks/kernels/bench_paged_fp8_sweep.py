@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--configs", default="", help="comma list of names (default: all)")
     p.add_argument("--smoke", "--cpu-smoke", dest="smoke", action="store_true",
                    help="tiny shapes, interpret mode (CPU)")
+    p.add_argument("--page-size", type=int, default=16,
+                   help="tokens per KV page of every case, bf16's baseline included")
     p.add_argument("--no-preflight", action="store_true",
                    help="skip compiling one config of each kernel class in a child first")
     args = p.parse_args(argv)
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     base: dict[tuple, float] = {}
     base_gbs: dict[tuple, float] = {}
     for B, ctx in shapes:
-        c = make_case(B, ctx, kv_dtype=jnp.bfloat16, tiny=args.smoke)
+        c = make_case(B, ctx, ps=args.page_size, kv_dtype=jnp.bfloat16, tiny=args.smoke)
         try:
             run, a = ours_runner(c, **interp)
             base[(B, ctx)] = time_fn(run, a, 1 if args.smoke else args.repeats) / calls_for(c)
@@ -246,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
             gbs = base_gbs[(B, ctx)] = c["kv_bytes_per_call"] / t / 1e9
             records.add(f"paged_decode_fp8_sweep/bf16_default/B{B}_ctx{ctx}", gbs, "GB/s",
                         {"B": B, "ctx": ctx, "kv_dtype": "bfloat16", "time_us": t * 1e6,
-                         "config": "bf16_default", "tune": "{}"})
+                         "config": "bf16_default", "tune": "{}",
+                         "page": args.page_size})
             log(f"B{B} ctx{ctx} bf16 default {t * 1e6:8.1f} us {gbs:7.0f} GB/s")
         except Exception as ex:  # noqa: BLE001  keep going: ratios become nan
             log(f"FAILED bf16 B{B} ctx{ctx}: {type(ex).__name__}: {str(ex)[:300]}")
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     ck = {"B": 2, "ctx": 128} if args.smoke else {"B": 8, "ctx": 2048}
     ck_cases = {}
     for dt in (F8, jnp.bfloat16):
-        c = make_case(**ck, kv_dtype=dt, L=2, tiny=args.smoke)
+        c = make_case(**ck, ps=args.page_size, kv_dtype=dt, L=2, tiny=args.smoke)
         ck_cases[dt] = (c, *check_case(c))
 
     # 2. each config: check on this device, then time at its shapes
@@ -272,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
             log(f"check FAILED {name}: {type(ex).__name__}: {str(ex)[:400]}")
         ok = err < CHECK_LIMIT
         records.add(f"paged_decode_fp8_sweep/check_rel_err/{name}", err, "rel_l2",
-                    dict(ck, kv_dtype=str(jnp.dtype(dt)), config=name, tune=str(tune), ok=ok))
+                    dict(ck, kv_dtype=str(jnp.dtype(dt)), config=name, tune=str(tune), ok=ok,
+                         page=args.page_size))
         log(f"check {name}: rel err {err:.2e} {'OK' if ok else 'BAD: not timed'}")
         if not ok:
             continue
@@ -282,7 +286,8 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             key = (B, ctx, str(jnp.dtype(dt)))
             if key not in cases:
-                cases[key] = make_case(B, ctx, kv_dtype=dt, tiny=args.smoke)
+                cases[key] = make_case(B, ctx, ps=args.page_size, kv_dtype=dt,
+                                       tiny=args.smoke)
             c = cases[key]
             try:
                 run, a = ours_runner(c, **interp, **tune)
@@ -315,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
             full[name] = math.exp(sum(math.log(x) for x in rs) / len(rs))
             records.add(f"paged_decode_fp8_sweep/geomean_time_over_bf16/{name}", full[name],
                         "ratio", {"config": name, "shapes": str(shapes)})
-    print(f"\nFP8-KV decode sweep on {jax.devices()[0].device_kind} (Hq32/Hkv8/D128/ps16; "
+    print(f"\nFP8-KV decode sweep on {jax.devices()[0].device_kind} "
+          f"(Hq32/Hkv8/D128/ps{args.page_size}; "
           f"GB/s of KV bytes; t/bf16: time over bf16's default, 0.5 = bf16's GB/s)")
     print(f"{'shape':13s} {'config':20s} {'us':>8s} {'GB/s':>7s} {'t/bf16':>7s} "
           f"{'t/cvt':>6s} {'err':>8s}")

@@ -84,6 +84,7 @@ def named(name: str) -> dict:
 # tail. Registers / shared memory / programs an SM / SASS per step from the static analysis
 # (Triton 3.6, sm_90, B32 ctx2048); names in the variant table take its entry.
 CONFIGS: list[tuple[str, dict, list | None]] = [
+    ("by_batch", {"kv": "fp8"}, None),  # what the engine runs: fp8.variant_for_batch's pick
     ("cvt", named("cvt"), None),  # current default: 247 regs, 2/SM, 1196 per 128 tokens
     # session 13: both dots FP8 on wgmma (fp8_fast_accum), group padded to 16 rows
     ("kq8w_bt64", named("kq8w_bt64"), None),  # 87 regs, 36 KB, 5/SM, 551 per 64, no cvt

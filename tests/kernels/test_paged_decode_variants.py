@@ -98,6 +98,17 @@ def test_every_named_variant(name):
     assert_variant_close(out, ref, FP8_DECODE_VARIANTS[name])
 
 
+@pytest.mark.parametrize("name", ["kq8", "kq8_bt64_w2_tp512", "kq8_bt64_w2_waves", "cvt"])
+@pytest.mark.parametrize("ps", [32, 64])
+def test_fp8_variants_at_large_pages(name, ps):
+    """The by-batch FP8 variants (and cvt) at 32- and 64-token pages: a step of one page,
+    of two, or of less than one page's tokens raised to the page; lengths 1, inside the first
+    page, a page boundary and the full table (LENS capped at the table)."""
+    c = case(600 + ps + len(name), 4, 128, ps=ps, maxp=128 // ps)  # LENS end at 128
+    out, ref = run_both(c, scale=128 ** -0.5, fp8_variant=name, **SCALES)
+    assert_variant_close(out, ref, FP8_DECODE_VARIANTS[name])
+
+
 def assert_variant_close(out, ref, kw: dict) -> None:
     """The widening variants within assert_close's bound; those with FP8 dots (q / p in
     e4m3) within a bound of their own (test_paged_attention.py)."""

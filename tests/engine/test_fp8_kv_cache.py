@@ -219,8 +219,12 @@ def test_power_of_two_scales_only_shift_the_stored_values():
         assert _rel(a, b) < 2.0 ** -6
 
 
-def test_pallas_fp8_equals_reference_fp8():
-    kw = dict(KW, block_size=16, decode_buckets=(4,), prefill_buckets=(64,), page_buckets=(4,))
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_pallas_fp8_equals_reference_fp8(block_size):
+    """At the default 16-token pages and at 64 (one page a sequence: the kernels' steps are
+    raised to the page, prefill chunks and the KV write stay inside one page)."""
+    kw = dict(KW, block_size=block_size, decode_buckets=(4,), prefill_buckets=(64,),
+              page_buckets=(64 // block_size,))
     out = {}
     for backend in ("reference", "pallas"):
         llm = LLM(tiny_loaded("llama", head_dim=16), attention_backend=backend,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Session 32, first device call (~360 s, H100 or H200):
+# Session 32, first device call (~480 s, H100 or H200):
 # 1. FP8-KV decode kernels at 64-token pages against 16 (the engine's default): the FP8
 #    kernels are bound by per-step work (block-table gathers, masks, softmax), not bytes,
 #    and a 64-token page gives a 64-token step one block-table entry instead of four.
 #    The engine's by-batch default (fp8.variant_for_batch), cvt, kq8 and kq8_bt64_w2,
-#    each against bf16's default at the same page size, every config checked first.
+#    and one-warp programs (kq8_bt64_w1, kq8_bt32_w1_tp1056: the softmax reductions over
+#    tokens stay inside a warp), each against bf16's default at the same page size, every
+#    config checked first.
 # 2. Session 31's prepared engine A/B of the 64-token GEMM tiles (gpu_call_s31_e.sh).
 #   OUT=... bash scripts/gpu_call_s32_a.sh
 set -u
@@ -12,8 +14,9 @@ set -u
 source scripts/gpu_call_lib.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/logs/nvidia-smi.txt"
 for ps in 64 16; do
-  TAIL=24 run "fp8kv-ps$ps" 110 python3 -u benchmarks/kernels/bench_paged_fp8_sweep.py \
-    --configs by_batch,cvt,kq8,kq8_bt64_w2 --page-size "$ps" --deadline-s 90 \
+  TAIL=24 run "fp8kv-ps$ps" 135 python3 -u benchmarks/kernels/bench_paged_fp8_sweep.py \
+    --configs by_batch,cvt,kq8,kq8_bt64_w2,kq8_bt64_w1,kq8_bt32_w1_tp1056 --page-size "$ps" \
+    --deadline-s 110 \
     --out "$OUT/records/fp8kv_ps$ps"
 done
 for rows in 64 128; do

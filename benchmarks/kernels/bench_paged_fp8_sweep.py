@@ -116,6 +116,11 @@ CONFIGS: list[tuple[str, dict, list | None]] = [
     ("vstage_bt64", cfg(vs=True, bt=64), None),  # 142 regs, 54 KB, 3/SM, 636
     ("kq16_bt64", cfg("kq", 16, True, bt=64), None),  # 139 regs, 54 KB, 3/SM, 670
     ("bf16_kq8_bt64", cfg("kq", 8, bt=64, kv="bf16"), None),  # bf16 for comparison
+    # session 32: one warp a program -- the kq layout's softmax reductions run over the
+    # token (M) axis, across warps (shared memory and a barrier each step) with 2+ warps,
+    # inside one warp (shuffles) with one; more programs an SM make up the parallelism.
+    ("kq8_bt64_w1", kq8(bt=64, w=1), None),
+    ("kq8_bt32_w1_tp1056", kq8(bt=32, w=1, tp=1056), None),
 ]
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 31 for the next device call (~420 s, an H200: 70B FP8 needs > 80 GB):
+# Prepared in session 31 for the next device call (~460 s, an H200: 70B FP8 needs > 80 GB):
 # Llama-3.1-70B FP8 weights + FP8 KV, k = 8, 64 x 1000 / 1000 offline (session 31 call 2:
 # 1,656 tok/s, TPOT p50 33.5 ms) with the 64-token GEMM tiles of session 31 (the default)
 # and with session 13's ($JAXINFER_FP8_DECODE_ROWS_AT_64=128), each compiled into its own
@@ -20,7 +20,7 @@ for rows in 64 128; do
   TAIL=3 run "compile-70b-rows$rows" 80 $JI compile $E70 --cache-dir /tmp/c70-$rows \
     --modes sample --jobs 14
   # shellcheck disable=SC2086
-  TAIL=22 run "O-70b-rows$rows" 130 $JI bench offline --out "$OUT/records/rows$rows" \
+  TAIL=22 run "O-70b-rows$rows" 150 $JI bench offline --out "$OUT/records/rows$rows" \
     --time-limit 60 $E70 --cache-dir /tmp/c70-$rows --input-len 1000 --output-len 1000 \
     --num-prompts 64
 done

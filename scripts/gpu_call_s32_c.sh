@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Prepared in session 31 for the next device call (~460 s, an H200: 70B FP8 needs > 80 GB):
+# Session 32 (prepared in session 31 as gpu_call_next_s32_70b.sh), ~590 s, an H200 (70B FP8
+# needs > 80 GB). 1. The 70B A/B of session 31's 64-token GEMM tiles:
 # Llama-3.1-70B FP8 weights + FP8 KV, k = 8, 64 x 1000 / 1000 offline (session 31 call 2:
 # 1,656 tok/s, TPOT p50 33.5 ms) with the 64-token GEMM tiles of session 31 (the default)
 # and with session 13's ($JAXINFER_FP8_DECODE_ROWS_AT_64=128), each compiled into its own
 # cache (the switch is in the compile-cache fingerprint).
-#   OUT=... bash scripts/gpu_call_next_s32_70b.sh
+# 2. The device-only profile of the 8B FP8 + FP8-KV decode step at 512 rows x 1,536 tokens of
+#    context (session 31 call 1's 1000 / 1000 x 512 run decoded at ~27.7 ms a step): device
+#    busy per kernel class, to split that step into attention, GEMMs and the rest.
+#   OUT=... bash scripts/gpu_call_s32_c.sh
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh
@@ -25,3 +29,6 @@ for rows in 64 128; do
     --num-prompts 64
 done
 summarize_offline "$OUT"/records/rows*/*.json
+unset JAXINFER_FP8_DECODE_ROWS_AT_64 XLA_PYTHON_CLIENT_MEM_FRACTION
+TAIL=40 run "profile-b512" 130 python3 -u benchmarks/profile_decode.py --out "$OUT/records/prof512" \
+  --backend pallas:fp8:fp8 --batch 512 --ctx 1536 --steps 5 --synthetic --num-kv-pages 51200

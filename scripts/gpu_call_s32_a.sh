@@ -7,7 +7,8 @@
 #    and one-warp programs (kq8_bt64_w1, kq8_bt32_w1_tp1056: the softmax reductions over
 #    tokens stay inside a warp), each against bf16's default at the same page size, every
 #    config checked first.
-# 2. Session 31's prepared engine A/B of the 64-token GEMM tiles (gpu_call_s31_e.sh).
+# 2. Session 31's prepared engine A/B of the 64-token GEMM tiles (fp8_plan.FP8_DECODE_ROWS_AT_64
+#    = 64, the default since session 31, against 128, session 13's tiles), 8B batch 64.
 #   OUT=... bash scripts/gpu_call_s32_a.sh
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh

@@ -8,7 +8,7 @@
 # 2. The device-only profile of the 8B FP8 + FP8-KV decode step at 512 rows x 1,536 tokens of
 #    context (session 31 call 1's 1000 / 1000 x 512 run decoded at ~27.7 ms a step): device
 #    busy per kernel class, to split that step into attention, GEMMs and the rest.
-#   OUT=... bash scripts/gpu_call_s32_c.sh
+#   OUT=... [PROFILE=0] bash scripts/gpu_call_s32_c.sh   (PROFILE=0: step 1 only)
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh
@@ -30,5 +30,5 @@ for rows in 64 128; do
 done
 summarize_offline "$OUT"/records/rows*/*.json
 unset JAXINFER_FP8_DECODE_ROWS_AT_64 XLA_PYTHON_CLIENT_MEM_FRACTION
-TAIL=40 run "profile-b512" 130 python3 -u benchmarks/profile_decode.py --out "$OUT/records/prof512" \
+[ "${PROFILE:-1}" = 0 ] || TAIL=40 run "profile-b512" 130 python3 -u benchmarks/profile_decode.py --out "$OUT/records/prof512" \
   --backend pallas:fp8:fp8 --batch 512 --ctx 1536 --steps 5 --synthetic --num-kv-pages 51200

@@ -8,11 +8,13 @@
 # 2. The device-only profile of the 8B FP8 + FP8-KV decode step at 512 rows x 1,536 tokens of
 #    context (session 31 call 1's 1000 / 1000 x 512 run decoded at ~27.7 ms a step): device
 #    busy per kernel class, to split that step into attention, GEMMs and the rest.
-#   OUT=... [PROFILE=0] bash scripts/gpu_call_s32_c.sh   (PROFILE=0: step 1 only)
+#   OUT=... [PROFILE=0 | DO_70B=0] bash scripts/gpu_call_s32_c.sh   (step 1 / step 2 only;
+#   step 2 alone fits an H100: 8 GB of weights + 50 GB of FP8 KV pages)
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh
 source scripts/gpu_call_lib.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/logs/nvidia-smi.txt"
+if [ "${DO_70B:-1}" = 1 ]; then
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92  # 67 GiB of 70B FP8 weights + the KV pool
 E70="--load-format dummy --model llama-3.1-70b --quantization fp8 --max-model-len 2048
   --max-num-seqs 64 --max-num-batched-tokens 8192 --max-prefill-seqs 8
@@ -29,6 +31,7 @@ for rows in 64 128; do
     --num-prompts 64
 done
 summarize_offline "$OUT"/records/rows*/*.json
+fi
 unset JAXINFER_FP8_DECODE_ROWS_AT_64 XLA_PYTHON_CLIENT_MEM_FRACTION
 [ "${PROFILE:-1}" = 0 ] || TAIL=40 run "profile-b512" 130 python3 -u benchmarks/profile_decode.py --out "$OUT/records/prof512" \
   --backend pallas:fp8:fp8 --batch 512 --ctx 1536 --steps 5 --synthetic --num-kv-pages 51200

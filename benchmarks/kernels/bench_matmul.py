@@ -61,6 +61,7 @@ from matmul_plans import (
     plan_fast_accum,
     plan_fused,
     plan_m64,
+    plan_m512,
     plan_mdec,
     plan_mid,
     plan_tiles,
@@ -245,7 +246,7 @@ def main() -> None:
     ap.add_argument("--compile-timeout", type=float, default=60.0)
     ap.add_argument("--safe", action="store_true", help="no Mosaic GPU, no FP8 tensor-core dot")
     ap.add_argument("--plan", choices=("full", "decode", "w8a8", "mdec", "mid", "fused", "engine",
-                                       "tiles", "fastacc", "deepk", "wide", "m64"),
+                                       "tiles", "fastacc", "deepk", "wide", "m64", "m512"),
                     default="full",
                     help="decode: the session-4 W8A16 candidates first (plan_decode); "
                          "mdec: the Mosaic GPU swap-AB decode kernel vs the engine's paths; "
@@ -253,7 +254,8 @@ def main() -> None:
                          "fused: the Triton decode GEMM's in-kernel quantization / merge; "
                          "tiles: a tile sweep around the engine's Triton decode GEMM; "
                          "wide: tiles at 32+ tokens with 256-row weight tiles (session 31); "
-                         "m64: 32-64 tokens, Triton / Mosaic swap-AB / Mosaic plain (session 31)")
+                         "m64: 32-64 tokens, Triton / Mosaic swap-AB / Mosaic plain (session 31); "
+                         "m512: the prefill tiling at 512-1,024-row decode buckets (session 32)")
     ap.add_argument("--ceilings", choices=("all", "bw"), default="all",
                     help="bw: copy / read bandwidth only (skip the 8192^3 matmul rates)")
     ap.add_argument("--skip", default="",
@@ -280,7 +282,7 @@ def main() -> None:
     jobs = {"decode": plan_decode, "w8a8": plan_w8a8, "mdec": plan_mdec, "mid": plan_mid,
             "fused": plan_fused, "engine": plan_engine, "tiles": plan_tiles,
             "fastacc": plan_fast_accum, "deepk": plan_deep_k, "wide": plan_wide,
-            "m64": plan_m64}.get(
+            "m64": plan_m64, "m512": plan_m512}.get(
         args.plan, lambda ms, shapes: plan(ms, shapes, args.smoke, args.safe))(ms, shapes)
     if args.skip:
         jobs = [j for j in jobs if not re.search(args.skip, j[2])]

@@ -22,6 +22,7 @@ from pallas_kernels.matmul.mgpu_gemm import (
     MgpuConfig,
     decode_config,
     mgpu_decode_supported,
+    mgpu_supported,
     mid_split_k,
 )
 from pallas_kernels.matmul.triton_gemm import (
@@ -318,6 +319,31 @@ def plan_m64(ms, shapes):
                 jobs.append((sname, M, f"mgpu_w8a8_m64_n{tn}k{tk}s{st}", "w8a8", "mgpu",
                              MgpuConfig(tile_m=64, tile_n=tn, tile_k=tk, split_k=sk,
                                         max_concurrent_steps=st if sk == 1 else min(st, 3))))
+            jobs.append((sname, M, "xla_bf16", "bf16", "xla", None))
+    return jobs[:1] and [jobs[0][:2] + ("warmup",) + jobs[0][3:]] + jobs
+
+
+def plan_m512(ms, shapes):
+    """Session 32: the prefill tiling at decode buckets of 512-1,024 rows (the 1000 / 1000 x
+    512 offline run decodes 512 rows a step; an H100 profile of that step put the Mosaic
+    GEMMs at ~1,040 TFLOP/s). The engine's tile (``default_config``: 128 x 256 CTA tiles)
+    gives 4 x N / 256 CTAs at 512 rows -- 64 for the 4096-wide o and down, 96 for qkv: half
+    to three quarters of 132 SMs. Beside it: 128 x 128 CTA tiles (``tile_n`` 64; 4 or 6
+    stages), 64 x 256 (``tile_m`` 64), and XLA's FP8 and bf16 dots. Gate+up as the engine
+    runs it above 16 rows: one plain [2F, K] GEMM."""
+    jobs = []
+    for M in ms:
+        for sname in shapes:
+            if sname == "8b_gate_up":
+                sname = "8b_gate_up_2f"
+            K, N, _ = {**SHAPES, **EXTRA_SHAPES}[sname]
+            for fam, c in (("mgpu_w8a8", MgpuConfig()),
+                           ("mgpu_w8a8_n64", MgpuConfig(tile_n=64)),
+                           ("mgpu_w8a8_n64s6", MgpuConfig(tile_n=64, max_concurrent_steps=6)),
+                           ("mgpu_w8a8_m64", MgpuConfig(tile_m=64))):
+                if mgpu_supported(M, K, N, FP8, c):
+                    jobs.append((sname, M, fam, "w8a8", "mgpu", c))
+            jobs.append((sname, M, "xla_w8a8", "w8a8", "xla", None))
             jobs.append((sname, M, "xla_bf16", "bf16", "xla", None))
     return jobs[:1] and [jobs[0][:2] + ("warmup",) + jobs[0][3:]] + jobs
 

@@ -393,6 +393,30 @@ def test_m64_plan_lowers_for_cuda():
                                               sds((N,), F32))
 
 
+def test_m512_plan_lowers_for_cuda():
+    """Every Mosaic GPU job of bench_matmul's ``plan_m512`` (512 rows: 128 x 256, 128 x 128
+    in 4 and 6 stages, 64 x 256 CTA tiles) fits an H200's shared memory."""
+    import sys
+    sys.path.insert(0, "benchmarks/kernels")
+    from matmul_plans import EXTRA_SHAPES, SHAPES, plan_m512
+
+    jobs = [j for j in plan_m512([512], ["8b_o", "8b_gate_up"]) if j[4] == "mgpu"]
+    assert {(j[5].tile_m, j[5].tile_n, j[5].max_concurrent_steps) for j in jobs} == {
+        (128, 128, 4), (128, 64, 4), (128, 64, 6), (64, 128, 4)}
+    assert {j[0] for j in jobs} == {"8b_o", "8b_gate_up_2f"}
+    for sname, M, fam, kind, backend, cfg in jobs:
+        if fam == "warmup":
+            continue
+        K, N, gu = {**SHAPES, **EXTRA_SHAPES}[sname]
+
+        def f(x, w, ws, cfg=cfg, gu=gu):
+            return linear(x, PreparedWeight(w, ws, gu), act_quant=True, backend="mgpu",
+                          mgpu_config=cfg)
+
+        assert "mosaic_gpu" in lower_for_cuda(f, sds((M, K), jnp.bfloat16), sds((N, K), FP8),
+                                              sds((N,), F32))
+
+
 def test_mgpu_lowering_catches_shared_memory_overflow():
     cfg = MgpuConfig(tile_k=128, max_concurrent_steps=8)
 

@@ -42,17 +42,30 @@ class MgpuConfig:
     split_k: int = 1  # > 1: float32 partial sums [split_k, M, N], summed by the caller
 
 
-def default_config(dtype: jnp.dtype, M: int) -> MgpuConfig:
-    """Tiles that fit Hopper's 227 KiB of shared memory for ``dtype`` operands."""
-    if jnp.dtype(dtype).itemsize == 1:
-        return MgpuConfig(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=4)
-    return MgpuConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4)
+# Session 32 (prepared; not yet measured on a GPU): ``tile_n`` where the default 128 x 256 CTA
+# tiles leave SMs idle -- at the 512-row decode bucket the 4096-wide weights make 64 CTA
+# tiles for 132 SMs, qkv 96 (RESULTS.md "Session 32 calls 2-3"). None: off; 64 gives 128 x
+# 128 CTA tiles there (bench_matmul --plan m512 times them; the engine A/B is
+# ``--patch pallas_kernels.matmul.mgpu_gemm.FILL_TILE_N=64``).
+FILL_TILE_N: int | None = None
+
+
+def default_config(dtype: jnp.dtype, M: int, N: int | None = None) -> MgpuConfig:
+    """Tiles that fit Hopper's 227 KiB of shared memory for ``dtype`` operands: 128 x 256
+    CTA tiles, or with :data:`FILL_TILE_N` set and ``N`` given, 128 x (2 * FILL_TILE_N)
+    where the 128 x 256 tiling of ``[M, N]`` makes fewer CTA tiles than the device has SMs."""
+    tile_k = 128 if jnp.dtype(dtype).itemsize == 1 else 64
+    cfg = MgpuConfig(tile_m=128, tile_n=128, tile_k=tile_k, max_concurrent_steps=4)
+    if (FILL_TILE_N and N is not None and N % (2 * FILL_TILE_N) == 0
+            and -(-M // cfg.tile_m) * (N // (2 * cfg.tile_n)) < _num_sms()):
+        cfg = dataclasses.replace(cfg, tile_n=FILL_TILE_N)
+    return cfg
 
 
 def mgpu_supported(M: int, K: int, N: int, dtype: jnp.dtype,
                    cfg: MgpuConfig | None = None) -> bool:
     """Whether :func:`mgpu_linear` takes these shapes (M is padded; N, K must divide)."""
-    cfg = cfg or default_config(dtype, M)
+    cfg = cfg or default_config(dtype, M, N)
     return M >= 1 and N % (2 * cfg.tile_n) == 0 and K % (cfg.tile_k * cfg.split_k) == 0 and \
         jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8))
 
@@ -191,7 +204,7 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
     Args:
       x: [M, K] bf16 (with a bf16 weight) or float8_e4m3fn with ``x_scale`` [M] f32.
       w_nk: [N, K], same dtype as ``x``; FP8 with ``w_scale`` [N] f32.
-      config: tiles (:func:`default_config` when None).
+      config: tiles (:func:`default_config` of ``M`` and ``N`` when None).
       interpret: run the Mosaic GPU interpreter (CPU tests).
     Returns:
       [M, N] ``out_dtype``; with ``config.split_k > 1`` float32 partial sums
@@ -201,7 +214,7 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
     """
     M, K = x.shape
     N, Kw = w_nk.shape
-    cfg = config or default_config(x.dtype, M)
+    cfg = config or default_config(x.dtype, M, N)
     if x.dtype != w_nk.dtype:
         raise ValueError(f"mgpu_linear: x is {x.dtype} but the weight is {w_nk.dtype}")
     if K != Kw:

@@ -169,6 +169,34 @@ def test_mgpu_matches_reference(kind, tile_k):
     assert rel_err(out, ref) < 1e-5
 
 
+def test_mgpu_fill_tile_n_rule(monkeypatch):
+    """``mgpu_gemm.FILL_TILE_N`` (off by default): 128 x 128 CTA tiles only where the
+    128 x 256 tiling of [M, N] makes fewer CTA tiles than the 132 SMs."""
+    assert mgpu_gemm.FILL_TILE_N is None
+    assert mgpu_gemm.default_config(FP8, 512, 4096).tile_n == 128  # off: unchanged
+    monkeypatch.setattr(mgpu_gemm, "FILL_TILE_N", 64)
+    assert mgpu_gemm.default_config(FP8, 512, 4096).tile_n == 64  # 4 x 16 = 64 CTAs
+    assert mgpu_gemm.default_config(FP8, 512, 6144).tile_n == 64  # 96 CTAs
+    assert mgpu_gemm.default_config(FP8, 512, 28672).tile_n == 128  # 448 CTAs
+    assert mgpu_gemm.default_config(FP8, 2048, 4096).tile_n == 128  # 256 CTAs
+    assert mgpu_gemm.default_config(FP8, 512).tile_n == 128  # N unknown
+    assert mgpu_gemm.default_config(jnp.bfloat16, 512, 4096).tile_k == 64
+
+
+@pytest.mark.parametrize("kind", ["bf16", "w8a8"])
+def test_mgpu_fill_tiles_match_reference(kind, monkeypatch):
+    """With FILL_TILE_N = 64 the default tiles of a small GEMM are 128 x 128 CTA tiles; the
+    result still equals the reference (N = 384: three 128-wide CTA tiles, not a multiple
+    of the default 256)."""
+    monkeypatch.setattr(mgpu_gemm, "FILL_TILE_N", 64)
+    M, K, N = 130, 256, 384  # M padded to two 128-row tiles
+    assert mgpu_gemm.default_config(FP8, M, N).tile_n == 64
+    x, w, ws, xs = operands(27 if kind == "bf16" else 28, M, K, N, kind)
+    out = mgpu_linear(x, w, ws, xs, out_dtype=F32, interpret=True)
+    assert out.shape == (M, N)
+    assert rel_err(out, linear_ref(x, w, ws, xs, out_dtype=F32)) < 1e-5
+
+
 @pytest.mark.parametrize("kind,split", [("bf16", 1), ("w8a8", 2)])
 def test_mgpu_decode_swap_ab_matches_reference(kind, split):
     M, K, N = 5, 512, 128  # tokens padded to 16; split-K partials summed outside

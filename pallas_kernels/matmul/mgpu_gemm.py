@@ -57,7 +57,7 @@ def default_config(dtype: jnp.dtype, M: int, N: int | None = None) -> MgpuConfig
     tile_k = 128 if jnp.dtype(dtype).itemsize == 1 else 64
     cfg = MgpuConfig(tile_m=128, tile_n=128, tile_k=tile_k, max_concurrent_steps=4)
     if (FILL_TILE_N and N is not None and N % (2 * FILL_TILE_N) == 0
-            and -(-M // cfg.tile_m) * (N // (2 * cfg.tile_n)) < _num_sms()):
+            and _cta_tiles(M, N, cfg) < _num_sms()):
         cfg = dataclasses.replace(cfg, tile_n=FILL_TILE_N)
     return cfg
 
@@ -68,6 +68,11 @@ def mgpu_supported(M: int, K: int, N: int, dtype: jnp.dtype,
     cfg = cfg or default_config(dtype, M, N)
     return M >= 1 and N % (2 * cfg.tile_n) == 0 and K % (cfg.tile_k * cfg.split_k) == 0 and \
         jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8))
+
+
+def _cta_tiles(M: int, N: int, cfg: MgpuConfig) -> int:
+    """CTA tiles of ``[M, N]`` (M padded to ``tile_m``), split-K pieces not counted."""
+    return pl.cdiv(M, cfg.tile_m) * (N // (2 * cfg.tile_n))
 
 
 def _round_up(v: int, m: int) -> int:
@@ -243,7 +248,7 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
         params = {"interpret": plgpu.InterpretGPUParams()}
     f = plgpu.kernel(
         kernel, out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
-        grid=(min(_num_sms(), (m_pad // cfg.tile_m) * (N // (2 * cfg.tile_n)) * cfg.split_k),),
+        grid=(min(_num_sms(), _cta_tiles(m_pad, N, cfg) * cfg.split_k),),
         grid_names=("sm",), num_threads=3, thread_name="wg",
         **params)
     out = f(*args)

@@ -67,18 +67,22 @@ def load_trace(log_dir: str) -> list[dict]:
     return d["traceEvents"] if isinstance(d, dict) else d
 
 
-def summarise_trace(events: list[dict], steps: int) -> dict:
+def summarise_trace(events: list[dict], steps: int, layers: int | None = None) -> dict:
     """Per-step kernel time by name and class from trace events of the device processes.
 
     Args:
       events: Chrome/perfetto trace events (``ph`` "M" metadata names processes; "X" events
         have ``ts`` and ``dur`` in microseconds).
       steps: decode steps inside the trace (divisor).
+      layers: the model's decoder layers; with it, kernels called ``layers * p`` times a step
+        (p > 1: one name for several calls a layer, e.g. the Mosaic GEMMs' anonymous name) are
+        also timed by their position in the layer (the i-th call of a step is position
+        ``i % p``), as ``by_position`` {name: [us per step, for each position]}.
     Returns:
       dict with ``kernels`` [(name, class, us_per_step, calls_per_step)] sorted by time,
       ``classes`` {class: us_per_step}, ``busy_us_per_step`` (union of kernel intervals over
       all device streams / steps), ``span_us_per_step`` (first kernel start to last kernel
-      end / steps), ``device_pids``.
+      end / steps), ``device_pids``, and ``by_position`` where ``layers`` is given.
     Raises:
       ValueError: no device process in the trace.
     """
@@ -111,9 +115,29 @@ def summarise_trace(events: list[dict], steps: int) -> dict:
         classes[classify(n)] += us / steps
     kernels = sorted(((n, classify(n), us / steps, cnt[n] / steps) for n, us in per.items()),
                      key=lambda k: -k[2])
-    return {"kernels": kernels, "classes": dict(classes), "busy_us_per_step": busy / steps,
-            "span_us_per_step": (iv[-1][1] - iv[0][0]) / steps if iv else 0.0,
-            "device_pids": sorted(dev)}
+    out = {"kernels": kernels, "classes": dict(classes), "busy_us_per_step": busy / steps,
+           "span_us_per_step": (iv[-1][1] - iv[0][0]) / steps if iv else 0.0,
+           "device_pids": sorted(dev)}
+    if layers:
+        out["by_position"] = _by_position(ks, cnt, steps, layers)
+    return out
+
+
+def _by_position(ks: list[dict], cnt: collections.Counter, steps: int,
+                 layers: int) -> dict[str, list[float]]:
+    """{name: [us per step at each position in the layer]} for names called layers * p
+    times a step (p > 1), calls ordered by start time."""
+    res = {}
+    for n, c in cnt.items():
+        per_step, rem = divmod(c, steps)
+        if rem or per_step % layers or per_step // layers < 2:
+            continue
+        p = per_step // layers
+        pos = [0.0] * p
+        for i, e in enumerate(sorted((e for e in ks if e["name"] == n), key=lambda e: e["ts"])):
+            pos[(i % per_step) % p] += e["dur"] / steps
+        res[n] = pos
+    return res
 
 
 def format_summary(title: str, s: dict, wall_ms: float, top: int = 25) -> str:
@@ -128,6 +152,9 @@ def format_summary(title: str, s: dict, wall_ms: float, top: int = 25) -> str:
     lines.append(f"  {'us/step':>9} {'calls':>6} {'class':>9}  kernel")
     for n, c, us, k in s["kernels"][:top]:
         lines.append(f"  {us:>9.1f} {k:>6.1f} {c:>9}  {n[:110]}")
+    for n, pos in s.get("by_position", {}).items():
+        lines.append(f"  by position in the layer (us/step): {n[:60]}: "
+                     + ", ".join(f"[{i}] {us:.1f}" for i, us in enumerate(pos)))
     return "\n".join(lines)
 
 
@@ -220,7 +247,8 @@ def main() -> None:
             jax.block_until_ready(r if phase == "device-only" else eng.runner.cache)
             wall_ms = 1000 * (time.perf_counter() - t0) / ns.steps
         try:
-            s = summarise_trace(load_trace(d), ns.steps)
+            s = summarise_trace(load_trace(d), ns.steps,
+                                eng.model_config.num_layers)
         except (ValueError, FileNotFoundError) as e:
             report.append(f"== {phase}: wall {wall_ms:.3f} ms/step; no kernel summary: {e}")
             continue

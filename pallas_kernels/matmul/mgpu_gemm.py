@@ -48,17 +48,33 @@ class MgpuConfig:
 # 128 CTA tiles there (bench_matmul --plan m512 times them; the engine A/B is
 # ``--patch pallas_kernels.matmul.mgpu_gemm.FILL_TILE_N=64``).
 FILL_TILE_N: int | None = None
+# Which shapes FILL_TILE_N applies to: "sms" -- the 128 x 256 tiling makes fewer CTA tiles
+# than SMs (session 32's rule; it also takes qkv at 512 rows, 96 -> 192 CTAs, two waves:
+# the kernel sweep of session 33 timed that 15 % slower); "waves" -- the narrower tiles need
+# at least 10 % less full-tile work in waves: ceil(T' / SMs) / 2 < 0.9 ceil(T / SMs) for the
+# T' = 2T half-width CTA tiles (512 rows: o and down 1 vs 2 waves, gate_up 3.5 vs 4, qkv a
+# tie; the 8192-row gate_up's 54.5 vs 55 is under 10 %).
+FILL_RULE: str = "sms"
 
 
 def default_config(dtype: jnp.dtype, M: int, N: int | None = None) -> MgpuConfig:
     """Tiles that fit Hopper's 227 KiB of shared memory for ``dtype`` operands: 128 x 256
     CTA tiles, or with :data:`FILL_TILE_N` set and ``N`` given, 128 x (2 * FILL_TILE_N)
-    where the 128 x 256 tiling of ``[M, N]`` makes fewer CTA tiles than the device has SMs."""
+    where the 128 x 256 tiling of ``[M, N]`` leaves SMs idle (:data:`FILL_RULE`)."""
     tile_k = 128 if jnp.dtype(dtype).itemsize == 1 else 64
     cfg = MgpuConfig(tile_m=128, tile_n=128, tile_k=tile_k, max_concurrent_steps=4)
-    if (FILL_TILE_N and N is not None and N % (2 * FILL_TILE_N) == 0
-            and _cta_tiles(M, N, cfg) < _num_sms()):
-        cfg = dataclasses.replace(cfg, tile_n=FILL_TILE_N)
+    if FILL_TILE_N and N is not None and N % (2 * FILL_TILE_N) == 0:
+        fill = dataclasses.replace(cfg, tile_n=FILL_TILE_N)
+        tiles, sms = _cta_tiles(M, N, cfg), _num_sms()
+        if FILL_RULE == "sms":
+            take = tiles < sms
+        elif FILL_RULE == "waves":  # full-tile work in waves: a half-width tile is half
+            take = (pl.cdiv(_cta_tiles(M, N, fill), sms) * FILL_TILE_N
+                    < 0.9 * pl.cdiv(tiles, sms) * cfg.tile_n)
+        else:
+            raise ValueError(f"FILL_RULE {FILL_RULE!r}: expected 'sms' or 'waves'")
+        if take:
+            cfg = fill
     return cfg
 
 

@@ -51,3 +51,23 @@ def test_summary_without_device_process_raises():
                                       ("Memcpy DtoD", "copy"), ("rocm_mystery", "other")])
 def test_classify(name, cls):
     assert classify(name) == cls
+
+
+def test_by_position_splits_a_shared_name_by_its_place_in_the_layer():
+    # 2 layers x 3 calls a step of one anonymous name (q, o, mlp), 2 steps; another name
+    # called once a layer is not split (p = 1).
+    ev = [_meta(2, "/device:GPU:0"), _meta(2, "/device:GPU:0", 7, "Stream #7(Compute)")]
+    t = 0
+    for _ in range(2):
+        for _layer in range(2):
+            for dur in (3, 5, 11):
+                ev.append(_x(2, 7, t, dur, "anonymous_mosaic_gpu_kernel"))
+                t += 20
+            ev.append(_x(2, 7, t, 2, "paged_decode_kernel"))
+            t += 20
+    s = summarise_trace(ev, steps=2, layers=2)
+    # position sums per step: 2 layers x (3, 5, 11)
+    assert s["by_position"] == {"anonymous_mosaic_gpu_kernel": pytest.approx([6.0, 10.0, 22.0])}
+    assert "by_position" not in summarise_trace(ev, steps=2)
+    # a count that does not divide by the layers is not split
+    assert summarise_trace(ev, steps=2, layers=4)["by_position"] == {}

@@ -42,38 +42,29 @@ class MgpuConfig:
     split_k: int = 1  # > 1: float32 partial sums [split_k, M, N], summed by the caller
 
 
-# Session 32 (prepared; not yet measured on a GPU): ``tile_n`` where the default 128 x 256 CTA
-# tiles leave SMs idle -- at the 512-row decode bucket the 4096-wide weights make 64 CTA
-# tiles for 132 SMs, qkv 96 (RESULTS.md "Session 32 calls 2-3"). None: off; 64 gives 128 x
-# 128 CTA tiles there (bench_matmul --plan m512 times them; the engine A/B is
-# ``--patch pallas_kernels.matmul.mgpu_gemm.FILL_TILE_N=64``).
-FILL_TILE_N: int | None = None
-# Which shapes FILL_TILE_N applies to: "sms" -- the 128 x 256 tiling makes fewer CTA tiles
-# than SMs (session 32's rule; it also takes qkv at 512 rows, 96 -> 192 CTAs, two waves:
-# the kernel sweep of session 33 timed that 15 % slower); "waves" -- the narrower tiles need
-# at least 10 % less full-tile work in waves: ceil(T' / SMs) / 2 < 0.9 ceil(T / SMs) for the
-# T' = 2T half-width CTA tiles (512 rows: o and down 1 vs 2 waves, gate_up 3.5 vs 4, qkv a
-# tie; the 8192-row gate_up's 54.5 vs 55 is under 10 %).
-FILL_RULE: str = "sms"
+# ``tile_n`` of the CTA tiles where the default 128 x 256 tiling leaves SMs idle: with T
+# CTA tiles of 128 x 256 and T' = 2T of 128 x 128, take the narrower tiles where they need at
+# least 10 % less full-tile work in waves on the SMs, ceil(T' / SMs) / 2 < 0.9 ceil(T / SMs).
+# At the 512-row decode bucket of the 8B shape (132 SMs) that takes o and down (64 CTA
+# tiles: 0.5 vs 1 wave) and gate_up (448: 3.5 vs 4), not qkv (96: a tie); at 1024 rows the
+# 8B and 70B qkv; at M >= 2048 none of the 8B or 70B projections. Measured in session 33 on an H100 (RESULTS.md "Session 33"): the
+# 512-row FP8 + FP8-KV step's GEMMs o 736 -> 476 us, down 2201 -> 1537 us, gate_up 3304 ->
+# 3278 us; device busy 27.13 -> 26.19 ms. The rule "fewer CTA tiles than SMs" also took qkv
+# (96 -> 192 CTAs, two waves): 791 -> 963 us. None turns it off.
+FILL_TILE_N: int | None = 64
 
 
 def default_config(dtype: jnp.dtype, M: int, N: int | None = None) -> MgpuConfig:
     """Tiles that fit Hopper's 227 KiB of shared memory for ``dtype`` operands: 128 x 256
     CTA tiles, or with :data:`FILL_TILE_N` set and ``N`` given, 128 x (2 * FILL_TILE_N)
-    where the 128 x 256 tiling of ``[M, N]`` leaves SMs idle (:data:`FILL_RULE`)."""
+    where that needs >= 10 % less work in waves than the 128 x 256 tiling of ``[M, N]``."""
     tile_k = 128 if jnp.dtype(dtype).itemsize == 1 else 64
     cfg = MgpuConfig(tile_m=128, tile_n=128, tile_k=tile_k, max_concurrent_steps=4)
     if FILL_TILE_N and N is not None and N % (2 * FILL_TILE_N) == 0:
-        fill = dataclasses.replace(cfg, tile_n=FILL_TILE_N)
-        tiles, sms = _cta_tiles(M, N, cfg), _num_sms()
-        if FILL_RULE == "sms":
-            take = tiles < sms
-        elif FILL_RULE == "waves":  # full-tile work in waves: a half-width tile is half
-            take = (pl.cdiv(_cta_tiles(M, N, fill), sms) * FILL_TILE_N
-                    < 0.9 * pl.cdiv(tiles, sms) * cfg.tile_n)
-        else:
-            raise ValueError(f"FILL_RULE {FILL_RULE!r}: expected 'sms' or 'waves'")
-        if take:
+        fill, sms = dataclasses.replace(cfg, tile_n=FILL_TILE_N), _num_sms()
+        # waves x tile width: the work of a wave of narrow tiles counts FILL_TILE_N / tile_n
+        if (pl.cdiv(_cta_tiles(M, N, fill), sms) * FILL_TILE_N
+                < 0.9 * pl.cdiv(_cta_tiles(M, N, cfg), sms) * cfg.tile_n):
             cfg = fill
     return cfg
 

@@ -170,33 +170,22 @@ def test_mgpu_matches_reference(kind, tile_k):
 
 
 def test_mgpu_fill_tile_n_rule(monkeypatch):
-    """``mgpu_gemm.FILL_TILE_N`` (off by default): 128 x 128 CTA tiles only where the
-    128 x 256 tiling of [M, N] makes fewer CTA tiles than the 132 SMs."""
-    assert mgpu_gemm.FILL_TILE_N is None
-    assert mgpu_gemm.default_config(FP8, 512, 4096).tile_n == 128  # off: unchanged
-    monkeypatch.setattr(mgpu_gemm, "FILL_TILE_N", 64)
-    assert mgpu_gemm.default_config(FP8, 512, 4096).tile_n == 64  # 4 x 16 = 64 CTAs
-    assert mgpu_gemm.default_config(FP8, 512, 6144).tile_n == 64  # 96 CTAs
-    assert mgpu_gemm.default_config(FP8, 512, 28672).tile_n == 128  # 448 CTAs
-    assert mgpu_gemm.default_config(FP8, 2048, 4096).tile_n == 128  # 256 CTAs
-    assert mgpu_gemm.default_config(FP8, 512).tile_n == 128  # N unknown
-    assert mgpu_gemm.default_config(jnp.bfloat16, 512, 4096).tile_k == 64
-
-
-def test_mgpu_fill_rule_waves(monkeypatch):
-    """FILL_RULE "waves": half-width CTA tiles only where they need >= 10 % fewer waves of
-    full-tile work on the 132 SMs: ceil(2T / 132) / 2 < 0.9 ceil(T / 132)."""
-    monkeypatch.setattr(mgpu_gemm, "FILL_TILE_N", 64)
-    monkeypatch.setattr(mgpu_gemm, "FILL_RULE", "waves")
-    assert mgpu_gemm.default_config(FP8, 512, 4096).tile_n == 64  # T 64: 0.5 < 0.9
-    assert mgpu_gemm.default_config(FP8, 512, 6144).tile_n == 128  # T 96: 1 vs 0.9
-    assert mgpu_gemm.default_config(FP8, 512, 28672).tile_n == 64  # T 448: 3.5 < 3.6
-    assert mgpu_gemm.default_config(FP8, 1024, 4096).tile_n == 128  # T 128: 1 vs 0.9
-    assert mgpu_gemm.default_config(FP8, 2048, 4096).tile_n == 128  # T 256: 2 vs 1.8
+    """``mgpu_gemm.FILL_TILE_N`` (64 by default): 128 x 128 CTA tiles only where they need
+    >= 10 % less full-tile work in waves on the 132 SMs, ceil(2T / 132) / 2 < 0.9
+    ceil(T / 132) for T CTA tiles of 128 x 256."""
+    assert mgpu_gemm.FILL_TILE_N == 64
+    assert mgpu_gemm.default_config(FP8, 512, 4096).tile_n == 64  # T 64: 0.5 vs 1
+    assert mgpu_gemm.default_config(FP8, 512, 6144).tile_n == 128  # T 96: 1 vs 1
+    assert mgpu_gemm.default_config(FP8, 512, 28672).tile_n == 64  # T 448: 3.5 vs 4
+    assert mgpu_gemm.default_config(FP8, 1024, 6144).tile_n == 64  # T 192: 1.5 vs 2
+    assert mgpu_gemm.default_config(FP8, 1024, 4096).tile_n == 128  # T 128: 1 vs 1
+    assert mgpu_gemm.default_config(FP8, 2048, 4096).tile_n == 128  # T 256: 2 vs 2
     assert mgpu_gemm.default_config(FP8, 8192, 28672).tile_n == 128  # T 7168: 54.5 vs 55
-    monkeypatch.setattr(mgpu_gemm, "FILL_RULE", "nope")
-    with pytest.raises(ValueError, match="FILL_RULE"):
-        mgpu_gemm.default_config(FP8, 512, 4096)
+    assert mgpu_gemm.default_config(FP8, 512).tile_n == 128  # N unknown
+    assert mgpu_gemm.default_config(FP8, 512, 4096 + 64).tile_n == 128  # N % 128 != 0
+    assert mgpu_gemm.default_config(jnp.bfloat16, 512, 4096).tile_k == 64
+    monkeypatch.setattr(mgpu_gemm, "FILL_TILE_N", None)  # off
+    assert mgpu_gemm.default_config(FP8, 512, 4096).tile_n == 128
 
 
 @pytest.mark.parametrize("kind", ["bf16", "w8a8"])

@@ -12,7 +12,8 @@ in ms, with config {run label, model, backend, batch, ctx, steps, weight_bytes, 
 --set pairs}. A profile_decode.py summary (``profile_summary.json``) gives one record,
 ``profile_decode_device_busy_us_per_step`` (µs of kernels a replayed step), with config {run,
 model, backend, batch, ctx, steps, synthetic, patches, wall_ms_per_step, span_us_per_step,
-classes_us_per_step, top_kernels, the --set pairs}. Raises SystemExit naming a summary that is
+classes_us_per_step, top_kernels, by_position_us_per_step where the summary has it, the --set
+pairs}. Raises SystemExit naming a summary that is
 missing or neither script's.
 """
 import argparse
@@ -53,7 +54,8 @@ def profile_records(label: str, summary: dict, meta: dict, command: str) -> list
                                               "synthetic") if k in c},
            "patches": summary.get("patches", {}), **meta,
            "wall_ms_per_step": d["wall_ms_per_step"], "span_us_per_step": d["span_us_per_step"],
-           "classes_us_per_step": d["classes"], "top_kernels": d["kernels"][:20]}
+           "classes_us_per_step": d["classes"], "top_kernels": d["kernels"][:20],
+           **({"by_position_us_per_step": d["by_position"]} if d.get("by_position") else {})}
     return [{"name": "profile_decode_device_busy_us_per_step", "value": d["busy_us_per_step"],
              "unit": "us", "config": cfg, "device": summary.get("device"),
              "jax": summary.get("jax", JAX_ON_DEVICE), "date": datetime.date.today().isoformat(),

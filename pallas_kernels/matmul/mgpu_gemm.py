@@ -47,10 +47,11 @@ class MgpuConfig:
 # least 10 % less full-tile work in waves on the SMs, ceil(T' / SMs) / 2 < 0.9 ceil(T / SMs).
 # At the 512-row decode bucket of the 8B shape (132 SMs) that takes o and down (64 CTA
 # tiles: 0.5 vs 1 wave) and gate_up (448: 3.5 vs 4), not qkv (96: a tie); at 1024 rows the
-# 8B and 70B qkv; at M >= 2048 none of the 8B or 70B projections. Measured in session 33 on an H100 (RESULTS.md "Session 33"): the
-# 512-row FP8 + FP8-KV step's GEMMs o 736 -> 476 us, down 2201 -> 1537 us, gate_up 3304 ->
-# 3278 us; device busy 27.13 -> 26.19 ms. The rule "fewer CTA tiles than SMs" also took qkv
-# (96 -> 192 CTAs, two waves): 791 -> 963 us. None turns it off.
+# 8B and 70B qkv; at M >= 2048 none of the 8B or 70B projections. Measured in session 33
+# (RESULTS.md "Session 33"), the 512-row FP8 + FP8-KV step on an H100: o 736 -> 476 us a
+# step, down 2201 -> 1537, gate_up 3304 -> 3278; device busy 27.05 -> 26.24 ms (H200: 24.70
+# -> 23.74; 1000 / 1000 x 512 end to end +1.9 % output tok/s). The rule "fewer CTA tiles than
+# SMs" also took qkv (96 -> 192 CTAs, two waves): 791 -> 963 us. None turns it off.
 FILL_TILE_N: int | None = 64
 
 

@@ -136,7 +136,8 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
             wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=cfg.max_concurrent_steps, compute_context=compute_context)
 
-    ignore = lambda *_, **__: None
+    def ignore(*_, **__):  # a no-op body: get_allocations only needs the pipeline's shapes
+        return None
 
     @functools.partial(
         pl.run_scoped,

@@ -204,6 +204,20 @@ def preflight(configs: list) -> set:
     return crashed
 
 
+def parse_shapes(spec: str) -> list[tuple[int, int]]:
+    """``"512x1536,128x2048"`` -> [(512, 1536), (128, 2048)] (batch, context tokens).
+
+    Raises:
+      ValueError: an entry that is not two positive integers joined by "x"."""
+    out = []
+    for sh in spec.split(","):
+        parts = sh.strip().split("x")
+        if len(parts) != 2 or not all(v.isdigit() and int(v) > 0 for v in parts):
+            raise ValueError(f"--shapes {spec!r}: {sh!r} is not BxCTX (e.g. 512x1536)")
+        out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     global T0
     T0 = time.time()  # deadlines and log stamps count from this run, not the import
@@ -217,6 +231,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="tiny shapes, interpret mode (CPU)")
     p.add_argument("--page-size", type=int, default=16,
                    help="tokens per KV page of every case, bf16's baseline included")
+    p.add_argument("--shapes", default="",
+                   help="comma list of BxCTX (e.g. 512x1536: the 1000 / 1000 x 512 run's "
+                        "steady state) instead of the default grid; configs made for given "
+                        "shapes only (split counts at B1 / B32) are left out")
     p.add_argument("--no-preflight", action="store_true",
                    help="skip compiling one config of each kernel class in a child first")
     args = p.parse_args(argv)
@@ -230,6 +248,12 @@ def main(argv: list[str] | None = None) -> None:
         configs = [c for c in CONFIGS if c[0] in keep]
     interp = {"interpret": True} if args.smoke else {}
     shapes = [(2, 128), (1, 256)] if args.smoke else SHAPES
+    if args.shapes:
+        try:
+            shapes = parse_shapes(args.shapes)
+        except ValueError as e:
+            p.error(str(e))
+        configs = [c for c in configs if c[2] is None]
     if args.smoke:
         configs = [(n, kw, None) for n, kw, _ in configs]
     if not (args.smoke or args.no_preflight):  # before this process takes the GPU

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS
+from benchmarks.kernels.bench_paged_fp8_sweep import CONFIGS, main, parse_shapes
 from pallas_kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref
 from pallas_kernels.paged_attention.fp8 import FP8_DECODE_VARIANTS
 from tests.kernels.cuda_lowering import decode_avals, lower_paged_kernel
@@ -306,3 +306,14 @@ def test_default_at_smollm2_heads_matches_reference(kv):
     c = case(900 + jnp.dtype(kv).itemsize, 3, 64, kv=kv, Hkv=3)
     out, ref = run_both(c, scale=64 ** -0.5, **(SCALES if kv == F8 else {}))
     assert_close(out, ref, tight=False)
+
+
+def test_sweep_shapes_option():
+    """bench_paged_fp8_sweep --shapes: BxCTX entries; a malformed one stops the run before
+    any work, naming the entry."""
+    assert parse_shapes("512x1536, 128x2048") == [(512, 1536), (128, 2048)]
+    for bad in ("512", "512x", "0x16", "2x3x4", "ax16", "-1x16"):
+        with pytest.raises(ValueError, match="is not BxCTX"):
+            parse_shapes(bad)
+    with pytest.raises(SystemExit):
+        main(["--smoke", "--no-preflight", "--shapes", "512x"])

@@ -286,10 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for one or more prompts")
     _add_engine_options(g)
     _add_sampling_options(g, max_tokens=64)
-    g.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
-    g.add_argument("--token-ids", action="store_true",
-                   help="each prompt is token ids (e.g. '1 2 3'); prints the new ids "
-                        "(models without a tokenizer, such as dummy shapes)")
+    form = g.add_mutually_exclusive_group()  # a prompt is chat text or token ids, not both
+    form.add_argument("--chat", action="store_true",
+                      help="wrap each prompt in the chat template")
+    form.add_argument("--token-ids", action="store_true",
+                      help="each prompt is token ids (e.g. '1 2 3'); prints the new ids "
+                           "(models without a tokenizer, such as dummy shapes)")
     g.add_argument("prompt", nargs="+")
     g.set_defaults(func=cmd_generate)
 

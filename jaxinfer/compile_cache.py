@@ -284,9 +284,16 @@ class ProgramStore:
 
         Raises CompileCacheError when ``directory`` holds a ``manifest.json`` that is not a
         compile cache's (a converted checkpoint's, say) or does not parse: nothing there is
-        touched (it used to be replaced, and the files it listed deleted)."""
+        touched (it used to be replaced, and the files it listed deleted), and when
+        ``directory`` (or a parent) is an existing file or cannot be created."""
         d = Path(directory).expanduser()
-        d.mkdir(parents=True, exist_ok=True)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise CompileCacheError(f"--cache-dir {d} is a file, not a directory") from None
+        except OSError as err:
+            raise CompileCacheError(f"--cache-dir {d} cannot be created: {err.strerror or err}"
+                                    ) from None
         programs: list[dict] = []
         old = None
         if (d / MANIFEST).exists():

@@ -323,15 +323,19 @@ class EngineConfig:
                 raise ConfigError(f"{name} must hold positive integers, got {vals!r}")
             object.__setattr__(self, name, tuple(sorted(set(vals))))
         if self.page_buckets[-1] < self.max_pages_per_seq:
-            raise ConfigError("the largest page bucket must hold max_model_len tokens")
+            raise ConfigError(f"the largest page bucket ({self.page_buckets[-1]} pages) must hold "
+                              f"max_model_len tokens ({self.max_pages_per_seq} pages)")
         object.__setattr__(self, "decode_buckets", tuple(sorted(set(self.decode_buckets))))
         object.__setattr__(self, "prefill_buckets", tuple(sorted(set(self.prefill_buckets))))
         if self.decode_buckets[-1] < self.max_num_seqs:
-            raise ConfigError("the largest decode bucket must hold max_num_seqs sequences")
+            raise ConfigError(f"the largest decode bucket ({self.decode_buckets[-1]}) must hold "
+                              f"max_num_seqs ({self.max_num_seqs}) sequences")
         if self.prefill_buckets[-1] < self.max_num_batched_tokens:
-            raise ConfigError("the largest prefill bucket must hold max_num_batched_tokens")
+            raise ConfigError(f"the largest prefill bucket ({self.prefill_buckets[-1]}) must "
+                              f"hold max_num_batched_tokens ({self.max_num_batched_tokens})")
         if self.prefill_seq_buckets[-1] < self.max_prefill_seqs:
-            raise ConfigError("the largest prefill_seq_bucket must hold max_prefill_seqs")
+            raise ConfigError(f"the largest prefill_seq_bucket ({self.prefill_seq_buckets[-1]}) "
+                              f"must hold max_prefill_seqs ({self.max_prefill_seqs})")
         if self.quantization not in (None, "fp8"):
             raise ConfigError(f"quantization must be None or 'fp8', got {self.quantization!r}")
         if self.matmul_backend not in ("auto", "xla", "pallas"):

@@ -15,7 +15,7 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from jaxinfer.tokenizer import Tokenizer, check_messages
+from jaxinfer.tokenizer import Tokenizer, check_messages, utf8_problem
 
 
 class RequestError(ValueError):
@@ -37,7 +37,8 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
 
     Raises:
       RequestError: a prompt neither text nor a sequence of ids (bytes, None, a number),
-        an empty prompt, a text prompt without a tokenizer, ids outside
+        an empty prompt, text that is not valid UTF-8 (a lone surrogate), a text prompt
+        without a tokenizer, ids outside
         ``[0, vocab_size)``, or a prompt longer than ``max_model_len`` -- checked before a
         text is encoded or ids are read one by one, so an oversized request is refused in
         microseconds (``LLMEngine.add_request`` also refuses exactly ``max_model_len``
@@ -46,6 +47,8 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt is empty")
+        if (why := utf8_problem(prompt)) is not None:
+            raise RequestError(f"prompt {why}")
         if tokenizer is None:
             raise RequestError("this model has no tokenizer: pass prompt token ids "
                                "(jaxinfer generate --token-ids)")

@@ -23,8 +23,9 @@ class ParameterError(ValueError):
 
 
 def _number(name: str, v: object, integer: bool = False) -> Any:
-    """``v`` as a Python int (``integer``) or float: numpy scalars are taken, bools and
-    non-numbers raise ParameterError naming ``name``."""
+    """``v`` as a Python int (``integer``) or float: numpy scalars are taken, bools,
+    non-numbers and floats that are not finite in float32 raise ParameterError naming
+    ``name``."""
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, kind):
         raise ParameterError(f"{name} must be {'an int' if integer else 'a number'}, "
@@ -33,7 +34,12 @@ def _number(name: str, v: object, integer: bool = False) -> Any:
         return int(v)  # type: ignore[call-overload]
     if not math.isfinite(v):  # type: ignore[arg-type]
         raise ParameterError(f"{name} must be finite, got {v!r}")
+    if abs(v) > _F32_MAX:  # the sampler's float32 would make it inf (e.g. temperature 1e300)
+        raise ParameterError(f"{name} must fit float32 (|x| <= {_F32_MAX:.4g}), got {v!r}")
     return float(v)  # type: ignore[arg-type]
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 # Numeric fields, normalized to Python numbers before their ranges are checked: (name,

@@ -30,12 +30,27 @@ class TokenizerError(ValueError):
     """A tokenizer cannot be built, or cannot do what was asked (e.g. no chat template)."""
 
 
+def utf8_problem(text: str) -> str | None:
+    """Why ``text`` cannot be encoded as UTF-8 (a lone surrogate: what Python makes of bytes
+    that are not UTF-8 in ``sys.argv`` or stdin, ``errors="surrogateescape"``), or None.
+    The tokenizers library refuses such text with an unhelpful TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = text[e.start]
+        what = (f"the byte 0x{ord(ch) - 0xDC00:02x}, not UTF-8" if 0xDC80 <= ord(ch) <= 0xDCFF
+                else f"a lone surrogate U+{ord(ch):04X}")
+        return f"is not valid UTF-8 text: character {e.start} is {what}"
+    return None
+
+
 def check_messages(messages: Any) -> None:
     """Check a conversation before a chat template renders it.
 
     ``messages`` must be a non-empty list of dicts, each with a ``role`` in
-    :data:`CHAT_ROLES` and a str ``content`` (an assistant message with ``tool_calls`` may
-    have none). Other keys (``name``, ``tool_calls``, ``tool_call_id``) pass to the template.
+    :data:`CHAT_ROLES` and a str ``content`` that is valid UTF-8 (an assistant message with
+    ``tool_calls`` may have none). Other keys (``name``, ``tool_calls``, ``tool_call_id``)
+    pass to the template.
 
     Raises:
       TokenizerError: naming the message (``messages[i]``), the field and what is allowed.
@@ -54,8 +69,11 @@ def check_messages(messages: Any) -> None:
             raise TokenizerError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; "
                                  f"got {role!r}")
         content = m.get("content")
-        if isinstance(content, str) or (content is None and role == "assistant"
-                                        and m.get("tool_calls")):
+        if isinstance(content, str):
+            if (why := utf8_problem(content)) is not None:
+                raise TokenizerError(f"messages[{i}].content {why}")
+            continue
+        if content is None and role == "assistant" and m.get("tool_calls"):
             continue
         if "content" not in m:
             raise TokenizerError(f"messages[{i}] ({role}) has no 'content' (a string)")

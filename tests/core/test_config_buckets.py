@@ -39,5 +39,17 @@ def test_explicit_buckets_win_over_the_pallas_default():
 
 
 def test_prefill_seq_buckets_must_cover_max_prefill_seqs():
-    with pytest.raises(ConfigError, match="prefill_seq_bucket"):
+    with pytest.raises(ConfigError, match=r"the largest prefill_seq_bucket \(2\) must hold "
+                                          r"max_prefill_seqs \(8\)"):
         EngineConfig(max_prefill_seqs=8, prefill_seq_buckets=(1, 2))
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(max_num_batched_tokens=512, prefill_buckets=(3, 7)),
+     r"the largest prefill bucket \(7\) must hold max_num_batched_tokens \(512\)"),
+    (dict(max_num_seqs=64, decode_buckets=(1, 16)),
+     r"the largest decode bucket \(16\) must hold max_num_seqs \(64\) sequences"),
+])
+def test_bucket_errors_give_both_values(kw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        EngineConfig(**kw)

@@ -20,11 +20,19 @@ from jaxinfer.sampling_params import ParameterError, SamplingParams
     (dict(stop_token_ids={1, 2}), r"stop_token_ids must be a list .* got set"),
     (dict(stop_token_ids=[1, -3]), r"non-negative ints, got -3 at stop_token_ids\[1\]"),
     (dict(stop_token_ids=[1.0]), r"non-negative ints, got 1.0 at stop_token_ids\[0\]"),
+    (dict(temperature=float("nan")), r"temperature must be finite, got nan"),
+    # finite in float64 but inf in the sampler's float32: top_k / top_p were then ignored
+    (dict(temperature=1e300), r"temperature must fit float32 \(\|x\| <= 3\.403e\+38\), "
+                              r"got 1e\+300"),
+    (dict(repetition_penalty=1e39), r"repetition_penalty must fit float32"),
 ])
 def test_wrong_types_are_parameter_errors_naming_the_field(kw: dict, needle: str) -> None:
     with pytest.raises(ParameterError, match=needle):
         SamplingParams(**kw)
 
+
+def test_the_largest_float32_temperature_is_taken():
+    assert SamplingParams(temperature=3e38).temperature == 3e38
 
 
 def test_numpy_scalars_are_taken_and_stored_as_python_numbers():

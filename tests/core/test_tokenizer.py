@@ -127,6 +127,10 @@ _ROLE_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s>
     ([{"role": "user", "content": "hello"}, "world"], r"messages\[1\] must be a dict"),
     ({"role": "user", "content": "hello"}, r"non-empty list of .* got dict"),
     ([], r"non-empty list of .* got list \[\]"),
+    ([{"role": "user", "content": "hi \udcff"}],  # a byte that is not UTF-8, from argv/stdin
+     r"messages\[0\]\.content is not valid UTF-8 text: character 3 is the byte 0xff"),
+    ([{"role": "system", "content": "ok"}, {"role": "user", "content": "x\ud800y"}],
+     r"messages\[1\]\.content is not valid UTF-8 text: character 1 is a lone surrogate U\+D800"),
 ])
 def test_malformed_chat_messages_are_tokenizer_errors(messages, needle: str) -> None:
     tok = _tiny_tokenizer(_ROLE_TEMPLATE)

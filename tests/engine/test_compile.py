@@ -523,3 +523,14 @@ def test_a_cache_dir_holding_another_manifest_is_refused_untouched(tmp_path, man
         ProgramStore.create(tmp_path, {"model": "m"})
     assert (tmp_path / "manifest.json").read_text() == manifest
     assert (tmp_path / "a").read_bytes() == b"weights"
+
+
+def test_a_cache_dir_that_is_a_file_is_a_clear_error(tmp_path):
+    """It used to surface as "[Errno 17] File exists"."""
+    f = tmp_path / "cache"
+    f.write_text("not a directory")
+    with pytest.raises(CompileCacheError, match=rf"--cache-dir {f} is a file, not a directory"):
+        ProgramStore.create(f, {"model": "m"})
+    with pytest.raises(CompileCacheError, match=r"--cache-dir .*/cache/sub cannot be created"):
+        ProgramStore.create(f / "sub", {"model": "m"})
+    assert f.read_text() == "not a directory"

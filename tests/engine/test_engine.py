@@ -359,6 +359,21 @@ def test_oversized_prompts_are_refused_before_encoding(monkeypatch, llama_llm):
     assert _tokens(llama_llm.generate([[3, 4, 5]], GREEDY))[0]
 
 
+def test_a_prompt_that_is_not_utf8_is_a_request_error(llama_llm, monkeypatch):
+    """Lone surrogates (what Python makes of non-UTF-8 bytes in argv or stdin) used to reach
+    the tokenizers library and fail there with a TypeError naming no prompt."""
+    from tests.core.test_tokenizer import _tiny_tokenizer
+
+    monkeypatch.setattr(llama_llm.engine, "tokenizer", _tiny_tokenizer())
+    with pytest.raises(RequestError, match=r"prompt 1 of the batch: prompt is not valid UTF-8 "
+                                           r"text: character 4 is the byte 0xff, not UTF-8"):
+        llama_llm.generate(["hello", "abc \udcff def"], GREEDY)
+    with pytest.raises(RequestError, match=r"lone surrogate U\+D800"):
+        llama_llm.engine.encode_prompt("x\ud800y")
+    assert not llama_llm.engine.has_unfinished_requests()
+    assert _tokens(llama_llm.generate(["hello world"], GREEDY))[0]
+
+
 @pytest.mark.parametrize("prompt", [b"\x03\x04", None, 5, {3: 4}])
 def test_add_request_refuses_a_prompt_that_is_neither_text_nor_ids(llama_llm, prompt):
     """bytes used to be taken as the ids of their byte values, None failed deep inside."""

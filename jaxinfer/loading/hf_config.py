@@ -163,6 +163,15 @@ def config_from_hf(raw: dict[str, Any], source: str,
     bos = raw.get("bos_token_id", getattr(c, "bos_token_id", None))
     if bos is not None:
         bos = _token_ids([bos], source, "config.json", "bos_token_id")[0]
+    vocab = getattr(c, "vocab_size", None)
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
+        # an id the model cannot emit would never stop a sequence (eos) / reads past the
+        # embedding table (bos)
+        for key, ids in (("eos_token_id", eos), ("bos_token_id", [] if bos is None else [bos])):
+            if bad := [t for t in ids if t >= vocab]:
+                raise CheckpointError(f"{Path(source) / 'config.json'} (or "
+                                      f"generation_config.json): {key} {bad[0]} is not in "
+                                      f"the vocabulary [0, {vocab})")
     try:
         return ModelConfig(
             vocab_size=int(c.vocab_size), hidden_size=int(c.hidden_size),

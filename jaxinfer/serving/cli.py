@@ -95,9 +95,10 @@ def add_client_parser(sub: Any) -> None:
     """Register ``jaxinfer client`` on the CLI's subparsers."""
     p = sub.add_parser("client", help="send a prompt to a `jaxinfer serve` (streams tokens)")
     p.add_argument("--address", default="127.0.0.1:50051", help="host:port of the server")
-    p.add_argument("--chat", action="store_true", help="send the prompt as a user message")
-    p.add_argument("--token-ids", action="store_true",
-                   help="the prompt is space-separated token ids")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--chat", action="store_true", help="send the prompt as a user message")
+    form.add_argument("--token-ids", action="store_true",
+                      help="the prompt is space-separated token ids")
     p.add_argument("--unary", action="store_true", help="one response (GenerateUnary)")
     p.add_argument("--info", action="store_true", help="print ModelInfo and health as JSON")
     p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
@@ -137,7 +138,12 @@ def cmd_client(ns: argparse.Namespace) -> int:
             if ns.chat:
                 inp: dict[str, Any] = {"messages": [{"role": "user", "content": ns.prompt}]}
             elif ns.token_ids:
-                inp = {"token_ids": [int(t) for t in ns.prompt.split()]}
+                try:
+                    inp = {"token_ids": [int(t) for t in ns.prompt.split()]}
+                except ValueError:
+                    print(f"jaxinfer: error: client --token-ids: {ns.prompt!r} is not "
+                          f"space-separated integers", file=sys.stderr)
+                    return 2
             else:
                 inp = {"prompt": ns.prompt}
             ids: list[int] = []

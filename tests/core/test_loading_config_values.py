@@ -295,6 +295,18 @@ def test_generation_config_eos_that_is_not_a_token_id(tmp_path: Path, ids: list)
     assert msg.startswith(str(d / "generation_config.json")) and "eos_token_id holds" in msg
 
 
+@pytest.mark.parametrize("key, where", [("eos_token_id", "gen"), ("eos_token_id", "config"),
+                                        ("bos_token_id", "config")])
+def test_special_token_id_outside_the_vocabulary(tmp_path: Path, key: str, where: str) -> None:
+    """An eos id the model cannot emit never stops a sequence: refused, naming the key."""
+    big = 10**6
+    d = (hf_copy(tmp_path, gen_edit=_set(key, [2, big])) if where == "gen"
+         else hf_copy(tmp_path, edit=_set(key, big)))
+    with pytest.raises(CheckpointError, match=rf"config.json \(or generation_config.json\): "
+                                              rf"{key} {big} is not in the vocabulary \[0, "):
+        read_hf_header(d)
+
+
 # ------------------------------------------------------------------ D2: sliding window scope
 @pytest.mark.parametrize("family, edit, types, window", [
     # transformers' modeling_llama.py has no sliding window: the key is ignored ...

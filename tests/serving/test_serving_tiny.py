@@ -535,6 +535,29 @@ def test_client_cli(tiny_server, capsys):
     assert '"health": "SERVING"' in capsys.readouterr().out
     assert main(["client", "--address", st.target, "--token-ids", "5 999"]) == 2
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    # refused in the client, each naming what is wrong (a protobuf "Value out of range: -3",
+    # an int() literal error before)
+    assert main(["client", "--address", st.target, "--seed", "-3", "hi"]) == 2
+    assert "sampling parameter seed=-3 does not fit the request" in capsys.readouterr().err
+    assert main(["client", "--address", st.target, "--token-ids", "1 x"]) == 2
+    assert "client --token-ids: '1 x' is not space-separated integers" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["client", "--address", st.target, "--chat", "--token-ids", "1"])
+    assert "not allowed with argument --chat" in capsys.readouterr().err
+
+
+def test_build_request_fields_and_errors():
+    r = build_request("hi", seed=3, stop="a", stop_token_ids=[1, 2], temperature=0.5)
+    assert (r.prompt, r.sampling.seed, list(r.sampling.stop)) == ("hi", 3, ["a"])
+    assert list(r.sampling.stop_token_ids) == [1, 2] and r.sampling.temperature == 0.5
+    assert not r.sampling.HasField("top_k")  # unset stays unset (the server's default)
+    with pytest.raises(ValueError, match="unknown sampling parameter 'bogus'"):
+        build_request("hi", bogus=1)
+    with pytest.raises(ValueError, match=r"stop_token_ids=\[-1\] does not fit the request"):
+        build_request("hi", stop_token_ids=[-1])
+    with pytest.raises(ValueError, match="exactly one of prompt, token_ids, messages"):
+        build_request("hi", token_ids=[1])
 
 
 def test_health_is_not_serving_during_warmup(monkeypatch):

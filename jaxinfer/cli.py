@@ -242,8 +242,12 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             turn = _fit_max_tokens(ns, params, len(ids), engine.config.max_model_len)
             rid = engine.add_request(None, turn, prompt_token_ids=ids)  # type: ignore[arg-type]
         except ValueError as err:  # RequestError, TokenizerError
-            print(f"jaxinfer chat: {err} (turn dropped)", file=sys.stderr)
             history.pop()
+            turns = sum(m["role"] == "assistant" for m in history)
+            hint = (f"; the conversation holds {turns} earlier turn{'s' * (turns > 1)} within "
+                    f"max_model_len {engine.config.max_model_len}: start a new chat (empty "
+                    f"line) for more room" if turns and "max_model_len" in str(err) else "")
+            print(f"jaxinfer chat: {err} (turn dropped{hint})", file=sys.stderr)
             continue
         shown = ""
         text = ""
@@ -253,6 +257,10 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             print(safe[len(shown):], end="", flush=True)
             shown = safe
         print()
+        if out.outputs[0].finish_reason == "length":
+            print(f"jaxinfer chat: reply cut at {len(out.outputs[0].token_ids)} tokens "
+                  f"(max_tokens {turn.max_tokens}; max_model_len "
+                  f"{engine.config.max_model_len})", file=sys.stderr)
         history.append({"role": "assistant", "content": text})
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 import numpy as np
@@ -318,6 +319,34 @@ def test_jaxinfer_chat_drops_a_turn_that_cannot_fit_and_goes_on(monkeypatch, cap
             f"{tok.min_tokens(big.strip())} tokens; max_model_len is {limit} (turn dropped)"
             in err.splitlines())
     assert rendered == [["hello world"]]  # the dropped turn is not in the history
+    assert not engine.has_unfinished_requests()
+
+
+def test_jaxinfer_chat_says_when_a_reply_is_cut_and_when_the_conversation_is_full(
+        monkeypatch, capsys, llama_llm):
+    """A reply ended by max_tokens says so; a turn dropped for length after earlier turns
+    says the conversation is what fills max_model_len (every later turn used to be dropped
+    with no hint)."""
+    from jaxinfer import cli
+    from jaxinfer import engine as engine_module
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    engine, tok = llama_llm.engine, _tiny_tokenizer(_ROLE_TEMPLATE)
+    monkeypatch.setattr(engine, "tokenizer", tok)
+    monkeypatch.setattr(engine_module, "LLMEngine", lambda *args, **kw: engine)
+    sampling = cli._sampling  # the random model may emit EOS early: make the cut certain
+    monkeypatch.setattr(cli, "_sampling", lambda ns: dataclasses.replace(sampling(ns),
+                                                                         ignore_eos=True))
+    limit = engine.config.max_model_len
+    _type_lines(monkeypatch, ["hello world", "hello " * (limit * tok.max_token_chars)])
+    assert cli.main(["chat", "--model", "dummy:tiny-llama", "--max-tokens", "3",
+                     "--temperature", "0"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"jaxinfer chat: reply cut at 3 tokens (max_tokens 3; max_model_len {limit})" in err
+    dropped = [ln for ln in err if "turn dropped" in ln]
+    assert len(dropped) == 1 and dropped[0].endswith(
+        f"(turn dropped; the conversation holds 1 earlier turn within max_model_len {limit}: "
+        f"start a new chat (empty line) for more room)")
     assert not engine.has_unfinished_requests()
 
 

@@ -366,8 +366,12 @@ def _quantize_gptq(loaded: LoadedModel, path: Path, max_tokens: int,
     from jaxinfer.quantization import QuantizationError, fp8_scheme
     from jaxinfer.quantization_gptq import quantize_model_gptq
 
-    if loaded.quantization is not None or loaded.tokenizer is None:
-        raise CheckpointError("GPTQ needs float weights and a tokenizer")
+    if loaded.quantization is not None:
+        raise CheckpointError(f"GPTQ needs float weights; this checkpoint's are already "
+                              f"{loaded.quantization}")
+    if loaded.tokenizer is None:
+        raise CheckpointError("GPTQ needs a tokenizer to read the calibration text; this "
+                              "checkpoint has none")
     ids, sha256, num_bytes = _calibration_ids(path, loaded.tokenizer, max_tokens)
     windows = [ids[s:s + window] for s in range(0, len(ids), window)]
     windows = [w for w in windows if len(w) >= 2]

@@ -208,6 +208,11 @@ def test_convert_with_calibration(tmp_path, monkeypatch) -> None:
     with pytest.raises(CheckpointError, match="calib.txt is not a directory"):
         convert(str(d), str(text / "sub"), progress=False, quantization="fp8",
                 calibration=text)
+    bare = save_hf(tmp_path / "no_tok", llama_hf_config(), weights())  # no tokenizer files
+    with pytest.raises(CheckpointError, match=r"GPTQ needs a tokenizer to read the calibration "
+                                              r"text; this checkpoint has none"):
+        convert(str(bare), str(tmp_path / "x"), progress=False, quantization="fp8",
+                calibration=text)
     assert not (tmp_path / "x").exists()  # nothing half-written by the failed calls
 
     out = convert(str(d), str(tmp_path / "gptq"), progress=False, quantization="fp8",

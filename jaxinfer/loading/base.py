@@ -165,6 +165,10 @@ class ParamBuilder:
         if key not in self.shapes:
             raise CheckpointError(f"{self.source}: tensor {what!r} has no place in a "
                                   f"{self.cfg.family} model with this config")
+        if layer is not None and not 0 <= layer < self.cfg.num_layers:  # before the shape:
+            # a layer past the last is the plainer fault (its shape may be wrong too)
+            raise CheckpointError(f"{self.source}: tensor {what!r} is for layer {layer}, "
+                                  f"but the model has {self.cfg.num_layers} layers")
         want = tuple(self.shapes[key] if layer is None else self.shapes[key][1:])
         want_np = want[::-1] if transpose else want  # as a numpy array of the file
         if tuple(shape) != want_np:
@@ -173,9 +177,6 @@ class ParamBuilder:
             note = f" ({layout})" if layout else ""
             raise CheckpointError(f"{self.source}: tensor {what!r} has shape {file}{note}, "
                                   f"expected {exp} for {key}")
-        if layer is not None and not 0 <= layer < self.cfg.num_layers:
-            raise CheckpointError(f"{self.source}: tensor {what!r} is for layer {layer}, "
-                                  f"but the model has {self.cfg.num_layers} layers")
         return key
 
     def _mark(self, key: str, layer: int | None) -> None:

@@ -64,6 +64,17 @@ def test_hf_tensor_names_with_a_bad_layer_index(tmp_path: Path, bad: str, want: 
         " (expected model.layers.0.<name>)" if bad == "model.layers.0" else "")
 
 
+@pytest.mark.parametrize("shape_ok", [True, False])
+def test_hf_tensor_for_a_layer_past_the_last(tmp_path: Path, shape_ok: bool) -> None:
+    """The layer is named whatever the tensor's shape (a wrong shape used to be reported
+    first, hiding the plainer fault)."""
+    name = "model.layers.7.mlp.up_proj.weight"
+    src = LAYER0 + "mlp.up_proj.weight"
+    d = hf_with(tmp_path, lambda w: w.update({name: w[src] if shape_ok else w[src][:, :3]}))
+    msg = refused(d)
+    assert msg.endswith(f"tensor {name!r} is for layer 7, but the model has 2 layers"), msg
+
+
 @pytest.mark.parametrize("bad, want", [
     ("blk.x.attn_norm.weight", "tensor 'blk.x.attn_norm.weight': layer index 'x' is not an "
                                "integer"),

@@ -119,13 +119,24 @@ def looks_converted(d: Path) -> bool:
     return True
 
 
+def _in_cache(d: Path) -> bool:
+    """Whether ``d`` lies in the converted-checkpoint cache (which loads re-make), not at an
+    ``--output`` path of the user's."""
+    from jaxinfer.loading.orbax_store import checkpoint_dir  # (that module imports this one)
+
+    try:
+        return Path(d).resolve().is_relative_to(checkpoint_dir().resolve())
+    except OSError:
+        return False
+
+
 def repair_hint(d: Path, manifest: dict[str, Any] | None) -> str:
     """How to repair damaged converted checkpoint ``d`` (one phrase)."""
     m = manifest if isinstance(manifest, dict) else {}
     src = m.get("from")
     if not isinstance(src, str) or not src:
         return f"delete {d} and convert its source again (`jaxinfer convert`)"
-    if isinstance(m.get("source"), dict):  # a GGUF's copy: the cache's own
+    if isinstance(m.get("source"), dict) and _in_cache(d):  # the cache's own copy of a GGUF
         return (f"delete {d} (the next load re-makes it from {src}) or run "
                 f"`jaxinfer convert --model {src}`, which re-converts it")
     return f"delete {d} and run `jaxinfer convert --model {src} --output {d}`"

@@ -59,6 +59,20 @@ def test_damaged_copy_by_path_is_one_error_naming_it_and_the_repair(cached, capf
     assert "Event loop is closed" not in capfd.readouterr().err
 
 
+def test_damaged_copy_outside_the_cache_is_not_promised_a_remake(cached, tmp_path) -> None:
+    """A GGUF's converted copy at the user's own path: the next load does not re-make it
+    (only the cache's copies are), so the hint is the convert command with --output."""
+    src, entry, _ = cached
+    mine = tmp_path / "mine"
+    shutil.copytree(entry, mine)
+    (mine / "params" / "manifest.ocdbt").unlink()
+    with pytest.raises(CheckpointError) as e:
+        load_model(str(mine), progress=False)
+    msg = str(e.value)
+    assert f"delete {mine} and run `jaxinfer convert --model {src} --output {mine}`" in msg
+    assert "re-makes" not in msg
+
+
 def test_failed_restore_leaves_no_event_loop_tracebacks(cached, capfd) -> None:
     """Damage the cheap checks do not see (an older manifest lists no files, so a missing
     tree metadata file passes them): orbax's restore fails with reads in flight."""

@@ -251,13 +251,14 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             continue
         shown = ""
         text = ""
+        out = None
         for out in iter_stream(engine, rid):
             text = out.outputs[0].text
             safe = text[:-1] if text.endswith("\ufffd") and not out.finished else text
             print(safe[len(shown):], end="", flush=True)
             shown = safe
         print()
-        if out.outputs[0].finish_reason == "length":
+        if out is not None and out.outputs[0].finish_reason == "length":
             print(f"jaxinfer chat: reply cut at {len(out.outputs[0].token_ids)} tokens "
                   f"(max_tokens {turn.max_tokens}; max_model_len "
                   f"{engine.config.max_model_len})", file=sys.stderr)

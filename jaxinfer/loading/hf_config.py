@@ -156,22 +156,16 @@ def config_from_hf(raw: dict[str, Any], source: str,
         theta, scaling = (_rope(rp, source, "rope_parameters") if new_rope
                           else _rope(rp, source, "rope_scaling", "rope_theta"))
         kw.update(family="llama", hidden_act=c.hidden_act, qk_norm=arch == "Qwen3ForCausalLM")
+    vocab = getattr(c, "vocab_size", None)  # ids past it: an eos never stops a sequence
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
     eos: list[int] = []
     for d, fname in ((raw, "config.json"), (generation_config or {}, "generation_config.json")):
         ids = d.get("eos_token_id")
-        eos += _token_ids(ids if isinstance(ids, list) else [ids], source, fname, "eos_token_id")
+        eos += _token_ids(ids if isinstance(ids, list) else [ids], source, fname,
+                          "eos_token_id", vocab)
     bos = raw.get("bos_token_id", getattr(c, "bos_token_id", None))
     if bos is not None:
-        bos = _token_ids([bos], source, "config.json", "bos_token_id")[0]
-    vocab = getattr(c, "vocab_size", None)
-    if isinstance(vocab, int) and not isinstance(vocab, bool):
-        # an id the model cannot emit would never stop a sequence (eos) / reads past the
-        # embedding table (bos)
-        for key, ids in (("eos_token_id", eos), ("bos_token_id", [] if bos is None else [bos])):
-            if bad := [t for t in ids if t >= vocab]:
-                raise CheckpointError(f"{Path(source) / 'config.json'} (or "
-                                      f"generation_config.json): {key} {bad[0]} is not in "
-                                      f"the vocabulary [0, {vocab})")
+        bos = _token_ids([bos], source, "config.json", "bos_token_id", vocab)[0]
     try:
         return ModelConfig(
             vocab_size=int(c.vocab_size), hidden_size=int(c.hidden_size),
@@ -194,9 +188,10 @@ _HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_head
              "num_kv_heads": "num_key_value_heads", "embed_scale": "hidden_size"}
 
 
-def _token_ids(ids: list[Any], source: str, fname: str, key: str) -> list[int]:
+def _token_ids(ids: list[Any], source: str, fname: str, key: str,
+               vocab: int | None = None) -> list[int]:
     """The non-null entries of ``ids`` as ints; CheckpointError naming the file and key
-    for anything that is not a non-negative integer."""
+    for anything that is not a non-negative integer (below ``vocab`` where given)."""
     out = []
     for x in ids:
         if x is None:
@@ -204,6 +199,9 @@ def _token_ids(ids: list[Any], source: str, fname: str, key: str) -> list[int]:
         if isinstance(x, bool) or not isinstance(x, int) or x < 0:
             raise CheckpointError(f"{Path(source) / fname}: {key} holds {x!r}, which is not a "
                                   "token id (a non-negative integer)")
+        if vocab is not None and x >= vocab:
+            raise CheckpointError(f"{Path(source) / fname}: {key} {x} is not in the "
+                                  f"vocabulary [0, {vocab})")
         out.append(x)
     return out
 

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from jaxinfer.bench.cli import non_negative_float
+
 
 def port_number(text: str) -> int:
     """argparse type: a TCP port, an int in [0, 65535] (a clear message otherwise; the
@@ -50,22 +52,11 @@ def add_serve_parser(sub: Any) -> None:
     _add_if_missing(p, "--num-kv-pages", type=int, default=None, help="KV pool size in pages")
     _add_if_missing(p, "--max-queue-len", type=int, default=None,
                     help="most waiting requests; more get RESOURCE_EXHAUSTED (default: none)")
-    p.add_argument("--drain-timeout", type=_seconds, default=30.0,
+    p.add_argument("--drain-timeout", type=non_negative_float, default=30.0,
                    help="seconds (>= 0) in-flight streams may run after SIGTERM")
     p.add_argument("--no-warmup", action="store_true",
                    help="report SERVING without compiling the common programs first")
     p.set_defaults(func=cmd_serve)
-
-
-def _seconds(v: str) -> float:
-    """argparse type: a finite number of seconds >= 0."""
-    try:
-        x = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not a number of seconds") from None
-    if not (x >= 0 and x != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {v}")
-    return x
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:

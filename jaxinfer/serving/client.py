@@ -28,27 +28,24 @@ def build_request(prompt: str | None = None, *, token_ids: Sequence[int] | None 
                   **sampling: Any) -> pb.GenerateRequest:
     """A GenerateRequest from exactly one of ``prompt`` / ``token_ids`` / ``messages``.
 
-    Raises ValueError when not exactly one input is given, or a sampling keyword is unknown
-    or its value does not fit the message field (naming the keyword: the server checks the
-    ranges, the client only what the wire format cannot carry, e.g. a negative seed).
+    Raises ValueError when not exactly one input is given, or a sampling keyword is not a
+    field of the message or its value does not fit the field (naming the keyword: the server
+    checks the ranges, the client only what the wire format cannot carry, e.g. a negative
+    seed).
     """
     given = [x is not None for x in (prompt, token_ids, messages)]
     if sum(given) != 1:
         raise ValueError("give exactly one of prompt, token_ids, messages")
-    params = pb.SamplingParameters()
-    fields = pb.SamplingParameters.DESCRIPTOR.fields_by_name
-    for k, v in sampling.items():
-        if k not in fields:
-            raise ValueError(f"unknown sampling parameter {k!r}")
-        try:
-            fd = fields[k]  # is_repeated: protobuf >= 5.28; label before (deprecated since)
-            if getattr(fd, "is_repeated", None) or getattr(fd, "label", 0) == 3:
-                getattr(params, k).extend([v] if isinstance(v, (str, int)) else v)
-            else:
-                setattr(params, k, v)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"sampling parameter {k}={v!r} does not fit the request: {e}"
-                             ) from None
+    try:
+        params = pb.SamplingParameters(**sampling)
+    except (TypeError, ValueError):  # protobuf's message names no field: find the keyword
+        for k, v in sampling.items():
+            try:
+                pb.SamplingParameters(**{k: v})
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"sampling parameter {k}={v!r} does not fit the request: "
+                                 f"{e}") from None
+        raise
     req = pb.GenerateRequest(request_id=request_id, sampling=params)
     if prompt is not None:
         req.prompt = prompt

@@ -552,7 +552,8 @@ def test_build_request_fields_and_errors():
     assert (r.prompt, r.sampling.seed, list(r.sampling.stop)) == ("hi", 3, ["a"])
     assert list(r.sampling.stop_token_ids) == [1, 2] and r.sampling.temperature == 0.5
     assert not r.sampling.HasField("top_k")  # unset stays unset (the server's default)
-    with pytest.raises(ValueError, match="unknown sampling parameter 'bogus'"):
+    with pytest.raises(ValueError, match=r"sampling parameter bogus=1 does not fit the "
+                                         r"request: .*no \"bogus\" field"):
         build_request("hi", bogus=1)
     with pytest.raises(ValueError, match=r"stop_token_ids=\[-1\] does not fit the request"):
         build_request("hi", stop_token_ids=[-1])

@@ -220,6 +220,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 def cmd_chat(ns: argparse.Namespace) -> int:
     from jaxinfer.engine import LLMEngine
     from jaxinfer.llm import iter_stream
+    from jaxinfer.prompts import PromptTooLongError
 
     engine = LLMEngine(ns.model, **_engine_args(ns))
     if engine.tokenizer is None:
@@ -246,7 +247,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             turns = sum(m["role"] == "assistant" for m in history)
             hint = (f"; the conversation holds {turns} earlier turn{'s' * (turns > 1)} within "
                     f"max_model_len {engine.config.max_model_len}: start a new chat (empty "
-                    f"line) for more room" if turns and "max_model_len" in str(err) else "")
+                    f"line) for more room" if turns and isinstance(err, PromptTooLongError) else "")
             print(f"jaxinfer chat: {err} (turn dropped{hint})", file=sys.stderr)
             continue
         shown = ""

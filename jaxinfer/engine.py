@@ -37,11 +37,17 @@ from jaxinfer.outputs import (
     RequestStates,
     logprobs_entry,
 )
-from jaxinfer.prompts import RequestError
+from jaxinfer.prompts import PromptTooLongError, RequestError
 from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.runner_multi import MultiStepPrograms
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
+from jaxinfer.scheduler import (
+    QueueFullError,
+    RequestTooLongError,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
 from jaxinfer.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -169,8 +175,9 @@ class LLMEngine:
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                     request_id: int | None = None,
                     prompt_token_ids: list[int] | None = None) -> int:
-        """Queue a request; returns its id. Raises RequestError on bad input, and
-        ``scheduler.QueueFullError`` (a ValueError) when ``max_queue_len`` requests are
+        """Queue a request; returns its id. Raises RequestError on bad input (its subclass
+        PromptTooLongError where prompt + max_tokens cannot fit max_model_len or the KV
+        pool), and ``scheduler.QueueFullError`` (a ValueError) when ``max_queue_len`` requests are
         already waiting (nothing queued in either case).
 
         ``prompt_token_ids``, when given, are the already-encoded ``prompt``. ``request_id``:
@@ -189,14 +196,16 @@ class LLMEngine:
                                f"be in [0, {V}) (vocab size {V})")
         limit = self.config.max_model_len
         if len(ids) >= limit:
-            raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is {limit} "
-                               f"(at least one token must be generated)")
+            raise PromptTooLongError(f"prompt has {len(ids)} tokens; max_model_len is {limit} "
+                                     f"(at least one token must be generated)")
         rid = self._request_id(request_id)
         seq = Sequence(rid, ids, params)
         try:
             self.scheduler.add(seq)
         except QueueFullError:
             raise  # overload, not bad input: max_queue_len requests are waiting
+        except RequestTooLongError as e:
+            raise PromptTooLongError(str(e)) from e
         except ValueError as e:
             raise RequestError(str(e)) from e
         self._seeds[rid] = (params.seed if params.seed is not None

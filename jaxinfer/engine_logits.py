@@ -44,12 +44,12 @@ def prompt_logits(engine: Any, prompt: str | Seq[int]) -> np.ndarray:
       RequestError: the prompt is longer than max_model_len (or cannot be encoded), or
         needs more KV pages than are free now (running requests hold the rest).
     """
-    from jaxinfer.engine import RequestError
+    from jaxinfer.engine import PromptTooLongError, RequestError
 
     ids = engine.encode_prompt(prompt)
     if len(ids) > engine.config.max_model_len:
-        raise RequestError(f"prompt has {len(ids)} tokens; max_model_len is "
-                           f"{engine.config.max_model_len}")
+        raise PromptTooLongError(f"prompt has {len(ids)} tokens; max_model_len is "
+                                 f"{engine.config.max_model_len}")
     seq = Sequence(-1, ids, SamplingParams(temperature=0.0, max_tokens=1))
     bm = engine.scheduler.block_manager
     if not bm.can_allocate(seq, len(ids)):

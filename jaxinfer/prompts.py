@@ -22,13 +22,19 @@ class RequestError(ValueError):
     """A request cannot be accepted (empty or too-long prompt, bad parameters)."""
 
 
+class PromptTooLongError(RequestError):
+    """The request cannot fit: its prompt (or prompt + ``max_tokens``) is longer than
+    ``max_model_len``, or its KV pages exceed the whole pool. A shorter prompt fits; a chat
+    front end can drop earlier turns."""
+
+
 def check_text_fits(tokenizer: Tokenizer, texts: Seq[str], max_model_len: int) -> None:
-    """Raise RequestError when ``texts`` (a prompt, or a conversation's message contents)
+    """Raise PromptTooLongError when ``texts`` (a prompt, or a conversation's message contents)
     encode to more than ``max_model_len`` tokens whatever they encode to
     (``Tokenizer.min_tokens``, from their length alone): the check to make before encoding."""
     if (n := tokenizer.min_tokens(*texts)) > max_model_len:
-        raise RequestError(f"prompt has {sum(map(len, texts))} characters, so at least {n} "
-                           f"tokens; max_model_len is {max_model_len}")
+        raise PromptTooLongError(f"prompt has {sum(map(len, texts))} characters, so at least "
+                                 f"{n} tokens; max_model_len is {max_model_len}")
 
 
 def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model_len: int,
@@ -60,7 +66,8 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
         raise RequestError(f"prompt must be a str or a sequence of token ids (ints), got "
                            f"{type(prompt).__name__}")
     if hasattr(prompt, "__len__") and len(prompt) > max_model_len:  # = limit: prompt_logits'
-        raise RequestError(f"prompt has {len(prompt)} tokens; max_model_len is {max_model_len}")
+        raise PromptTooLongError(f"prompt has {len(prompt)} tokens; max_model_len is "
+                                 f"{max_model_len}")
     try:
         ids = list(prompt)
     except TypeError:

@@ -8,7 +8,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from jaxinfer.engine import RequestError
+from jaxinfer.engine import PromptTooLongError, RequestError
 from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import ParameterError, SamplingParams
 from tests.conftest import tiny_loaded
@@ -386,6 +386,32 @@ def test_oversized_prompts_are_refused_before_encoding(monkeypatch, llama_llm):
         engine.encode_prompt(range(10**12))
     assert not engine.has_unfinished_requests()
     assert _tokens(llama_llm.generate([[3, 4, 5]], GREEDY))[0]
+
+
+def test_requests_that_cannot_fit_raise_the_typed_length_error(llama_llm):
+    """Every "cannot fit" refusal is a PromptTooLongError (a RequestError: the server's
+    INVALID_ARGUMENT, the chat's "start a new chat" hint keyed on its type); other bad input
+    is a RequestError of another kind. Nothing is queued by any of them."""
+    engine = llama_llm.engine
+    limit = engine.config.max_model_len
+    with pytest.raises(PromptTooLongError, match=rf"prompt has {limit} tokens; max_model_len "
+                                                 rf"is {limit} \(at least one token"):
+        engine.add_request([3] * limit, GREEDY)
+    with pytest.raises(PromptTooLongError, match=rf"prompt \(4 tokens\) \+ max_tokens "
+                                                 rf"\({limit}\) = {limit + 4} exceeds"):
+        engine.add_request([3, 4, 5, 6], SamplingParams(max_tokens=limit))
+    with pytest.raises(PromptTooLongError, match=rf"prompt has {limit + 1} tokens"):
+        engine.encode_prompt([3] * (limit + 1))
+    with pytest.raises(PromptTooLongError, match=rf"prompt has {limit + 1} tokens"):
+        engine.prompt_logits([3] * (limit + 1))
+    V = engine.model_config.vocab_size
+    for bad in (lambda: engine.add_request([3, 4], SamplingParams(stop_token_ids=[V])),
+                lambda: engine.add_request([], GREEDY),
+                lambda: engine.add_request([3, 4], GREEDY, request_id=-1)):
+        with pytest.raises(RequestError) as e:
+            bad()
+        assert not isinstance(e.value, PromptTooLongError), e.value
+    assert not engine.has_unfinished_requests()
 
 
 def test_a_prompt_that_is_not_utf8_is_a_request_error(llama_llm, monkeypatch):

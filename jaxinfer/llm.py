@@ -36,7 +36,8 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt; returns one RequestOutput per prompt, in order.
 
-        Prompts are texts or lists of token ids (``prompts`` may be one of either). Raises
+        Prompts are texts or lists of token ids (``prompts`` may be one of either), or vLLM's
+        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}`` dicts (:func:`prompt_batch`). Raises
         RequestError / ParameterError on bad input, naming the prompt's position in the batch;
         nothing of the batch stays queued (requests added before the bad one are aborted).
         An exception while the batch runs (KeyboardInterrupt included) aborts its unfinished
@@ -139,21 +140,26 @@ def _is_token_id(t: object) -> bool:
 def prompt_batch(prompts: Any) -> list[str | Seq[int]]:
     """``LLM.generate``'s ``prompts`` as a list of prompts, each a str or a 1-D sequence of
     ints (a str, a list of ints or a 1-D array is one prompt; a 2-D array is one per row).
-    Token ids are checked against the vocabulary later, by the engine.
+    vLLM's dict forms are taken too (``{"prompt": str}``, its TextPrompt, and
+    ``{"prompt_token_ids": [...]}``, its TokensPrompt), alone or in a list. Token ids are
+    checked against the vocabulary later, by the engine.
 
     Raises:
-      RequestError: ``prompts`` or one prompt of another type (None, a number, a dict,
-        nested lists, a text among token ids), naming the prompt's position.
+      RequestError: ``prompts`` or one prompt of another type (None, a number, nested
+        lists, a text among token ids), or a dict with other keys (vLLM's multi-modal or
+        embedding inputs are not supported), naming the prompt's position.
     """
     forms = "a str, a list of token ids (ints), or a list of those"
-    if isinstance(prompts, str):
-        return [prompts]
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
     if isinstance(prompts, np.ndarray) and prompts.ndim in (1, 2):
         return [prompts] if prompts.ndim == 1 else list(prompts)
     if not isinstance(prompts, (list, tuple)):
         raise RequestError(f"prompts must be {forms}, got {_short(prompts)}")
     batch = [prompts] if prompts and _is_token_id(prompts[0]) else list(prompts)
     for i, p in enumerate(batch):
+        if isinstance(p, dict):
+            batch[i] = p = _dict_prompt(i, p)
         if isinstance(p, str):
             continue
         if not (isinstance(p, (list, tuple)) or (isinstance(p, np.ndarray) and p.ndim == 1)):
@@ -166,6 +172,18 @@ def prompt_batch(prompts: Any) -> list[str | Seq[int]]:
                     + (" (texts and token-id lists are separate prompts: [[1, 2], 'text'])"
                        if isinstance(t, str) else ""))
     return batch
+
+
+def _dict_prompt(i: int, p: dict) -> Any:
+    """The text or token ids of vLLM's TextPrompt ``{"prompt": ...}`` or TokensPrompt
+    ``{"prompt_token_ids": [...]}`` (prompt ``i`` of the batch); RequestError otherwise."""
+    keys = set(p)
+    if keys == {"prompt"} or keys == {"prompt_token_ids"}:
+        return p["prompt" if "prompt" in keys else "prompt_token_ids"]
+    raise RequestError(f"prompt {i} of the batch is a dict with keys {sorted(map(str, keys))}: "
+                       f"only {{'prompt': text}} or {{'prompt_token_ids': [ids]}} are taken "
+                       f"(vLLM's TextPrompt / TokensPrompt; multi-modal and embedding inputs "
+                       f"are not supported)")
 
 
 def iter_stream(engine: LLMEngine, request_id: int) -> Iterable[RequestOutput]:

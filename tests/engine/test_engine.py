@@ -205,7 +205,12 @@ def llama_llm() -> LLM:
     (None, r"prompts must be a str, a list of token ids \(ints\), or a list of those, "
            r"got NoneType None"),
     (5, r"prompts must be .* got int 5"),
-    ({"a": 1}, r"prompts must be .* got dict \{'a': 1\}"),
+    ({"a": 1}, r"prompt 0 of the batch is a dict with keys \['a'\]: only \{'prompt': text\} "
+               r"or \{'prompt_token_ids': \[ids\]\} are taken \(vLLM's TextPrompt"),
+    ([[3], {"prompt_token_ids": [3], "multi_modal_data": {}}],
+     r"prompt 1 of the batch is a dict with keys \['multi_modal_data', 'prompt_token_ids'\]"),
+    ([{"prompt_token_ids": [3, None]}], r"prompt 0 of the batch: token 1 is NoneType None"),
+    ([{"prompt": 5}], r"prompt 0 of the batch must be a str or a list of token ids .* got int"),
     ([None], r"prompt 0 of the batch must be a str or a list of token ids \(ints\), "
              r"got NoneType None"),
     ([[3, 4], 5], r"prompt 1 of the batch must be a str or a list of token ids .* got int 5"),
@@ -219,6 +224,23 @@ def llama_llm() -> LLM:
 def test_prompts_of_the_wrong_type_are_request_errors(llama_llm, prompts, needle):
     with pytest.raises(RequestError, match=needle):
         llama_llm.generate(prompts, GREEDY)
+    assert not llama_llm.engine.has_unfinished_requests()
+
+
+def test_vllm_dict_prompts_are_taken(llama_llm):
+    """vLLM's TokensPrompt / TextPrompt dicts, alone or mixed with plain prompts, give the
+    tokens the plain forms give."""
+    from tests.core.test_tokenizer import _tiny_tokenizer
+
+    plain = _tokens(llama_llm.generate([[3, 4, 5], [6, 7]], GREEDY))
+    assert _tokens(llama_llm.generate([{"prompt_token_ids": [3, 4, 5]}, [6, 7]], GREEDY)) == plain
+    assert _tokens(llama_llm.generate({"prompt_token_ids": [6, 7]}, GREEDY)) == plain[1:]
+    llama_llm.engine.tokenizer, tok = _tiny_tokenizer(), llama_llm.engine.tokenizer
+    try:
+        assert (_tokens(llama_llm.generate([{"prompt": "hello world"}], GREEDY))
+                == _tokens(llama_llm.generate(["hello world"], GREEDY)))
+    finally:
+        llama_llm.engine.tokenizer = tok
     assert not llama_llm.engine.has_unfinished_requests()
 
 

@@ -94,8 +94,13 @@ def prepare_weight(w: jax.Array, w_scale: jax.Array | None = None, *,
         required for FP8 weights.
       gate_up: ``w`` is ``concat([w_gate, w_up], axis=-1)`` ([K, 2F]); see
         :func:`prepare_gate_up`.
+    Returns:
+      :class:`PreparedWeight` with ``w`` [N, K] (or [L, N, K]) in w's dtype and ``scale``
+      float32 [N] / [N, G] (or stacked) or None. Layout: K-major, the B operand of Hopper's
+      FP8 wgmma (module docstring).
     Raises:
-      LinearError: wrong rank, FP8 without a scale, or odd N with ``gate_up``.
+      LinearError: wrong rank, FP8 without a scale, a scale of neither shape above, or odd N
+        with ``gate_up``.
     """
     if w.ndim not in (2, 3):
         raise LinearError(f"prepare_weight: weight must be [K, N] or [L, K, N], got {w.shape}")
@@ -119,7 +124,9 @@ def prepare_weight(w: jax.Array, w_scale: jax.Array | None = None, *,
 
 def prepare_gate_up(w_gate: jax.Array, w_up: jax.Array, s_gate: jax.Array | None = None,
                     s_up: jax.Array | None = None) -> PreparedWeight:
-    """Fuse ``w_gate, w_up [K, F]`` (or [L, K, F]) into one gate+up :class:`PreparedWeight`."""
+    """Fuse ``w_gate, w_up [K, F]`` (or [L, K, F]) into one gate+up :class:`PreparedWeight`
+    (``w`` [2F, K], gate rows first); ``s_gate, s_up`` [F] (or [L, F]) f32 FP8 scales,
+    used only when both are given. Raises LinearError as :func:`prepare_weight`."""
     w = jnp.concatenate([w_gate, w_up], axis=-1)
     s = None if s_gate is None or s_up is None else jnp.concatenate([s_gate, s_up], axis=-1)
     return prepare_weight(w, s, gate_up=True)
@@ -130,7 +137,8 @@ def linear_supported(M: int, K: int, N: int, dtype: jnp.dtype, *,
     """Whether ``backend="auto"`` runs a Pallas kernel (not XLA) for this shape and weight dtype.
 
     ``dtype`` is the weight dtype (bf16 or float8_e4m3fn); N is the weight's row count.
-    True only where a kernel measured faster than XLA (see :data:`AUTO_TRITON_MAX_M`).
+    True only where a kernel measured faster than XLA (see :data:`AUTO_TRITON_MAX_M`); no
+    exception for any int shape (those no kernel takes give False).
     """
     return _pick_backend(M, K, N, jnp.dtype(dtype), act_quant, gate_up) != "xla"
 
@@ -177,8 +185,11 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
            unreduced: bool = False) -> jax.Array | triton_gemm.SplitKPartials:
     """A linear layer ``x @ W`` (with FP8 scaling / fused SwiGLU), dispatched to a kernel.
 
+    FP8 scaling: per-token activation x per-output-channel weight scales on the float32
+    accumulator (vLLM / TensorRT-LLM; DeepSeek-V3's 1 x 128 tiles with ``act_group``).
+
     Args:
-      x: [M, K] bf16 activations.
+      x: [M, K] bf16 (or f32) activations; float8_e4m3fn with ``x_scale``.
       w: a :class:`PreparedWeight` (kernel layout; stacked ones need ``layer``), or a plain
         engine-layout ``[K, N]`` array (then only ``backend="xla"``/``"auto"``, which runs XLA).
       w_scale: [N] (or per group [G, N]) f32 scale for a plain FP8 ``w`` (a PreparedWeight
@@ -198,10 +209,14 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
     Returns:
       [M, N] in ``out_dtype`` ([M, F] for a gate_up weight: ``silu(gate) * up``).
     Raises:
-      LinearError: unknown backend, mismatched K, act_quant with a bf16 weight, a stacked
-        weight without ``layer``, per-group scales with act_quant or a kernel backend, a
-        backend that cannot take the shape, or act_group without act_quant, on a backend
-        other than triton / xla, or not matching the triton config.
+      LinearError: unknown backend, x not 2-D, mismatched K, act_quant with a bf16 weight, a
+        stacked weight without ``layer``, a plain ``w`` on a kernel backend, per-group scales
+        with act_quant or a kernel backend, an ``x_scale`` outside the rules above, x and w
+        of two dtypes on "mgpu" / "mgpu_decode", a backend that cannot take the shape, or
+        act_group without act_quant, on a backend other than triton / xla, or not matching
+        the triton config; :func:`prepare_weight`'s for a plain ``w`` with ``w_scale``.
+      ValueError: :func:`.triton_gemm.triton_linear`'s, on "triton" (e.g. a ``triton_config``
+        whose ``split_k * bk`` does not divide K, or an FP8 weight without a scale).
     """
     if backend not in BACKENDS:
         raise LinearError(f"linear: unknown backend {backend!r}; choose from {BACKENDS}")

@@ -26,7 +26,10 @@ PROMOTE_EVERY = 128  # K elements per wgmma accumulation before the float32 add 
 
 
 def install() -> None:
-    """Wrap the Pallas Triton ``dot_general`` lowering rule (idempotent)."""
+    """Wrap the Pallas Triton ``dot_general`` lowering rule (idempotent; process-wide).
+
+    Raises nothing itself; the wrapped rule raises NotImplementedError at lowering time when
+    a ``precision=FAST_ACCUM`` dot does not lower to one ``tt.dot`` (e.g. a cast after it)."""
     from jax._src.lib.mlir import ir
     from jax._src.pallas.triton import lowering
 

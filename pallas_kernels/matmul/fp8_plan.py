@@ -205,7 +205,8 @@ def fp8_decode_config(M: int, K: int, N: int, gate_up: bool = False,
     ``$JAXINFER_FP8_DECODE_FUSE`` or :data:`FP8_DECODE_FUSE`): "all" quantizes x in the
     kernel per token and group of FP8_DECODE_ACT_GROUP columns (where the group divides K)
     and merges split-K in the kernel, "merge" only the latter, "none" neither.
-    Raises LinearError for an unknown ``fuse``."""
+    Raises LinearError for an unknown ``fuse`` / ``tiles`` or an unknown value of an
+    environment switch it reads (module docstring)."""
     fuse = _fp8_decode_fuse() if fuse is None else fuse
     if fuse not in ("all", "merge", "none"):
         raise LinearError(f"fp8_decode_config: fuse must be all / merge / none, got {fuse!r}")
@@ -247,8 +248,8 @@ def fp8_engine_plan(M: int, K: int, N: int) -> tuple[str, bool]:
     """``(backend, act_quant)`` of the engine's FP8 projection ``[M, K] x [N, K]ᵀ`` on GPU
     (module comment above): ``("mgpu", True)``, ``("mgpu_decode", True)`` (the middle band;
     at 17-64 rows opt-in, ``FP8_DECODE_GEMM``), ``("triton", True)`` or ``("xla", False)``.
-    Raises LinearError for an unknown ``$JAXINFER_FP8_DECODE_GEMM`` / ``_MID_GEMM`` /
-    ``_DECODE_FUSE`` / ``_DECODE_DEEP_K`` / ``_DECODE_TILES``."""
+    Raises LinearError for an unknown value of any of the module's ``$JAXINFER_FP8_*``
+    switches (:func:`env_values`), checked at any M."""
     decode_gemm, mid_gemm = _fp8_decode_gemm(), _fp8_mid_gemm()  # all checked at any M
     env_values()
     if M >= FP8_PREFILL_MIN_M and mgpu_gemm.mgpu_supported(M, K, N, FP8):
@@ -272,7 +273,7 @@ def fp8_takes_quantized_x(M: int, K: int, N: int, gate_up: bool = False) -> bool
     where the plan puts the ``[M, K] x [N, K]ᵀ`` projection on the Triton decode GEMM with
     per-token activation scales (no in-kernel groups) and ``row_quant.norm_quant_fp8`` takes
     K — the engine then quantizes (and RMS-normalizes) in that one kernel instead of XLA's
-    two or three."""
+    two or three. Raises LinearError as :func:`fp8_engine_plan`."""
     backend, act_quant = fp8_engine_plan(M, K, N)
     if backend != "triton" or not act_quant or not row_quant_supported(K):
         return False
@@ -282,7 +283,8 @@ def fp8_takes_quantized_x(M: int, K: int, N: int, gate_up: bool = False) -> bool
 def fp8_gate_up_in_epilogue(M: int, K: int, N: int) -> bool:
     """Whether :func:`fp8_engine_linear` with ``gate_up`` (``[N = 2F, K]`` weight) computes
     ``silu(gate) * up`` in the Triton decode GEMM's epilogue (up to
-    FP8_GATE_UP_EPILOGUE_MAX_M rows), not from the plain GEMM's ``[M, 2F]`` output."""
+    FP8_GATE_UP_EPILOGUE_MAX_M rows), not from the plain GEMM's ``[M, 2F]`` output.
+    Raises LinearError as :func:`fp8_engine_plan`."""
     return fp8_engine_plan(M, K, N)[0] == "triton" and M <= FP8_GATE_UP_EPILOGUE_MAX_M
 
 
@@ -309,7 +311,8 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
 
     Raises:
       LinearError: mismatched shapes (see :func:`linear`), an odd gate_up row count, an
-        x_scale where the plan does not take a quantized x.
+        x_scale where the plan does not take a quantized x, or an unknown
+        ``$JAXINFER_FP8_*`` value (:func:`fp8_engine_plan`).
     """
     M, K = x.shape
     N = w_nk.shape[0]

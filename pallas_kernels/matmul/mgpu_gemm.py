@@ -213,7 +213,8 @@ def _kernel(x_gmem, w_gmem, *rest, cfg: MgpuConfig, has_xs: bool, has_ws: bool,
 def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
                 x_scale: jax.Array | None = None, *, config: MgpuConfig | None = None,
                 out_dtype: jnp.dtype = jnp.bfloat16, interpret: bool = False) -> jax.Array:
-    """``x [M, K] · w_nkᵀ`` -> ``[M, N]`` on wgmma, scales applied in the epilogue.
+    """``x [M, K] · w_nkᵀ`` -> ``[M, N]`` on wgmma, scales applied in the epilogue (JAX's
+    hopper_matmul_mgpu.py, adapted: module docstring).
 
     Args:
       x: [M, K] bf16 (with a bf16 weight) or float8_e4m3fn with ``x_scale`` [M] f32.
@@ -224,7 +225,8 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
       [M, N] ``out_dtype``; with ``config.split_k > 1`` float32 partial sums
       ``[split_k, M, N]`` (scales already applied) for the caller to add up.
     Raises:
-      ValueError: dtypes differ, or N / K do not divide the tiles.
+      ValueError: dtypes differ or are not bf16 / FP8, K differs, or N / K do not divide
+        the tiles.
     """
     M, K = x.shape
     N, Kw = w_nk.shape

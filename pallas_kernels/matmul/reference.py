@@ -29,7 +29,9 @@ def quantize_rows_fp8(a: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Symmetric absmax quantization of each row of ``a [R, C]`` to float8_e4m3fn.
 
     Returns ``(q [R, C] float8_e4m3fn, scale [R] float32)`` with ``a ≈ q * scale[:, None]``,
-    ``scale = max(|a_row|) / 448``. Values are rounded to nearest by the dtype conversion.
+    ``scale = max(|a_row|, MIN_ABSMAX) / 448`` (all-zero rows: a tiny finite scale). Values
+    are rounded to nearest by the dtype conversion. Leading dims beyond R pass through
+    ([..., C] -> scale [...]). No checks, no errors. vLLM's dynamic per-token FP8 quant.
     """
     af = a.astype(jnp.float32)
     amax = jnp.maximum(jnp.max(jnp.abs(af), axis=-1), MIN_ABSMAX)
@@ -63,6 +65,8 @@ def linear_ref(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
       out_dtype: result dtype (default: ``x.dtype``, or bf16 when x is FP8).
     Returns:
       [M, N] in ``out_dtype``.
+    Raises:
+      TypeError: only from jnp (no checks of its own), e.g. K of x and w_nk differ.
     """
     xf, wf = x.astype(jnp.float32), w_nk.astype(jnp.float32)
     if x_scale is not None and x_scale.ndim == 2:
@@ -88,7 +92,8 @@ GROUPED_DOT_MAX_M = 16
 
 def grouped_linear_ref(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array,
                        out_dtype: jnp.dtype | None = None) -> jax.Array:
-    """W8A16 with per-group weight scales: ``out[m, n] = sum_k x[m, k] * w[n, k] * s[n, k // g]``.
+    """W8A16 with per-group weight scales: ``out[m, n] = sum_k x[m, k] * w[n, k] * s[n, k // g]``
+    (block-FP8 checkpoints: DeepSeek-V3, Qwen3-FP8). No checks: bad shapes fail in jnp.
 
     Args:
       x: [M, K] bf16/f32 activations.
@@ -113,7 +118,9 @@ def grouped_linear_ref(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array,
 
 
 def silu_mul_ref(gate_up: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
-    """SwiGLU activation: ``silu(g) * u`` for ``gate_up = [g | u]`` ([M, 2F] -> [M, F])."""
+    """SwiGLU activation (Shazeer 2020): ``silu(g) * u`` for ``gate_up = [g | u]`` ([M, 2F]
+    -> [M, F]), in float32, cast to ``out_dtype`` (default gate_up's dtype). An odd last dim
+    fails in jnp (TypeError)."""
     f = gate_up.shape[-1] // 2
     g = gate_up[..., :f].astype(jnp.float32)
     u = gate_up[..., f:].astype(jnp.float32)
@@ -125,7 +132,8 @@ def gate_up_ref(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
                 out_dtype: jnp.dtype | None = None) -> jax.Array:
     """Fused gate+up projection with SwiGLU: ``silu(x @ Wg.T) * (x @ Wu.T)``.
 
-    ``w_nk`` is ``[2F, K]`` (gate rows first); returns [M, F]. Scales as :func:`linear_ref`.
+    ``w_nk`` is ``[2F, K]`` (gate rows first); returns [M, F] in ``out_dtype`` (default as
+    :func:`linear_ref`). x, scales and errors as :func:`linear_ref`.
     The product is formed in float32 before the single rounding to ``out_dtype``.
     """
     acc = linear_ref(x, w_nk, w_scale, x_scale, out_dtype=jnp.float32)

@@ -284,7 +284,8 @@ def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = Non
                   gate_up: bool = False, config: TritonConfig | None = None,
                   out_dtype: jnp.dtype = jnp.bfloat16, interpret: bool = False,
                   unreduced: bool = False) -> jax.Array | SplitKPartials:
-    """Skinny GEMM ``x [M, K] · w_nkᵀ`` -> ``[M, N]`` (``[M, F]`` for ``gate_up``).
+    """Skinny GEMM ``x [M, K] · w_nkᵀ`` -> ``[M, N]`` (``[M, F]`` for ``gate_up``): Triton's
+    matmul-tutorial tiling with split-K (module docstring; vLLM's / SGLang's Triton FP8 GEMMs).
 
     Args:
       x: [M, K] bf16, or float8_e4m3fn with ``x_scale`` [M] f32. With ``config.act_group``
@@ -296,9 +297,11 @@ def triton_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = Non
       config: tiles; :func:`default_config` when None.
       unreduced: where the config splits K without the in-kernel merge (and not gate_up),
         return the :class:`SplitKPartials` instead of summing them (XLA's epilogue fusion).
+    Returns: [M, N] (or [M, F]) in ``out_dtype``, or the :class:`SplitKPartials`.
     Raises:
-      ValueError: mismatched shapes, K not a multiple of ``split_k * bk``, or ``act_group``
-        without an FP8 weight, with FP8 / scaled x, or not dividing ``bk``.
+      ValueError: mismatched K, a stacked weight without ``layer``, odd rows with gate_up, K
+        not a multiple of ``split_k * bk``, FP8 x / w without x_scale / w_scale, or
+        ``act_group`` without an FP8 weight, with FP8 / scaled x, < 16 or not dividing ``bk``.
     """
     stacked = w_nk.ndim == 3
     M, K = x.shape

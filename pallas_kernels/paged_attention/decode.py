@@ -213,7 +213,9 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                            ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Decode attention (one query token per sequence) over a paged KV cache.
 
-    Same contract as :func:`reference.paged_decode_attention_ref`. Every tuning option left
+    Same contract as :func:`reference.paged_decode_attention_ref`. Method: FlashAttention-2's
+    online softmax per (sequence, KV head, split), splits merged by log-sum-exp (Flash-Decoding;
+    vLLM's paged_attention_v2), on vLLM's paged layout. Every tuning option left
     None takes, for an FP8 cache, the value of the named variant ``fp8_variant`` (None: the
     table's default, :data:`fp8.FP8_DECODE_DEFAULT` or ``$JAXINFER_FP8_DECODE``), then the
     default given below.
@@ -222,8 +224,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       q: [B, Hq, D] bf16/f16/f32, queries at position ``seq_lens - 1``.
       k_cache, v_cache: [L, Hkv, P, ps, D] bf16/f16/f32 or float8_e4m3fn (with scales).
       layer: int32 scalar (may be traced, e.g. inside a scan over layers).
-      block_tables: [B, maxp] int32 page ids. seq_lens: [B] int32 (0 = padding row).
-      scale: softmax scale. window: sliding window, 0 = none (int or traced int32 scalar).
+      block_tables: [B, maxp] int32 page ids. seq_lens: [B] int32 tokens (0 = padding row).
+      scale: softmax scale. window: sliding window in tokens, 0 = none (int or traced int32).
       k_scale, v_scale: FP8 dequantisation scales (read = stored * scale), or None.
       interpret: run the Pallas interpreter (CPU tests).
       block_tokens: tokens per inner-loop step (pages per step = block_tokens / ps), a power
@@ -275,12 +277,13 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
       [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros. ``(out, counters)`` when
       ``merge_counters`` is given.
     Raises:
-      PagedAttentionShapeError: inconsistent shapes or dtypes.
+      PagedAttentionShapeError: inconsistent shapes or dtypes (``merge_counters`` too).
       PagedAttentionUnsupportedError: shapes the kernel does not handle (see
-        :func:`paged_decode_attention_supported`).
+        :func:`paged_decode_attention_supported`), or tokens a step not a power of two.
       ValueError: unknown ``fp8_widen`` / ``fp8_dots`` / ``layout`` / ``fp8_variant`` /
-        ``merge``, a bad ``group_rows``, a negative or non-int ``unroll``, "bits" with a
-        bf16 compute dtype, or ``merge_counters`` without merge="kernel".
+        ``merge`` (or ``$JAXINFER_FP8_DECODE`` / ``$JAXINFER_DECODE_MERGE`` value), a bad
+        ``group_rows``, a negative or non-int ``unroll``, "bits" with a bf16 compute dtype, or
+        ``merge_counters`` without merge="kernel".
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     decode_merge.check_merge(merge, merge_counters, q.shape[0], k_cache.shape[1])

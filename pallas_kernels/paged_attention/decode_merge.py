@@ -247,6 +247,8 @@ def merged_call(decode, operands: list, *, B: int, Hkv: int, S: int, G: int, D: 
       counters: [B, Hkv] int32 zeros, or None for fresh zeros.
     Returns:
       (out [B, Hkv * G, D] dtype, counters [B, Hkv] int32, zero again).
+    Raises:
+      ValueError: only with the test hook ``_ARRIVAL_STRIDE`` not coprime to S.
     """
     if counters is None:
         counters = jnp.zeros((B, Hkv), jnp.int32)

@@ -23,8 +23,8 @@ One CTA per (sequence, KV head, split) and two warpgroups (the layout of JAX's
   (:func:`decode_options._merge_splits`, Flash-Decoding); ``v_scale`` multiplies the merged output.
 
 Sliding windows (static or traced) are handled: pages before the window are not loaded.
-Shapes: D = 128 (one 128-byte swizzled row per FP8 token; 64 or 256 untested), page size a
-divisor of ``block_tokens``, G = Hq / Hkv <= 8. Anything else raises
+Shapes: D = 128 only (one 128-byte swizzled row per FP8 token; 64 / 256 untested, refused),
+page size a multiple of 8 dividing ``block_tokens``, G = Hq / Hkv <= 8. Anything else raises
 :class:`PagedAttentionUnsupportedError` (callers fall back to the Triton kernel).
 
 Numerics (CPU interpreter, against the f32 reference on the same FP8 cache): ~1.4e-3
@@ -69,7 +69,9 @@ class MgpuDecodeConfig:
     odd Hkv falls back to 1); v_layout: register layout V is read from shared memory in
     ("WGMMA": 2-byte loads of FP8; "WGMMA_UPCAST_2X": 4-byte loads, made for widening);
     fresh_acc: P V into a zeroed accumulator, added in registers (the interpreter's path;
-    default: accumulate in place through ``pl.run_state``)."""
+    default: accumulate in place through ``pl.run_state``).
+    Raises ValueError on construction unless block_tokens is 64, 128, 192 or 256, stages >= 2,
+    q_terms and heads_per_cta are 1 or 2 and v_layout one of the two names."""
     block_tokens: int = 64
     stages: int = 4
     num_splits: int | None = None
@@ -273,20 +275,23 @@ def paged_decode_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.A
                                 v_scale: jax.Array | float | None = None,
                                 config: MgpuDecodeConfig | None = None,
                                 interpret: bool = False) -> jax.Array:
-    """Decode attention over a paged KV cache with the Mosaic GPU kernel (Hopper).
+    """Decode attention over a paged KV cache with the Mosaic GPU kernel (Hopper): warp
+    specialisation after FlashAttention-3 / JAX's attention_mgpu.py, Flash-Decoding splits.
 
     Same contract as :func:`reference.paged_decode_attention_ref`:
       q: [B, Hq, D] bf16/f16/f32 at position ``seq_lens - 1``; k_cache, v_cache:
       [L, Hkv, P, ps, D] float8_e4m3fn (with ``k_scale`` / ``v_scale``, read = stored * scale)
       or bf16; layer: int32 scalar (may be traced); block_tables: [B, maxp] int32;
-      seq_lens: [B] int32 (0 = padding row); window: 0 = none, int or traced int32 scalar.
+      seq_lens: [B] int32 tokens (0 = padding row); window: in tokens, 0 = none, int or
+      traced int32 scalar.
       config: :class:`MgpuDecodeConfig` (tokens per step, ring stages, splits).
       interpret: the Mosaic GPU interpreter (CPU tests).
     Returns:
       [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
     Raises:
       PagedAttentionShapeError: inconsistent shapes or dtypes.
-      PagedAttentionUnsupportedError: outside :func:`mgpu_decode_supported`.
+      PagedAttentionUnsupportedError: outside :func:`mgpu_decode_supported` (at
+        ``config.block_tokens``).
     """
     cfg = config or MgpuDecodeConfig()
     if interpret:

@@ -252,9 +252,10 @@ def paged_decode_attention_supported(q_shape: tuple[int, ...], k_cache_shape: tu
                                      kv_dtype) -> bool:
     """Whether the engine should dispatch these shapes/dtypes to the kernel (else the ref).
 
-    Needs a power-of-two head dim (16..256) and page size, Hq a multiple of Hkv with at most
-    64 q heads per KV head, and a bf16 / f16 / float8_e4m3fn cache. (f32 caches also run,
-    for tests, but spill registers on the GPU at D = 256 and are not tuned.)
+    Needs a power-of-two head dim (16..256) and page size (tokens), Hq a multiple of Hkv with
+    at most 64 q heads per KV head, and a bf16 / f16 / float8_e4m3fn cache. (f32 caches also
+    run, for tests, but spill registers on the GPU at D = 256 and are not tuned.) Shapes as
+    :func:`decode.paged_decode_attention` takes them; other ranks give False (no exception).
     """
     return (_kernel_accepts(q_shape, k_cache_shape, kv_dtype)
             and jnp.dtype(kv_dtype) != jnp.dtype(jnp.float32))

@@ -247,9 +247,10 @@ def paged_prefill_attention_supported(q_shape: tuple[int, ...],
                                       k_cache_shape: tuple[int, ...], kv_dtype) -> bool:
     """Whether the engine should dispatch these shapes/dtypes to the kernel (else the ref).
 
-    Needs a power-of-two head dim (16..256) and page size, Hq a multiple of Hkv with at most
-    64 q heads per KV head, and a bf16 / f16 / float8_e4m3fn cache (f32 runs, for tests,
-    but is not tuned for the GPU).
+    Needs a power-of-two head dim (16..256) and page size (tokens), Hq a multiple of Hkv with
+    at most 64 q heads per KV head, and a bf16 / f16 / float8_e4m3fn cache (f32 runs, for
+    tests, but is not tuned for the GPU). q [T, Hq, D], k_cache [L, Hkv, P, ps, D]; other
+    ranks give False (no exception).
     """
     return (_kernel_accepts(q_shape, k_cache_shape, kv_dtype, block_m=64)
             and jnp.dtype(kv_dtype) != jnp.dtype(jnp.float32))
@@ -269,30 +270,33 @@ def paged_prefill_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array
 
     Same contract as :func:`reference.paged_prefill_attention_ref`: the new tokens' K/V are
     already in the cache, each query attends to its sequence's KV positions ``<=`` its own
-    (and within the sliding window), read through the block table.
+    (and within the sliding window), read through the block table. Method: FlashAttention-2
+    (Dao 2023) over vLLM's paged KV layout, with ragged packing (module docstring).
 
     Args:
       q: [T, Hq, D] bf16/f16/f32 packed queries of several sequences.
       k_cache, v_cache: [L, Hkv, P, ps, D] bf16/f16/f32 or float8_e4m3fn (with scales).
       layer: int32 scalar (may be traced, e.g. inside a scan over layers).
-      block_tables: [S, maxp] int32 page ids. seq_lens: [S] int32 context length after
-        this step (``maxp * ps`` at most).
+      block_tables: [S, maxp] int32 page ids. seq_lens: [S] int32 context length in tokens
+        after this step (``maxp * ps`` at most).
       positions: [T] int32 absolute position of each token (``< seq_lens[seq]``).
       seq_ids: [T] int32 row of each token in block_tables; -1 for padding tokens.
-      scale: softmax scale, > 0. window: sliding window, 0 = none (int or traced int32).
+      scale: softmax scale, > 0. window: sliding window in tokens, 0 = none (int or traced).
       k_scale, v_scale: FP8 dequantisation scales (read = stored * scale; > 0), or None.
       interpret: run the Pallas interpreter (CPU tests).
       block_m: query rows per program (tokens x q heads of one KV head), a power of two
-        >= Hq / Hkv. block_k: KV tokens per inner step, a power of two. num_warps /
-        num_stages: Triton launch / pipelining parameters. None: :func:`default_tuning`.
+        >= 16 and >= Hq / Hkv. block_k: KV tokens per inner step, a power of two >= 16.
+        num_warps / num_stages: Triton launch / pipelining parameters. None:
+        :func:`default_tuning`.
       reverse: launch the last (longest causal) query blocks first (load balance).
       fp8_compute_dtype: dtype FP8 K/V are widened to for the dots (f16: fewer instructions
         than bf16 from e4m3, as in decode.py; q is clipped to the f16 range).
     Returns:
       [T, Hq, D] in q.dtype; padding tokens give zeros.
     Raises:
-      PagedAttentionShapeError: inconsistent shapes or dtypes.
-      PagedAttentionUnsupportedError: shapes or tile sizes the kernel does not handle.
+      PagedAttentionShapeError: inconsistent shapes or dtypes (the four index arrays int32).
+      PagedAttentionUnsupportedError: shapes or tile sizes the kernel does not handle (see
+        :func:`paged_prefill_attention_supported` and ``block_m`` / ``block_k``), or scale <= 0.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens, positions, seq_ids)
     T, Hq, D = q.shape

@@ -64,7 +64,8 @@ from pallas_kernels.paged_attention.prefill_mgpu_route import (
 @dataclasses.dataclass(frozen=True)
 class MgpuPrefillConfig:
     """block_q query rows per compute warpgroup (two per CTA), block_kv KV entries per step,
-    max_concurrent_steps K/V slots in shared memory."""
+    max_concurrent_steps K/V slots in shared memory. Raises ValueError on construction unless
+    block_q and block_kv are multiples of 64 and max_concurrent_steps >= 2."""
     block_q: int = 64
     block_kv: int = 128
     max_concurrent_steps: int = 2
@@ -286,7 +287,9 @@ def varlen_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, rows: jax
     ranges of :func:`plan` -> [Tq, Hq, D] (rows that see nothing give zeros).
 
     ``interpret``: the Mosaic GPU interpreter; it does not run this kernel in JAX 0.11.2
-    (``Cannot lower jaxpr with effects`` for the wgmma accumulators), kept for later JAX."""
+    (``Cannot lower jaxpr with effects`` for the wgmma accumulators), kept for later JAX.
+    Raises ValueError: q / K/V not one bf16 or f16 dtype, D % 64, Tq % (2 block_q),
+    Tk % block_kv or Hq % Hkv nonzero."""
     Tq, Hq, D = q.shape
     Tk, Hkv, _ = k_buf.shape
     dtype = q.dtype
@@ -329,10 +332,12 @@ def paged_prefill_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.
                                  window: jax.Array | int = 0, kv_capacity: int | None = None,
                                  config: MgpuPrefillConfig | None = None,
                                  fallback: bool = True, jit: bool = True) -> jax.Array:
-    """Same contract as ``paged_prefill_attention_ref`` (bf16 / f16 caches, no FP8 scales).
+    """Same contract as ``paged_prefill_attention_ref`` (bf16 / f16 caches, no FP8 scales),
+    on the varlen FlashAttention-3 kernel adapted from JAX's attention_mgpu.py (module doc).
 
-    Raises ValueError for dtypes / head dims outside
-    :func:`prefill_mgpu_route.paged_prefill_mgpu_supported`.
+    Raises ValueError (:func:`varlen_attention`) for a cache not bf16 / f16, D % 64 != 0 or
+    Hq % Hkv != 0 (D > 256 is not checked here: ask ``paged_prefill_mgpu_supported``); with
+    the fallback compiled, also the Triton kernel's ``PagedAttention*Error``.
     Args (beyond the reference's): kv_capacity: static size of the gathered K/V buffer in
       tokens (default :func:`default_kv_capacity`: 2 T or the bucket's worst case where
       smaller); where the worst case (:func:`worst_case_context`) exceeds it, contexts summing

@@ -34,7 +34,7 @@ def paged_prefill_mgpu_supported(q_shape: tuple[int, ...], k_cache_shape: tuple[
 
 
 def worst_case_context(num_tokens: int, num_seqs: int, max_pages: int, page_size: int) -> int:
-    """Largest sum of context lengths (cached prefix + new tokens) a prefill bucket of
+    """Largest sum of context lengths in tokens (cached prefix + new) a prefill bucket of
     ``num_tokens`` tokens and ``num_seqs`` block-table rows of ``max_pages`` pages can carry:
     every real row schedules at least one new token (batch.build_step), so at most
     min(S, T) rows are real, and a row's context is at most what its block table addresses.
@@ -44,7 +44,8 @@ def worst_case_context(num_tokens: int, num_seqs: int, max_pages: int, page_size
 
 
 def default_kv_capacity(num_tokens: int, num_seqs: int, max_pages: int, page_size: int) -> int:
-    """The gathered buffer's default size: 2 T, or the bucket's worst case where smaller."""
+    """The gathered buffer's default size in tokens: 2 T, or the bucket's worst case
+    (:func:`worst_case_context`) where smaller."""
     return min(2 * num_tokens, worst_case_context(num_tokens, num_seqs, max_pages, page_size))
 
 
@@ -53,7 +54,9 @@ def mgpu_route(num_tokens: int, num_seqs: int, max_pages: int, page_size: int, *
     """The prefill kernel the ``pallas_mgpu`` backend lowers for a bucket (static, per bucket):
     ``"triton"`` below ``min_tokens`` (:data:`MGPU_MIN_TOKENS`) or, with ``overflow``
     (:data:`MGPU_OVERFLOW`) ``"triton"``, where the worst case exceeds the default buffer;
-    ``"mgpu"`` where it cannot overflow (no cond); else ``"mgpu_cond"``."""
+    ``"mgpu"`` where it cannot overflow (no cond); else ``"mgpu_cond"``. Arguments in tokens
+    (``num_tokens``, ``page_size``), rows and pages. Raises ValueError for an ``overflow``
+    (or :data:`MGPU_OVERFLOW`) other than "cond" / "triton"."""
     min_tokens = MGPU_MIN_TOKENS if min_tokens is None else min_tokens
     overflow = MGPU_OVERFLOW if overflow is None else overflow
     if overflow not in ("cond", "triton"):

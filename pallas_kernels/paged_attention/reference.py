@@ -73,6 +73,7 @@ def kv_write_method(method: str | None, num_tokens: int, pool_rows: int) -> str:
 def quantize_kv(x: jax.Array, scale: jax.Array | float | None, dtype) -> jax.Array:
     """New K or V values as a pool of ``dtype`` stores them: divided by the FP8 ``scale``
     (if any) and, for float8_e4m3fn, saturated to ±448 (a plain cast gives NaN past it).
+    ``x`` of any shape and float dtype -> the same shape in ``dtype``; no checks, no errors.
     Plain jnp: the reference's write and the Pallas kernel (kv_write.py) share it."""
     if scale is not None:
         x = x.astype(jnp.float32) / scale
@@ -90,20 +91,20 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
     """Scatter new keys/values into their pages (vLLM's ``reshape_and_cache``, as XLA scatters).
 
     Args:
-      k_cache, v_cache: [L, Hkv, P, ps, D] (bf16/f32, or float8_e4m3fn with scales).
+      k_cache, v_cache: [L, Hkv, P, ps, D] (bf16/f16/f32, or float8_e4m3fn with scales).
       layer: int32 scalar, which layer to write.
-      k_new, v_new: [T, Hkv, D] new keys/values.
-      slot_mapping: [T] int32 flat slots (padding tokens point into null page 0); slots other
-        than the null page's must not repeat. A slot outside [0, P * ps) is a caller's bug:
-        "rows" writes it into the null page, the other methods drop it (past the end) or
-        wrap it (negative), as JAX indexing does.
+      k_new, v_new: [T, Hkv, D] new keys/values (any float dtype, cast to the cache's).
+      slot_mapping: [T] int32 flat slots ``page * ps + offset`` in tokens (padding tokens
+        point into null page 0); slots other than the null page's must not repeat. A slot
+        outside [0, P * ps) is a caller's bug: "rows" writes it into the null page, the
+        other methods drop it (past the end) or wrap it (negative), as JAX indexing does.
       k_scale, v_scale: FP8 scales (stored = clip(value / scale, ±448)), or None.
       method: one of :data:`KV_WRITE_METHODS` (default :data:`KV_WRITE_METHOD`, resolved by
         :func:`kv_write_method`); every method stores the same values outside the null page.
     Returns:
-      The updated caches (in place when the caller donates them).
+      The updated caches, shapes and dtypes unchanged (in place when the caller donates them).
     Raises:
-      ValueError: an unknown ``method``.
+      ValueError: an unknown ``method``. No shape checks: mismatched shapes fail inside jnp.
     """
     L, Hkv, P, ps, D = k_cache.shape
     method = kv_write_method(method, slot_mapping.shape[0], L * Hkv * P * ps)
@@ -153,15 +154,23 @@ def paged_decode_attention_ref(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
                                v_scale: jax.Array | float | None = None) -> jax.Array:
     """One query token per sequence against its paged context (decode).
 
+    Plain softmax attention in float32 over the gathered pages (vLLM's paged KV layout, GQA
+    by grouping Hq / Hkv query heads per KV head, HF's sliding window rule).
+
     Args:
-      q: [B, Hq, D] queries of the newest token of each sequence (position seq_len - 1).
-      k_cache, v_cache: [L, Hkv, P, ps, D].
+      q: [B, Hq, D] float queries of the newest token of each sequence (position seq_len - 1).
+      k_cache, v_cache: [L, Hkv, P, ps, D] float, or float8_e4m3fn with scales.
       layer: int32 scalar.
       block_tables: [B, maxp] int32 page ids (unused entries 0).
-      seq_lens: [B] int32 context length including the newest token; 0 for padding rows.
-      scale: softmax scale. window: sliding window (0 = none), int or int32 scalar.
+      seq_lens: [B] int32 context length in tokens including the newest token; 0 for
+        padding rows.
+      scale: softmax scale. window: sliding window in tokens (0 = none), int or int32 scalar.
+      k_scale, v_scale: FP8 dequantisation scales (read = stored * scale), or None.
     Returns:
       [B, Hq, D] in q.dtype; rows with seq_len 0 are zeros.
+    Raises:
+      TypeError, ValueError: only from jnp, no checks of its own (a reshape's TypeError when
+        Hq is not a multiple of Hkv, an einsum's ValueError when head dims differ).
     """
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
@@ -195,11 +204,16 @@ def paged_prefill_attention_ref(q: jax.Array, k_cache: jax.Array, v_cache: jax.A
 
     Args:
       q: [T, Hq, D] packed queries of several sequences.
-      block_tables: [S, maxp] int32; seq_lens: [S] int32 context length after this step.
-      positions: [T] int32 absolute position of each query token.
+      k_cache, v_cache, layer, scale, window, k_scale, v_scale: as
+        :func:`paged_decode_attention_ref`.
+      block_tables: [S, maxp] int32; seq_lens: [S] int32 context length in tokens after
+        this step.
+      positions: [T] int32 absolute position (tokens) of each query token.
       seq_ids: [T] int32 row of each token in block_tables; padding tokens have -1.
     Returns:
       [T, Hq, D] in q.dtype; padding tokens give zeros.
+    Raises:
+      TypeError, ValueError: only from jnp, as :func:`paged_decode_attention_ref`.
 
     Memory is O(T * Hq * C) per sequence (sequences are scanned one at a time), C being
     maxp * ps: fine as a reference and for CPU, not for speed.

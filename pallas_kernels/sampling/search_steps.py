@@ -207,6 +207,9 @@ def narrow_tracked(lo, hi, piv, ok, mass, cnt, st: tuple) -> tuple:
 
 
 def geometry(V: int, block: int, unroll: int, segment: int) -> dict:
+    """The sweep geometry of rows of V elements: N = ``block`` elements a vector step, U =
+    ``unroll`` steps an iteration, SI iterations a ``segment``, n_seg segments, masked tail.
+    Raises ValueError unless block is a power of two and segment a multiple of block * unroll."""
     if block & (block - 1) or segment % (block * unroll):
         raise ValueError(f"block {block} must be a power of two and segment {segment} a "
                          f"multiple of block * unroll")

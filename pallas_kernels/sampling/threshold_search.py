@@ -302,7 +302,8 @@ def kth_largest(x: jax.Array, top: jax.Array, k: jax.Array, *, pivots: int | Non
                 segment: int = SEGMENT, num_warps: int = NUM_WARPS, num_stages: int = 1,
                 interpret: bool = False) -> jax.Array:
     """[S] float32 k-th largest value of each row (ties counted): ``sampling_filters.
-    kth_largest``, the same value bit for bit.
+    kth_largest``, the same value bit for bit. Method: pivot bracketing of the order keys
+    (FlashInfer's sorting-free top-k; module docstring).
 
     Args:
       x: [S, V] float32 without NaN.  top: [S] float32 the row maxima.
@@ -314,7 +315,8 @@ def kth_largest(x: jax.Array, top: jax.Array, k: jax.Array, *, pivots: int | Non
         elements per segment (a multiple of block * unroll; it fixes the summation order).
       num_warps / num_stages: Triton launch parameters.  interpret: Pallas interpreter (CPU).
     Raises:
-      ValueError: shapes or dtypes other than above, S * V >= 2^31, or a bad geometry.
+      ValueError: x not [S, V] float32, V < 1, S * V >= 2^31, top / k not [S], or a bad
+        geometry (block not a power of two, segment not a multiple of block * unroll).
     """
     return _search_call("kth", "kth_search", [order_key(top), k.astype(jnp.int32)], x,
                         pivots=pivots, split=split, block=block, unroll=unroll,
@@ -328,12 +330,14 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array, top_
                 num_stages: int = 1, interpret: bool = False,
                 lo: jax.Array | None = None, compact: int | None = None,
                 return_stats: bool = False) -> Any:
-    """[S] smallest value that top-p keeps within the top-k of each row:
+    """[S] float32 smallest value that top-p keeps within the top-k of each row:
     ``sampling_filters.nucleus_cut`` (masses summed in another order: module docstring).
+    Method: pivot bracketing of the order keys (FlashInfer's sorting-free top-p; module
+    docstring).
 
     Args:
-      x: [S, V] float32 without NaN.  top: [S] row maxima.  kth: [S] the k-th largest value
-        (-inf when top-k is off).  k: [S] int32 top-k in [1, V] (V when off).
+      x: [S, V] float32 without NaN.  top: [S] float32 row maxima.  kth: [S] float32 the
+        k-th largest value (-inf when top-k is off).  k: [S] int32 top-k in [1, V] (V: off).
       top_p: [S] float32 in (0, 1]; >= 1 keeps the whole top-k (the cut is ``kth``, no pass).
       pivots, split, block, unroll, segment, num_warps, num_stages, interpret: as
         :func:`kth_largest`.
@@ -347,7 +351,8 @@ def nucleus_cut(x: jax.Array, top: jax.Array, kth: jax.Array, k: jax.Array, top_
       return_stats: (compacting only) return (cut, stats [S, 2] int32): per row the passes
         over the whole row and the elements copied (-1: the bracket closed without a copy).
     Raises:
-      ValueError: shapes or dtypes other than above, S * V >= 2^31, or a bad geometry.
+      ValueError: as :func:`kth_largest` (row operands [S]), or ``compact`` < 0, ``compact``
+        with ``split=True``, ``return_stats`` with ``compact=0``.
     """
     f32 = jnp.float32
     params = [top.astype(f32), order_key(top), kth.astype(f32),

@@ -126,9 +126,13 @@ def prepare_gate_up(w_gate: jax.Array, w_up: jax.Array, s_gate: jax.Array | None
                     s_up: jax.Array | None = None) -> PreparedWeight:
     """Fuse ``w_gate, w_up [K, F]`` (or [L, K, F]) into one gate+up :class:`PreparedWeight`
     (``w`` [2F, K], gate rows first); ``s_gate, s_up`` [F] (or [L, F]) f32 FP8 scales,
-    used only when both are given. Raises LinearError as :func:`prepare_weight`."""
+    both or neither. Raises LinearError as :func:`prepare_weight`, and when only one scale
+    is given."""
+    if (s_gate is None) != (s_up is None):
+        raise LinearError("prepare_gate_up: give both scales (s_gate and s_up) or neither, got "
+                          f"only {'s_gate' if s_up is None else 's_up'}")
     w = jnp.concatenate([w_gate, w_up], axis=-1)
-    s = None if s_gate is None or s_up is None else jnp.concatenate([s_gate, s_up], axis=-1)
+    s = None if s_gate is None else jnp.concatenate([s_gate, s_up], axis=-1)
     return prepare_weight(w, s, gate_up=True)
 
 
@@ -226,8 +230,7 @@ def linear(x: jax.Array, w: PreparedWeight | jax.Array, w_scale: jax.Array | Non
         if backend not in ("auto", "xla"):
             raise LinearError(f"linear: backend {backend!r} needs a PreparedWeight "
                               "(call prepare_weight once at load time)")
-        w = prepare_weight(w, w_scale) if w_scale is not None else PreparedWeight(
-            w=jnp.swapaxes(w, -1, -2), scale=None)
+        w = prepare_weight(w, w_scale)  # refuses an FP8 weight without its scale
         backend = "xla"
     if w.stacked and layer is None:
         raise LinearError("linear: a stacked [L, N, K] weight needs `layer`")

@@ -314,6 +314,9 @@ def fp8_engine_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array, *,
         x_scale where the plan does not take a quantized x, or an unknown
         ``$JAXINFER_FP8_*`` value (:func:`fp8_engine_plan`).
     """
+    if x.ndim != 2 or w_nk.ndim != 2:
+        raise LinearError(f"fp8_engine_linear: x must be [M, K] and the weight [N, K], got "
+                          f"{x.shape} and {w_nk.shape}")
     M, K = x.shape
     N = w_nk.shape[0]
     if x_scale is not None and not fp8_takes_quantized_x(M, K, N, gate_up):

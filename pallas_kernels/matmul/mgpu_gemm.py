@@ -230,9 +230,11 @@ def mgpu_linear(x: jax.Array, w_nk: jax.Array, w_scale: jax.Array | None = None,
     """
     M, K = x.shape
     N, Kw = w_nk.shape
-    cfg = config or default_config(x.dtype, M, N)
     if x.dtype != w_nk.dtype:
         raise ValueError(f"mgpu_linear: x is {x.dtype} but the weight is {w_nk.dtype}")
+    if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(FP8)):
+        raise ValueError(f"mgpu_linear: takes bfloat16 or float8_e4m3fn, got {x.dtype}")
+    cfg = config or default_config(x.dtype, M, N)
     if K != Kw:
         raise ValueError(f"mgpu_linear: x has K={K} but the weight has K={Kw}")
     if not mgpu_supported(M, K, N, x.dtype, cfg):

@@ -19,6 +19,13 @@ from tests.kernels.cuda_lowering import lower_for_cuda
 F32 = jnp.float32
 
 
+def test_fp8_engine_linear_names_a_wrong_rank():
+    wq, ws = quantize_rows_fp8(jnp.ones((512, 256), F32))
+    with pytest.raises(api.LinearError, match=r"x must be \[M, K\] and the weight \[N, K\], "
+                                              r"got \(2, 3, 256\) and \(512, 256\)"):
+        fp8_plan.fp8_engine_linear(jnp.ones((2, 3, 256), jnp.bfloat16), wq, ws, interpret=True)
+
+
 @pytest.mark.parametrize("M,want", [(1, ("triton", True)), (37, ("triton", True)),
                                     (128, ("mgpu_decode", True)), (200, ("mgpu", True)),
                                     (512, ("mgpu", True))])
@@ -126,8 +133,8 @@ def _assert_same_outputs(got, ref, atol: float) -> None:
 def _cuda_program_text(monkeypatch, cfg, bucket, **engine_args) -> str:
     """StableHLO of the FP8 kernel engine's sample program for ``bucket``, lowered for an
     H200 from abstract weights (kernels not in interpret mode)."""
-    from jaxinfer.compile import abstract_runner
     import jaxinfer.models.transformer as T
+    from jaxinfer.compile import abstract_runner
 
     options = T.model_options
     monkeypatch.setattr(T, "model_options", lambda ec: {**options(ec), "interpret": False})

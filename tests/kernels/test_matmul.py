@@ -237,6 +237,9 @@ def test_mgpu_rejects_bad_shapes():
         mgpu_linear(x, rand(1, (96, 128)), interpret=True)
     with pytest.raises(ValueError, match="weight is"):
         mgpu_linear(x, rand(1, (256, 128)).astype(FP8), interpret=True)
+    with pytest.raises(ValueError, match="takes bfloat16 or float8_e4m3fn, got float16"):
+        mgpu_linear(x.astype(jnp.float16), rand(1, (256, 128)).astype(jnp.float16),
+                    interpret=True)
 
 
 # ---------------------------------------------------------------- engine API
@@ -296,6 +299,14 @@ def test_linear_api_errors():
         linear(x, rand(1, (64, 32)), backend="triton")
     with pytest.raises(LinearError, match="per-channel scale"):
         prepare_weight(rand(1, (64, 32)).astype(FP8))
+    # a plain FP8 weight without its scale used to run unscaled on XLA
+    with pytest.raises(LinearError, match="per-channel scale"):
+        linear(x, rand(1, (64, 32)).astype(FP8))
+    wg, s = rand(1, (64, 16)).astype(FP8), jnp.ones((16,), jnp.float32)
+    with pytest.raises(LinearError, match="both scales .* got only s_gate"):
+        prepare_gate_up(wg, wg, s_gate=s)
+    with pytest.raises(LinearError, match="got only s_up"):
+        prepare_gate_up(wg, wg, s_up=s)
     assert isinstance(pw, PreparedWeight)
 
 

@@ -288,13 +288,13 @@ def varlen_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, rows: jax
 
     ``interpret``: the Mosaic GPU interpreter; it does not run this kernel in JAX 0.11.2
     (``Cannot lower jaxpr with effects`` for the wgmma accumulators), kept for later JAX.
-    Raises ValueError: q / K/V not one bf16 or f16 dtype, D % 64, Tq % (2 block_q),
-    Tk % block_kv or Hq % Hkv nonzero."""
+    Raises ValueError: q / K/V not one bf16 or f16 dtype, D % 64 nonzero or D > 256,
+    Tq % (2 block_q), Tk % block_kv or Hq % Hkv nonzero."""
     Tq, Hq, D = q.shape
     Tk, Hkv, _ = k_buf.shape
     dtype = q.dtype
-    if dtype not in (jnp.bfloat16, jnp.float16) or k_buf.dtype != dtype or D % 64:
-        raise ValueError(f"varlen_attention: bf16/f16 q and K/V with D % 64 == 0, got "
+    if dtype not in (jnp.bfloat16, jnp.float16) or k_buf.dtype != dtype or D % 64 or D > 256:
+        raise ValueError(f"varlen_attention: bf16/f16 q and K/V with D % 64 == 0, D <= 256, got "
                          f"{q.dtype}/{k_buf.dtype} D={D}")
     if Tq % (2 * cfg.block_q) or Tk % cfg.block_kv or Hq % Hkv:
         raise ValueError(f"varlen_attention: Tq={Tq}, Tk={Tk}, Hq={Hq}, Hkv={Hkv} vs {cfg}")
@@ -335,8 +335,8 @@ def paged_prefill_attention_mgpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.
     """Same contract as ``paged_prefill_attention_ref`` (bf16 / f16 caches, no FP8 scales),
     on the varlen FlashAttention-3 kernel adapted from JAX's attention_mgpu.py (module doc).
 
-    Raises ValueError (:func:`varlen_attention`) for a cache not bf16 / f16, D % 64 != 0 or
-    Hq % Hkv != 0 (D > 256 is not checked here: ask ``paged_prefill_mgpu_supported``); with
+    Raises ValueError (:func:`varlen_attention`) for a cache not bf16 / f16, D % 64 != 0,
+    D > 256 or Hq % Hkv != 0 (``paged_prefill_mgpu_supported`` answers the same); with
     the fallback compiled, also the Triton kernel's ``PagedAttention*Error``.
     Args (beyond the reference's): kv_capacity: static size of the gathered K/V buffer in
       tokens (default :func:`default_kv_capacity`: 2 T or the bucket's worst case where

@@ -208,3 +208,17 @@ def test_program_routes_by_bucket_and_lowers_each_kernel_once(monkeypatch):
     monkeypatch.setattr(R, "MGPU_OVERFLOW", "triton")
     text = _program_text(monkeypatch, 2, 256, 2, 32)
     assert "mosaic_gpu" not in text and TRITON in text
+
+
+@pytest.mark.parametrize("D,dtype", [(320, jnp.bfloat16), (96, jnp.bfloat16),
+                                     (128, jnp.float8_e4m3fn)])
+def test_kernel_refuses_what_the_route_refuses(D, dtype):
+    """varlen_attention refuses (by name) every head dim / dtype that
+    paged_prefill_mgpu_supported answers False for, before any lowering."""
+    from pallas_kernels.paged_attention.prefill_mgpu import varlen_attention
+
+    assert not R.paged_prefill_mgpu_supported((256, 4, D), (1, 2, 64, 16, D), dtype)
+    q, kv = jnp.zeros((256, 4, D), dtype), jnp.zeros((256, 2, D), dtype)
+    z = jnp.zeros((2, 256), jnp.int32)
+    with pytest.raises(ValueError, match=rf"D % 64 == 0, D <= 256, got .* D={D}"):
+        varlen_attention(q, kv, kv, z, z, z, scale=1.0, cfg=MgpuPrefillConfig())

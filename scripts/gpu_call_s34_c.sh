@@ -12,7 +12,9 @@ set -u
 source scripts/gpu_call_lib.sh
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm --format=csv,noheader \
   | tee "$OUT/logs/nvidia-smi.txt"
-nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw,clocks_event_reasons.active \
+R=clocks_event_reasons.active  # older drivers: clocks_throttle_reasons.active
+nvidia-smi --query-gpu=$R --format=csv > /dev/null 2>&1 || R=clocks_throttle_reasons.active
+nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw,$R \
   --format=csv,noheader,nounits -lms 50 > "$OUT/logs/smi.csv" 2>&1 &
 SMI=$!
 P="python3 -u benchmarks/profile_decode.py --backend pallas:fp8:fp8 --batch 512 --ctx 1536

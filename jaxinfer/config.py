@@ -354,6 +354,13 @@ class EngineConfig:
         for name in ("max_consecutive_prefills", "max_queue_len"):
             if getattr(self, name) is not None:
                 pos(name)
+        s = self.seed  # numpy's SeedSequence takes ints >= 0 only, and names no option
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
+            raise ConfigError(f"seed must be an integer in [0, 2**63), got {s!r}")
+        for name in ("enable_prefix_caching", "async_scheduling", "scan_layers"):
+            v = getattr(self, name)  # a string such as "false" would be taken as True
+            if not isinstance(v, bool) and not (v is None and name == "scan_layers"):
+                raise ConfigError(f"{name} must be True or False, got {v!r}")
 
     @property
     def max_pages_per_seq(self) -> int:

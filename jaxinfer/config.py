@@ -346,8 +346,9 @@ class EngineConfig:
                     if self.kv_cache_dtype == "fp8_e5m2" else "")
             raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                               f"got {self.kv_cache_dtype!r}{hint}")
-        if self.num_kv_pages is not None and self.num_kv_pages < 2:
-            raise ConfigError(f"num_kv_pages must be at least 2, got {self.num_kv_pages}")
+        n = self.num_kv_pages
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
+            raise ConfigError(f"num_kv_pages must be an integer of at least 2, got {n!r}")
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")

@@ -263,7 +263,7 @@ def size_for_engine(net: Any, model_config: ModelConfig, ec: EngineConfig, dtype
     """Measure (device memory, activations or host RAM) and size the engine's pool
     (``dtype``: the model dtype; the pool's is ``KVSizing.kv_dtype``)."""
     if ec.num_kv_pages is not None:
-        return size_kv_pool(model_config, ec, dtype, memory_stats=None)
+        return _check_fits(size_kv_pool(model_config, ec, dtype, memory_stats=None))
     stats = device_memory_stats()
     if stats is not None:
         act = profile_activation_bytes(net, ec, dtype)
@@ -271,3 +271,24 @@ def size_for_engine(net: Any, model_config: ModelConfig, ec: EngineConfig, dtype
         return size_kv_pool(model_config, ec, dtype, memory_stats=stats, activation_bytes=act)
     return size_kv_pool(model_config, ec, dtype, memory_stats=None,
                         host_bytes=host_available_bytes())
+
+
+def _check_fits(sizing: KVSizing) -> KVSizing:
+    """``sizing`` (an explicit ``num_kv_pages``) if its pool fits the memory left: the
+    device's XLA limit less what is in use (the weights), on the CPU the available RAM.
+    Raises ConfigError otherwise (the allocation failed with an out-of-memory traceback, or
+    the kernel killed the process)."""
+    stats = device_memory_stats()
+    if stats is not None:
+        free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+        where = "device memory (XLA's limit less the weights)"
+    else:
+        free, where = host_available_bytes(), "available RAM"
+    if free is not None and sizing.pool_bytes > free:
+        gib = 2.0 ** 30
+        raise ConfigError(
+            f"num_kv_pages {sizing.num_pages}: the KV pool needs "
+            f"{sizing.pool_bytes / gib:,.2f} GiB ({sizing.page_bytes:,} bytes a page), more "
+            f"than the {free / gib:,.2f} GiB of {where}; lower num_kv_pages, or leave it out "
+            f"to size the pool from memory")
+    return sizing

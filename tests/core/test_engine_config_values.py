@@ -36,3 +36,37 @@ def test_cli_negative_seed_is_one_line_error_naming_seed(capsys):
                  "1 2 3"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "jaxinfer: error: seed must be an integer in [0, 2**63), got -1"]
+
+
+@pytest.mark.parametrize("pages", [3.5, "64", True, 1])
+def test_num_kv_pages_must_be_an_integer(pages):
+    """``num_kv_pages=3.5`` used to reach jnp.zeros (a JAX TypeError on the pool's shape)."""
+    with pytest.raises(ConfigError, match="num_kv_pages must be an integer of at least 2, got "):
+        EngineConfig(num_kv_pages=pages)
+
+
+def test_cli_num_kv_pages_beyond_memory_is_one_line_error(capsys):
+    """``--num-kv-pages 10**12`` used to end in a RESOURCE_EXHAUSTED traceback (exit 1)."""
+    from jaxinfer.cli import main
+
+    assert main(["generate", "--model", "dummy:tiny-llama", "--token-ids", "--num-kv-pages",
+                 str(10**12), "1 2 3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "jaxinfer: error: num_kv_pages 1000000000000: the KV pool needs "), err
+    assert "GiB of available RAM; lower num_kv_pages" in err[0]
+
+
+def test_num_kv_pages_within_memory_is_kept(monkeypatch):
+    from jaxinfer import kv_sizing
+    from jaxinfer.config import ModelConfig
+
+    mc = ModelConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                     num_layers=2, num_heads=2, num_kv_heads=2, head_dim=16)
+    ec = EngineConfig(max_model_len=64, num_kv_pages=10)
+    page = kv_sizing.kv_page_bytes(mc, 16, "float32")
+    monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: 10 * page)
+    assert kv_sizing.size_for_engine(None, mc, ec, "float32").num_pages == 10
+    monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: 10 * page - 1)
+    with pytest.raises(ConfigError, match="num_kv_pages 10: the KV pool needs"):
+        kv_sizing.size_for_engine(None, mc, ec, "float32")

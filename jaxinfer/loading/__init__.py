@@ -33,6 +33,7 @@ from jaxinfer.loading.named import DEFAULT_MODEL, NAMED_MODELS, resolve_named
 from jaxinfer.loading.orbax_store import (
     cache_path_for,
     cache_state,
+    check_can_create,
     checkpoint_dir,
     is_converted,
     load_converted,
@@ -294,6 +295,8 @@ def convert(model: str, output: str | None = None, progress: bool = True,
                                   f"copy ({why}) and is left alone: remove it, or give an "
                                   f"output directory")
         replace = _remake(output_path, state, why, path, scheme)
+        check_can_create(output_path, "the checkpoint cache entry", "; set "
+                         "$JAXINFER_CHECKPOINT_DIR to a writable folder or give --output")
     else:
         output_path = Path(output).expanduser()
         if output_path.exists():
@@ -301,6 +304,7 @@ def convert(model: str, output: str | None = None, progress: bool = True,
         parent = next((p for p in output_path.absolute().parents if p.exists()), None)
         if parent is not None and not parent.is_dir():
             raise CheckpointError(f"output {output_path}: {parent} is not a directory")
+        check_can_create(output_path, "output")
     loaded = _load_gguf(path, progress) if kind == "gguf" else load_hf(path, "float32", progress)
     if calib_path is not None:
         scheme = _quantize_gptq(loaded, calib_path, calibration_tokens, progress)

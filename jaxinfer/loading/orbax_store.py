@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -189,6 +190,21 @@ def remove_stale_temps(parent: Path, name: str | None) -> None:
                 p.unlink(missing_ok=True)
         except (ValueError, IndexError, PermissionError):
             pass
+
+
+def check_can_create(out: str | Path, what: str, hint: str = "") -> None:
+    """Raise CheckpointError ``"<what> <out>: cannot create it in <dir> (<reason>)<hint>"``
+    unless the nearest existing folder above ``out`` takes a new directory (probed with one
+    made and removed): a conversion checks this before it reads the model, as its write
+    would otherwise fail at the end, on a temporary name."""
+    parent = next((p for p in Path(out).absolute().parents if p.exists()), None)
+    if parent is None:
+        return
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".jaxinfer-probe-", dir=parent))
+    except OSError as e:
+        raise CheckpointError(f"{what} {out}: cannot create it in {parent} "
+                              f"({e.strerror or e}){hint}") from None
 
 
 def save_converted(out: str | Path, model: LoadedModel,

@@ -132,6 +132,10 @@ def cmd_compile(ns: Any) -> int:
         raise ConfigError("jaxinfer compile needs --cache-dir DIR (or --list)")
     if ns.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {ns.jobs}")
+    modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
+    if not modes:  # it wrote a cache of no programs, which engines then took as theirs
+        raise ConfigError(f"--modes names no program mode (got {ns.modes!r}); use "
+                          f"{', '.join(MODES)}")
     phases = PhaseLog()
     phases.mark("command parsed")
     # This process only compiles (its workers too): keep it from reserving accelerator memory.
@@ -160,8 +164,7 @@ def cmd_compile(ns: Any) -> int:
         sizing = size_for_compile(mc, ec)
         ec = dataclasses.replace(ec, num_kv_pages=sizing.num_pages)
         phases.mark("KV pool sized")
-        programs = enumerate_programs(ec, [m.strip() for m in ns.modes.split(",")
-                                           if m.strip()])
+        programs = enumerate_programs(ec, modes)
         print(describe(ns.model, mc, ec, programs, sizing), flush=True)
         phases.mark("configuration described")
         if ns.list:

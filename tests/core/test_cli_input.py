@@ -38,3 +38,21 @@ def test_serve_drain_timeout_must_be_seconds_at_least_zero(capsys, value):
         main(["serve", "--model", "dummy:tiny-llama", "--drain-timeout", value])
     assert e.value.code == 2
     assert "argument --drain-timeout:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("modes", [",", " ", ""])
+def test_compile_with_no_modes_is_refused_and_writes_no_cache(monkeypatch, capsys, tmp_path,
+                                                              modes):
+    """``--modes ,`` used to write a compile cache of 0 programs (exit 0), whose KV pool an
+    engine started with it then adopted."""
+    from jaxinfer import compile_cli
+    from jaxinfer.cli import main
+
+    monkeypatch.setattr(compile_cli, "model_config_of",
+                        lambda *a: pytest.fail("the model config was read first"))
+    cache = tmp_path / "cache"
+    assert main(["compile", "--model", "dummy:tiny-llama", "--cache-dir", str(cache),
+                 "--jobs", "1", "--modes", modes]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"jaxinfer: error: --modes names no program mode (got {modes!r}); use sample, logits"]
+    assert not cache.exists()

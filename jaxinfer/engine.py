@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import numbers
+import os
 import time
 from typing import Any, NamedTuple
 from typing import Sequence as Seq
@@ -24,7 +25,7 @@ from jaxinfer import engine_logits, prompts
 from jaxinfer.batch import SlotTable, StepInputs, build_step
 from jaxinfer.config import ModelConfig
 from jaxinfer.engine_async import plan_next_decode
-from jaxinfer.engine_config import _resolve_dtype, engine_config_for
+from jaxinfer.engine_config import _resolve_dtype, check_engine_args, engine_config_for
 from jaxinfer.engine_multi import Window, launch_next_window, launch_window
 from jaxinfer.input_batch import InputBatch
 from jaxinfer.kv_sizing import size_for_engine
@@ -68,14 +69,15 @@ class LLMEngine:
 
     Args:
       model: named model (``smollm2-135m``, ``gemma3-270m``), GGUF file, HF directory,
-        converted orbax directory or ``dummy:<shape>``; or a ``LoadedModel``.
+        converted orbax directory or ``dummy:<shape>`` (str or os.PathLike); or a ``LoadedModel``.
       compile_cache_dir: a directory written by ``jaxinfer compile`` for this configuration:
         programs are loaded from it instead of compiled (see jaxinfer/compile.py).
       compile_cache_strict: refuse (CompileCacheError) a compile cache that does not match
         instead of warning and compiling.
       **engine_args: fields of :class:`EngineConfig` (max_model_len, block_size, ...).
     Raises:
-      CheckpointError: the model cannot be found or read. ConfigError: bad engine options.
+      CheckpointError: the model cannot be found or read. ConfigError: bad engine options,
+        an unknown option (named, with the closest field) or a model of the wrong type.
     """
 
     def __init__(self, model: Any = DEFAULT_MODEL, compile_cache_dir: str | None = None,
@@ -84,6 +86,9 @@ class LLMEngine:
         from jaxinfer.compile_cache import kernel_env
 
         kernel_env()  # a bad $JAXINFER_* kernel switch fails here, before any loading
+        check_engine_args(model, engine_args)  # so do a wrong model type and unknown options
+        if isinstance(model, os.PathLike):
+            model = os.fspath(model)
         host_dtype = jnp.dtype(_resolve_dtype(engine_args.get("dtype", "auto"))).name
         # A LoadedModel (config, params, tokenizer) may be passed directly (research, tests).
         if isinstance(model, str):

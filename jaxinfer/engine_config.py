@@ -7,6 +7,8 @@ without an engine.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import os
 from typing import Any
 
 import jax
@@ -22,6 +24,23 @@ def _resolve_dtype(name: str) -> Any:
     if name not in ("float32", "bfloat16"):
         raise ConfigError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {name!r}")
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
+def check_engine_args(model: Any, engine_args: dict[str, Any]) -> None:
+    """Refuse, before any loading, a ``model`` that is not a name, a path or a LoadedModel
+    (``LLM(123)`` used to fail with an AttributeError) and an ``engine_args`` key that is no
+    :class:`EngineConfig` field (``LLM(max_num_seq=4)`` used to load the model first, then
+    raise TypeError). Raises ConfigError naming the argument (and the closest field)."""
+    if not isinstance(model, (str, os.PathLike)) and not all(
+            hasattr(model, a) for a in ("config", "params", "tokenizer")):
+        raise ConfigError(f"model must be a model name, a checkpoint path or a LoadedModel, "
+                          f"got {type(model).__name__}", field="model")
+    fields = [f.name for f in dataclasses.fields(EngineConfig)]
+    for key in engine_args:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown engine option {key!r}{hint}", field=key)
 
 
 def engine_config_for(model_config: ModelConfig, engine_args: dict[str, Any]) -> EngineConfig:

@@ -70,3 +70,38 @@ def test_num_kv_pages_within_memory_is_kept(monkeypatch):
     monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: 10 * page - 1)
     with pytest.raises(ConfigError, match="num_kv_pages 10: the KV pool needs"):
         kv_sizing.size_for_engine(None, mc, ec, "float32")
+
+
+@pytest.mark.parametrize("model", [123, None, ["smollm2-135m"]])
+def test_model_of_the_wrong_type_is_refused_before_loading(model, monkeypatch):
+    """``LLM(123)`` / ``LLM(None)`` used to fail with an AttributeError deep in the engine."""
+    from jaxinfer import loading
+    from jaxinfer.llm import LLM
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(ConfigError, match="model must be a model name, a checkpoint path or "
+                                          f"a LoadedModel, got {type(model).__name__}"):
+        LLM(model)
+
+
+def test_unknown_engine_option_is_refused_before_loading(monkeypatch):
+    """``LLM(..., max_num_seq=4)`` used to load the model, then raise a bare TypeError."""
+    from jaxinfer import loading
+    from jaxinfer.llm import LLM
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(ConfigError, match=r"unknown engine option 'max_num_seq' \(did you "
+                                          r"mean 'max_num_seqs'\?\)") as err:
+        LLM("dummy:tiny-llama", max_num_seq=4)
+    assert err.value.field == "max_num_seq"
+    with pytest.raises(ConfigError, match=r"^unknown engine option 'foo_bar'$"):
+        LLM("dummy:tiny-llama", foo_bar=1)
+
+
+def test_path_models_and_known_options_pass_the_check():
+    from pathlib import Path
+
+    from jaxinfer.engine_config import check_engine_args
+
+    check_engine_args(Path("/models/x"), {"max_num_seqs": 4, "seed": 1})
+    check_engine_args("smollm2-135m", {})

@@ -105,7 +105,6 @@ def host_trace(step, n: int) -> list[tuple[str, float, float]]:
     import tempfile
 
     import jax
-
     from profile_decode import load_trace
 
     d = tempfile.mkdtemp(prefix="launch_trace_")
@@ -149,8 +148,8 @@ def main() -> None:
     ns = ap.parse_args()
 
     import jax
-
     from gpu_decode import decode_inputs, decode_replay, make_engine, median_time, pipelined_time
+
     from jaxinfer.runner import COMPILER_OPTIONS
 
     if ns.num_layers:

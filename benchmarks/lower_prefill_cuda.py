@@ -53,8 +53,8 @@ import jaxinfer.models.transformer as T  # noqa: E402
 _mo = T.model_options
 T.model_options = lambda ec: {**_mo(ec), "interpret": False}
 if a.gemm == "nojit":
-    from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
     import jaxinfer.models.projection as Proj
+    from pallas_kernels.matmul.fp8_plan import fp8_engine_linear
 
     def _nojit(h, w, s, env=(), **kw):  # the FP8 GEMM inlined, without its module-level jit
         return fp8_engine_linear(h, w, s, **kw)

@@ -99,7 +99,6 @@ def step_inputs(eng, b: int, ctx: int, max_steps: int):
     the row's page of ctx. Returns (bucket, token ids, AttentionMetadata, SamplingArrays).
     Raises SystemExit when the pages do not fit the pool or the bucket's block table."""
     import jax
-
     from gpu_decode import decode_inputs
 
     runner = eng.runner

@@ -177,8 +177,9 @@ def cmd_compile(ns: Any) -> int:
             pool.close()
     print(bucket_table(programs, r.seconds))
     done = list(r.seconds.values())
-    print(f"compiled {len(done)} programs, {len(r.skipped)} already cached; {sum(done):.1f} s of compile "
-          f"time, max {max(done, default=0):.2f} s; wall {r.wall_seconds:.1f} s; "
+    print(f"compiled {len(done)} programs, {len(r.skipped)} already cached; "
+          f"{sum(done):.1f} s of compile time, max {max(done, default=0):.2f} s; "
+          f"wall {r.wall_seconds:.1f} s; "
           f"manifest {r.directory / MANIFEST}", file=sys.stderr)
     phases.mark("done")
     return 0

@@ -133,7 +133,6 @@ def main() -> None:
 
     import jax
     import jax.numpy as jnp
-
     from gpu_decode import median_time, pipelined_time
 
     out = Path(ns.out)

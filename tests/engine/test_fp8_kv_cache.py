@@ -24,8 +24,8 @@ import pytest
 
 from jaxinfer import cli
 from jaxinfer.config import ConfigError, EngineConfig
-from jaxinfer.llm import LLM
 from jaxinfer.layers.attention import AttentionBackend, allocate_kv_cache
+from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import SamplingParams
 from pallas_kernels.paged_attention import paged_decode_attention_ref
 from tests.conftest import tiny_loaded
@@ -112,13 +112,12 @@ def test_unrolled_fp8_decode_program_slices_no_scale_vector(monkeypatch):
     device copy for every layer's K and V scale (64 memcpy launches an 8B step)."""
     import re
 
-    from jaxinfer.batch import Bucket
-    from tests.conftest import tiny_config
-    from tests.engine.test_fp8_kernels import _cuda_program_text
-
     import jax
 
+    from jaxinfer.batch import Bucket
     from jaxinfer.layers import attention
+    from tests.conftest import tiny_config
+    from tests.engine.test_fp8_kernels import _cuda_program_text
 
     # the Pallas backend's kernels as on a GPU (not interpret mode) for the CUDA lowering
     monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")

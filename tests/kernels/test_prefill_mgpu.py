@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_kernels.paged_attention.prefill_mgpu_route as R
 from benchmarks.kernels.bench_paged_prefill import make_case
 from benchmarks.kernels.kernel_bench import rel_err
 from pallas_kernels.paged_attention import paged_prefill_attention_ref
-import pallas_kernels.paged_attention.prefill_mgpu_route as R
 from pallas_kernels.paged_attention.prefill_mgpu import (
     MgpuPrefillConfig,
     paged_prefill_attention_mgpu,
@@ -164,10 +164,10 @@ def test_no_cond_where_the_bucket_cannot_overflow():
 
 
 def _program_text(monkeypatch, layers: int, T: int, S: int, maxp: int) -> str:
+    import jaxinfer.layers.attention as A
     from jaxinfer.batch import Bucket
     from jaxinfer.compile import abstract_runner
     from jaxinfer.config import EngineConfig
-    import jaxinfer.layers.attention as A
     from jaxinfer.layers.pallas_attention import PallasAttentionBackend
     from tests.conftest import tiny_config
 

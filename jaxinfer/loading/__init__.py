@@ -256,15 +256,17 @@ def convert(model: str, output: str | None = None, progress: bool = True,
     (jaxinfer.quantization_gptq.quantize_model_gptq); the manifest's scheme names GPTQ and
     the file's SHA-256. Load the result with ``LLM(output)``.
 
-    Returns the directory. Raises CheckpointError if ``output`` exists and is not a converted
-    checkpoint, for a calibration file that is unreadable or shorter than 2 tokens, for a
-    model without a tokenizer or already in FP8, or for any loading error.
+    Returns the directory. Raises CheckpointError if ``output`` is empty, or exists and is
+    not a converted checkpoint, for a calibration file that is unreadable or shorter than 2
+    tokens, for a model without a tokenizer or already in FP8, or for any loading error.
     """
     from jaxinfer.models.params import FP8_PROJECTIONS
     from jaxinfer.quantization import fp8_scheme, quantize_params_fp8
 
     if model.startswith("dummy:"):
         raise CheckpointError("dummy weights are generated on the fly; nothing to convert")
+    if output is not None and not str(output).strip():  # Path("") is "." (the cwd)
+        raise CheckpointError(f"output must name a new directory, got {str(output)!r}")
     kind, path = _resolve(model)
     if kind == "converted":
         raise CheckpointError(f"{path} is already a converted checkpoint")

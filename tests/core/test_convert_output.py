@@ -52,3 +52,14 @@ def test_writable_output_with_new_parents_still_converts(tmp_path):
     assert loading.convert(str(FIXTURE), str(out), progress=False) == out
     assert (out / "manifest.json").is_file()
     assert not [p for p in tmp_path.rglob(".jaxinfer-probe-*")]
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_empty_output_is_refused_naming_it(out, monkeypatch, capsys):
+    """``--output ""`` used to say ". already exists" (Path("") is the working directory)."""
+    from jaxinfer.cli import main
+
+    _no_load(monkeypatch)
+    assert main(["convert", "--model", str(FIXTURE), "--output", out]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"jaxinfer: error: output must name a new directory, got {out!r}"]

@@ -32,6 +32,25 @@ def random_prompts(rng: np.random.Generator, lengths: Sequence[int], vocab_size:
     return [rng.integers(0, vocab_size, int(n)).tolist() for n in lengths]
 
 
+HOST_BYTES_PER_TOKEN = 64  # a token id in a Python list (~41 B, measured) + arrival times
+
+
+def check_host_room(num_prompts: int, tokens_per_prompt: float) -> None:
+    """Raise ValueError (a one-line CLI error) when ``num_prompts`` requests of about
+    ``tokens_per_prompt`` tokens each (prompt + output) would need more host memory than is
+    available, at HOST_BYTES_PER_TOKEN a token: ``--num-prompts 100000000`` used to fill the
+    memory generating prompts until the kernel killed the process (exit 137)."""
+    from jaxinfer.kv_sizing import host_available_bytes
+
+    need = num_prompts * tokens_per_prompt * HOST_BYTES_PER_TOKEN
+    have = host_available_bytes()
+    if have is not None and need > have:
+        raise ValueError(f"--num-prompts {num_prompts}: {num_prompts} requests of "
+                         f"~{tokens_per_prompt:g} tokens need about {need / 2**30:.1f} GiB of "
+                         f"host memory for their token ids; {have / 2**30:.1f} GiB is "
+                         f"available: run fewer prompts")
+
+
 def fixed_length_params(output_len: int, temperature: float = 1.0, top_p: float = 1.0,
                         top_k: int = 0, min_p: float = 0.0) -> SamplingParams:
     """Exactly ``output_len`` new tokens (EOS ignored), sampled as vLLM's benchmarks do

@@ -60,7 +60,7 @@ def _counts(text: str) -> tuple[int, ...]:
 def workloads(ns: argparse.Namespace) -> list[tuple[int, int, int]]:
     """``(input_len, output_len, num_prompts)`` per workload from the (list) options; a
     single value applies to every workload. Raises ValueError for lists of different
-    lengths or a value below 1."""
+    lengths, a value below 1 or more requests than host memory holds."""
     lists = {"--input-len": ns.input_len, "--output-len": ns.output_len,
              "--num-prompts": ns.num_prompts}
     lists = {k: (v,) if isinstance(v, int) else tuple(v) for k, v in lists.items()}
@@ -71,6 +71,7 @@ def workloads(ns: argparse.Namespace) -> list[tuple[int, int, int]]:
     out = [tuple(v[i] if len(v) > 1 else v[0] for v in lists.values()) for i in range(n)]
     for isl, osl, num in out:
         check_lengths(isl, osl, num)
+        driver.check_host_room(num, isl + osl)
     return out
 
 

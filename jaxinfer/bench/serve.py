@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from jaxinfer.bench.cli import non_negative_float, positive_float
+from jaxinfer.bench.driver import check_host_room
 from jaxinfer.bench.metrics import Progress, RequestTimeline, format_table, summarize, unit_of
 from jaxinfer.bench.records import check_out_dir, make_record, write_run
 
@@ -258,6 +259,7 @@ def run_serve(ns: argparse.Namespace) -> dict[str, Any]:
     check_out_dir(ns.out)
     rng = np.random.default_rng(ns.seed)
     total = n + ns.num_warmups
+    check_host_room(total, ns.random_input_len + ns.random_output_len)
     in_lens = sample_lengths(rng, total, ns.random_input_len, ns.random_range_ratio)
     out_lens = sample_lengths(rng, total, ns.random_output_len, ns.random_range_ratio)
     gaps = arrival_gaps(rng, n, ns.request_rate)

@@ -277,3 +277,25 @@ def test_options_checked_before_any_work(tmp_path: Path, capsys: pytest.CaptureF
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2 and "must be a finite number >" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["offline", "serve"])
+def test_more_prompts_than_host_memory_is_a_one_line_error(command, monkeypatch, capsys):
+    """``--num-prompts 100000000`` used to generate prompts until the process was killed
+    (exit 137); it is refused before any prompt (or server) is made, naming the sizes."""
+    from jaxinfer import kv_sizing
+    from jaxinfer.bench import driver
+
+    monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr(driver, "random_prompts", lambda *a: pytest.fail("prompts made"))
+    lens = (["--input-len", "100", "--output-len", "28"] if command == "offline" else
+            ["--random-input-len", "100", "--random-output-len", "28"])
+    assert main(["bench", command, *TINY, *lens, "--num-prompts", "100000000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"jaxinfer: error: --num-prompts 100000000: 100000000 requests of ~128 "
+                   f"tokens need about {1e8 * 128 * 64 / 2**30:.1f} GiB of host memory for "
+                   f"their token ids; 8.0 GiB is available: run fewer prompts"], err
+    # Just under the limit passes the check (8 GiB / (128 * 64 B) requests).
+    driver.check_host_room(8 * 2**30 // (128 * 64), 128)
+    with pytest.raises(ValueError, match="--num-prompts 1048577: "):
+        driver.check_host_room(8 * 2**30 // (128 * 64) + 1, 128)

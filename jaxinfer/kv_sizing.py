@@ -3,6 +3,7 @@
 On an accelerator, after the weights are on the device::
 
     kv_budget = gpu_memory_utilization * bytes_limit - bytes_in_use - activation_bytes
+                - slot_bytes
     num_pages = (kv_budget - scale_bytes) // page_bytes    (the null page 0 included)
     page_bytes = 2 (K, V) * L * Hkv * page_size * D * itemsize(KV dtype)
 
@@ -22,10 +23,17 @@ vLLM measures the same thing with a profiling forward pass). ``jaxinfer compile`
 weights: it passes their bytes from the parameter shapes as ``weights_bytes`` and estimates
 the activations from shallow probes (jaxinfer/compile_kv.py).
 
+``slot_bytes`` (:func:`slot_state_bytes`) is the per-sequence state the runner allocates
+beside the pool: the penalty token counts, int32 ``[max_num_seqs + 1, vocab_size]``
+(0.25 GiB at 512 sequences of Llama 3's 128,256-token vocabulary). A ``max_num_seqs`` whose
+state alone exceeds the memory is a ConfigError naming it (a huge value used to end in an
+out-of-memory kill).
+
 On the CPU (``memory_stats()`` is None) the pool is what ``max_num_seqs`` sequences of
 ``max_model_len`` tokens need (``EngineConfig.total_kv_pages``), capped by
-``gpu_memory_utilization`` of the host's available RAM. An explicit ``num_kv_pages`` wins
-everywhere. A pool that cannot hold one ``max_model_len`` sequence is a ConfigError.
+``gpu_memory_utilization`` of the host's available RAM less ``slot_bytes``. An explicit
+``num_kv_pages`` wins everywhere (if it fits with ``slot_bytes``). A pool that cannot hold
+one ``max_model_len`` sequence is a ConfigError.
 """
 
 from __future__ import annotations
@@ -140,6 +148,27 @@ def device_memory_stats() -> dict[str, int] | None:
     return stats if stats and "bytes_limit" in stats else None
 
 
+def slot_state_bytes(model_config: ModelConfig, ec: EngineConfig) -> int:
+    """Bytes of the per-sequence state the runner allocates beside the pool (runner.py): the
+    penalty token counts, int32 ``[max_num_seqs + 1, vocab_size]`` (+ the scratch row)."""
+    return (ec.max_num_seqs + 1) * model_config.vocab_size * 4
+
+
+def check_slot_state(model_config: ModelConfig, ec: EngineConfig, room: int | None,
+                     where: str) -> int:
+    """``slot_state_bytes`` if it fits the ``room`` bytes of ``where`` (None: unknown, no
+    check). Raises ConfigError naming max_num_seqs otherwise."""
+    slots = slot_state_bytes(model_config, ec)
+    if room is not None and slots > room:
+        gib = 2.0 ** 30
+        raise ConfigError(
+            f"max_num_seqs {ec.max_num_seqs}: the per-sequence penalty counts (int32 "
+            f"[{ec.max_num_seqs + 1}, {model_config.vocab_size}]) need {slots / gib:,.2f} GiB, "
+            f"more than the {max(room, 0) / gib:,.2f} GiB of {where}; lower max_num_seqs",
+            field="max_num_seqs")
+    return slots
+
+
 def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
                  memory_stats: dict[str, int] | None, activation_bytes: int = 0,
                  host_bytes: int | None = None, weights_bytes: int = 0) -> KVSizing:
@@ -170,7 +199,9 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
     if memory_stats is not None and "bytes_limit" in memory_stats:
         limit = int(memory_stats["bytes_limit"])
         in_use = int(memory_stats["bytes_in_use"]) + weights_bytes
-        budget = int(util * limit) - in_use - activation_bytes
+        slots = check_slot_state(model_config, ec, int(util * limit) - in_use,
+                                 f"device memory ({util} of the limit less what is in use)")
+        budget = int(util * limit) - in_use - activation_bytes - slots
         sizing = pool(max(0, budget - scales) // page, source="device memory",
                       budget_bytes=budget, weights_bytes=in_use,
                       activation_bytes=activation_bytes)
@@ -187,7 +218,9 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
     full = ec.total_kv_pages  # max_num_seqs sequences of max_model_len tokens
     if host_bytes is None:
         return pool(full, source="max_num_seqs")
-    budget = int(util * host_bytes)
+    slots = check_slot_state(model_config, ec, int(util * host_bytes),
+                             f"available RAM ({util} of it)")
+    budget = int(util * host_bytes) - slots
     fit = max(0, budget - scales) // page
     if fit >= full:
         return pool(full, source="max_num_seqs", budget_bytes=budget)
@@ -263,9 +296,12 @@ def size_for_engine(net: Any, model_config: ModelConfig, ec: EngineConfig, dtype
     """Measure (device memory, activations or host RAM) and size the engine's pool
     (``dtype``: the model dtype; the pool's is ``KVSizing.kv_dtype``)."""
     if ec.num_kv_pages is not None:
-        return _check_fits(size_kv_pool(model_config, ec, dtype, memory_stats=None))
+        return _check_fits(size_kv_pool(model_config, ec, dtype, memory_stats=None),
+                           model_config, ec)
     stats = device_memory_stats()
-    if stats is not None:
+    if stats is not None:  # a max_num_seqs too large is refused before its probe compiles
+        check_slot_state(model_config, ec, int(stats["bytes_limit"])
+                         - int(stats.get("bytes_in_use", 0)), "device memory")
         act = profile_activation_bytes(net, ec, dtype)
         stats = device_memory_stats() or stats  # after the probe's compilations
         return size_kv_pool(model_config, ec, dtype, memory_stats=stats, activation_bytes=act)
@@ -273,17 +309,21 @@ def size_for_engine(net: Any, model_config: ModelConfig, ec: EngineConfig, dtype
                         host_bytes=host_available_bytes())
 
 
-def _check_fits(sizing: KVSizing) -> KVSizing:
-    """``sizing`` (an explicit ``num_kv_pages``) if its pool fits the memory left: the
-    device's XLA limit less what is in use (the weights), on the CPU the available RAM.
-    Raises ConfigError otherwise (the allocation failed with an out-of-memory traceback, or
-    the kernel killed the process)."""
+def _check_fits(sizing: KVSizing, model_config: ModelConfig, ec: EngineConfig) -> KVSizing:
+    """``sizing`` (an explicit ``num_kv_pages``) if its pool and the per-sequence state
+    (:func:`slot_state_bytes`) fit the memory left: the device's XLA limit less what is in
+    use (the weights), on the CPU the available RAM. Raises ConfigError otherwise (the
+    allocation failed with an out-of-memory traceback, or the kernel killed the process)."""
     stats = device_memory_stats()
     if stats is not None:
         free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
         where = "device memory (XLA's limit less the weights)"
     else:
         free, where = host_available_bytes(), "available RAM"
+    if free is not None:
+        slots = check_slot_state(model_config, ec, free, where)
+        free -= slots
+        where += f" less {slots / 2.0 ** 30:,.2f} GiB of per-sequence state"
     if free is not None and sizing.pool_bytes > free:
         gib = 2.0 ** 30
         raise ConfigError(

@@ -54,7 +54,7 @@ def test_cli_num_kv_pages_beyond_memory_is_one_line_error(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
         "jaxinfer: error: num_kv_pages 1000000000000: the KV pool needs "), err
-    assert "GiB of available RAM; lower num_kv_pages" in err[0]
+    assert "GiB of per-sequence state; lower num_kv_pages" in err[0]
 
 
 def test_num_kv_pages_within_memory_is_kept(monkeypatch):
@@ -65,9 +65,11 @@ def test_num_kv_pages_within_memory_is_kept(monkeypatch):
                      num_layers=2, num_heads=2, num_kv_heads=2, head_dim=16)
     ec = EngineConfig(max_model_len=64, num_kv_pages=10)
     page = kv_sizing.kv_page_bytes(mc, 16, "float32")
-    monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: 10 * page)
+    slots = kv_sizing.slot_state_bytes(mc, ec)  # the runner's penalty counts come first
+    assert slots == (8 + 1) * 64 * 4
+    monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: 10 * page + slots)
     assert kv_sizing.size_for_engine(None, mc, ec, "float32").num_pages == 10
-    monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: 10 * page - 1)
+    monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: 10 * page + slots - 1)
     with pytest.raises(ConfigError, match="num_kv_pages 10: the KV pool needs"):
         kv_sizing.size_for_engine(None, mc, ec, "float32")
 

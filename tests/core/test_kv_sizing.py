@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from jaxinfer.config import ConfigError, EngineConfig
-from jaxinfer.kv_sizing import host_available_bytes, kv_page_bytes, size_kv_pool
+from jaxinfer.kv_sizing import (
+    host_available_bytes,
+    kv_page_bytes,
+    size_kv_pool,
+    slot_state_bytes,
+)
 from tests.conftest import tiny_config
 
 GIB = 2**30
@@ -28,7 +33,9 @@ def test_device_memory_sizing() -> None:
     assert page == 2 * 2**20
     stats = {"bytes_limit": 100 * GIB, "bytes_in_use": 16 * GIB}
     s = size_kv_pool(cfg, ec, np.float16, memory_stats=stats, activation_bytes=4 * GIB)
-    budget = int(0.9 * 100 * GIB) - 16 * GIB - 4 * GIB
+    slots = slot_state_bytes(cfg, ec)  # the penalty counts, int32 [max_num_seqs + 1, vocab]
+    assert slots == (8 + 1) * 96 * 4
+    budget = int(0.9 * 100 * GIB) - 16 * GIB - 4 * GIB - slots
     assert s.source == "device memory" and s.budget_bytes == budget
     assert s.num_pages == budget // page and s.pool_bytes <= budget
     assert s.max_tokens == (s.num_pages - 1) * 16
@@ -51,7 +58,8 @@ def test_explicit_pages_and_cpu_paths() -> None:
     assert (roomy.num_pages, roomy.source) == (ec.total_kv_pages, "max_num_seqs") == (129,
                                                                                    "max_num_seqs")
     tight = size_kv_pool(cfg, ec, np.float32, memory_stats=None, host_bytes=50 * page)
-    assert tight.source == "host memory" and tight.num_pages == int(0.9 * 50 * page) // page
+    assert tight.source == "host memory"
+    assert tight.num_pages == (int(0.9 * 50 * page) - slot_state_bytes(cfg, ec)) // page
     with pytest.raises(ConfigError, match="available RAM"):
         size_kv_pool(cfg, ec, np.float32, memory_stats=None, host_bytes=10 * page)
     unknown = size_kv_pool(cfg, ec, np.float32, memory_stats=None, host_bytes=None)
@@ -63,7 +71,8 @@ def test_explicit_pages_and_cpu_paths() -> None:
 def test_fp8_kv_doubles_the_pages_of_bf16() -> None:
     import ml_dtypes
 
-    cfg = tiny_config(num_layers=32, num_kv_heads=8, head_dim=128, num_heads=32)  # 8B shape
+    cfg = tiny_config(num_layers=32, num_kv_heads=8, head_dim=128, num_heads=32,
+                      vocab_size=128256)  # 8B shape
     stats = {"bytes_limit": 100 * GIB, "bytes_in_use": 16 * GIB}
     sized = {}
     for kv in ("auto", "fp8", "fp8_e4m3"):
@@ -75,9 +84,9 @@ def test_fp8_kv_doubles_the_pages_of_bf16() -> None:
         "bfloat16", "float8_e4m3fn", "float8_e4m3fn")
     assert fp8.page_bytes == bf16.page_bytes // 2 == 2**20  # 1 byte per element
     assert (bf16.scale_bytes, fp8.scale_bytes) == (0, 2 * 32 * 4)  # k and v scale per layer
-    budget = int(0.9 * 100 * GIB) - 16 * GIB - 4 * GIB
-    assert fp8.num_pages == (budget - fp8.scale_bytes) // 2**20 == 71679
-    assert bf16.num_pages == budget // 2**21 == 35840
+    budget = int(0.9 * 100 * GIB) - 16 * GIB - 4 * GIB - 9 * 128256 * 4  # - penalty counts
+    assert fp8.num_pages == (budget - fp8.scale_bytes) // 2**20 == 71675
+    assert bf16.num_pages == budget // 2**21 == 35837
     assert fp8.max_tokens >= 2 * bf16.max_tokens - 16  # twice the tokens, to a page
     assert fp8.pool_bytes <= budget
     line = fp8.describe(4096)
@@ -86,6 +95,41 @@ def test_fp8_kv_doubles_the_pages_of_bf16() -> None:
     ec = EngineConfig(max_model_len=4096, num_kv_pages=100, kv_cache_dtype="fp8")
     fixed = size_kv_pool(cfg, ec, ml_dtypes.bfloat16, memory_stats=None)
     assert fixed.num_pages == 100 and fixed.pool_bytes == 100 * 2**20 + 256
+
+
+def test_max_num_seqs_whose_state_exceeds_memory_is_refused_naming_it() -> None:
+    """``--max-num-seqs 10000000`` used to end in an out-of-memory kill (exit 137) when the
+    runner allocated its int32 [max_num_seqs + 1, vocab] penalty counts; the pool's budget
+    now leaves room for them, and a max_num_seqs they alone overflow is a ConfigError."""
+    cfg = tiny_config(vocab_size=128256)
+    ec = EngineConfig(max_model_len=64, max_num_seqs=10**6)  # 477.79 GiB of counts
+    msg = (r"max_num_seqs 1000000: the per-sequence penalty counts \(int32 \[1000001, "
+           r"128256\]\) need 477\.79 GiB, more than the [\d.]+ GiB of ")
+    with pytest.raises(ConfigError, match=msg + "device memory") as err:
+        size_kv_pool(cfg, ec, np.float32, memory_stats={"bytes_limit": 140 * GIB,
+                                                        "bytes_in_use": 16 * GIB})
+    assert err.value.field == "max_num_seqs"
+    with pytest.raises(ConfigError, match=msg + "available RAM"):
+        size_kv_pool(cfg, ec, np.float32, memory_stats=None, host_bytes=24 * GIB)
+    ok = EngineConfig(max_model_len=64, max_num_seqs=256)  # 125 MiB of counts: fits
+    assert size_kv_pool(cfg, ok, np.float32, memory_stats=None, host_bytes=24 * GIB).source \
+        == "max_num_seqs"
+
+
+def test_cli_huge_max_num_seqs_is_one_line_error(capsys, monkeypatch) -> None:
+    from jaxinfer import kv_sizing
+    from jaxinfer.cli import main
+
+    # 1 GiB "available": the 10**6 rows of dummy:tiny-llama's 256-token vocabulary (0.95 GiB)
+    # overflow 0.9 of it, and would fit the real machine were the check to let them through.
+    monkeypatch.setattr(kv_sizing, "host_available_bytes", lambda: GIB)
+    assert main(["generate", "--model", "dummy:tiny-llama", "--token-ids", "--max-num-seqs",
+                 str(10**6), "--max-model-len", "64", "1 2 3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "jaxinfer: error: max_num_seqs 1000000: the per-sequence penalty counts (int32 "
+        "[1000001, 256]) need 0.95 GiB, more than the 0.90 GiB"), err
+    assert err[0].endswith("GiB of available RAM (0.9 of it); lower max_num_seqs"), err
 
 
 @pytest.mark.parametrize("u", [0, 1.5, -0.1, True])

@@ -285,7 +285,8 @@ class ProgramStore:
         Raises CompileCacheError when ``directory`` holds a ``manifest.json`` that is not a
         compile cache's (a converted checkpoint's, say) or does not parse: nothing there is
         touched (it used to be replaced, and the files it listed deleted), and when
-        ``directory`` (or a parent) is an existing file or cannot be created."""
+        ``directory`` (or a parent) is an existing file or cannot be created, or is a
+        non-empty folder without a manifest (someone else's files)."""
         d = Path(directory).expanduser()
         try:
             d.mkdir(parents=True, exist_ok=True)
@@ -296,6 +297,11 @@ class ProgramStore:
                                     ) from None
         programs: list[dict] = []
         old = None
+        if not (d / MANIFEST).exists() and any(d.iterdir()):
+            # Every compile cache has its manifest from its first moment (written below):
+            # a folder of other files is the user's, and programs are not written among them.
+            raise CompileCacheError(f"--cache-dir {d} is not empty and holds no compile cache "
+                                    f"({MANIFEST}): choose a new or empty folder")
         if (d / MANIFEST).exists():
             try:
                 old = json.loads((d / MANIFEST).read_text())

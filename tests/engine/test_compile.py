@@ -525,6 +525,21 @@ def test_a_cache_dir_holding_another_manifest_is_refused_untouched(tmp_path, man
     assert (tmp_path / "a").read_bytes() == b"weights"
 
 
+def test_a_non_empty_cache_dir_without_a_manifest_is_refused_untouched(tmp_path):
+    """``--cache-dir ~/Documents`` used to write programs and a manifest among the user's
+    files; an empty folder (or a new one) is taken."""
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(CompileCacheError, match=rf"--cache-dir {tmp_path} is not empty and "
+                                                r"holds no compile cache \(manifest.json\)"):
+        ProgramStore.create(tmp_path, {"model": "m"})
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    (tmp_path / "empty").mkdir()
+    for d in (tmp_path / "empty", tmp_path / "new"):
+        assert ProgramStore.create(d, {"model": "m"}).entries == {}
+        assert (d / "manifest.json").is_file()
+        ProgramStore.create(d, {"model": "m"})  # and reopened, now that it holds a cache
+
+
 def test_a_cache_dir_that_is_a_file_is_a_clear_error(tmp_path):
     """It used to surface as "[Errno 17] File exists"."""
     f = tmp_path / "cache"

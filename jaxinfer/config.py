@@ -209,7 +209,8 @@ class EngineConfig:
       page_buckets: compiled block-table widths in pages (powers of two from 16 pages up to
         max_pages_per_seq when empty); short contexts run in narrow programs. With the Pallas
         kernels (which read only a sequence's own pages) the engine defaults to the one
-        width max_pages_per_seq: see ``engine_config.engine_config_for``.
+        width max_pages_per_seq: see ``engine_config.engine_config_for``. The largest
+        must equal max_pages_per_seq (ConfigError otherwise).
       prefill_seq_buckets: sequence rows of the prefill programs (powers of two up to
         max_prefill_seqs when empty; the Pallas default is max_prefill_seqs alone).
       dtype: activation and weight dtype ("float32" or "bfloat16"); "auto" picks float32 on
@@ -322,6 +323,12 @@ class EngineConfig:
             if any(not isinstance(b, int) or b <= 0 for b in vals):
                 raise ConfigError(f"{name} must hold positive integers, got {vals!r}")
             object.__setattr__(self, name, tuple(sorted(set(vals))))
+        if self.page_buckets[-1] > self.max_pages_per_seq:  # --page-buckets 1000000: a
+            # [rows, 10**6] block table every step, for pages no sequence can own
+            raise ConfigError(f"page_buckets {self.page_buckets!r}: a block table never needs "
+                              f"more than the {self.max_pages_per_seq} pages of one "
+                              f"max_model_len ({self.max_model_len}) sequence",
+                              field="page_buckets")
         if self.page_buckets[-1] < self.max_pages_per_seq:
             raise ConfigError(f"the largest page bucket ({self.page_buckets[-1]} pages) must hold "
                               f"max_model_len tokens ({self.max_pages_per_seq} pages)")

@@ -49,6 +49,11 @@ def test_prefill_seq_buckets_must_cover_max_prefill_seqs():
      r"the largest prefill bucket \(7\) must hold max_num_batched_tokens \(512\)"),
     (dict(max_num_seqs=64, decode_buckets=(1, 16)),
      r"the largest decode bucket \(16\) must hold max_num_seqs \(64\) sequences"),
+    # A wider block table than one max_model_len sequence's pages (--page-buckets 1000000
+    # used to be taken: a [rows, 10**6] table every step).
+    (dict(max_model_len=64, block_size=16, page_buckets=(4, 1000000)),
+     r"page_buckets \(4, 1000000\): a block table never needs more than the 4 pages of one "
+     r"max_model_len \(64\) sequence"),
 ])
 def test_bucket_errors_give_both_values(kw, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -440,6 +440,12 @@ class LLMEngine:
         longer than max_model_len."""
         return engine_logits.prompt_logits(self, prompt)
 
+    def prompt_kv(self, prompt: str | Seq[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt's KV cache ``(k, v)``, each float32 [layers, tokens, KV heads, head
+        dim], keys after RoPE (jaxinfer/engine_logits.py). Call between steps. Raises
+        RequestError as prompt_logits."""
+        return engine_logits.prompt_kv(self, prompt)
+
 
 def __getattr__(name: str) -> Any:
     # ``LLM`` and ``iter_stream`` live in jaxinfer/llm.py; still importable from here.

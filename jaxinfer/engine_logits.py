@@ -1,9 +1,12 @@
-"""Scoring a prompt through the paged engine path: ``LLMEngine.prompt_logits`` (research)
-and vLLM's ``prompt_logprobs`` of a request, both through the compiled "logits" programs
-(jaxinfer/runner.py ``LOGITS``) over a sequence's own block table."""
+"""Scoring a prompt through the paged engine path: ``LLMEngine.prompt_logits`` and
+``LLMEngine.prompt_kv`` (research) and vLLM's ``prompt_logprobs`` of a request, all through
+the compiled "logits" programs (jaxinfer/runner.py ``LOGITS``) over a sequence's own block
+table."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 from typing import Sequence as Seq
 
@@ -44,6 +47,49 @@ def prompt_logits(engine: Any, prompt: str | Seq[int]) -> np.ndarray:
       RequestError: the prompt is longer than max_model_len (or cannot be encoded), or
         needs more KV pages than are free now (running requests hold the rest).
     """
+    with _prefilled(engine, prompt, "prompt_logits") as (_, rows):
+        return np.concatenate(rows)
+
+
+def prompt_kv(engine: Any, prompt: str | Seq[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The KV cache of a prompt: ``(k, v)``, each float32 [L, N, Hkv, D] (layers, prompt
+    positions, KV heads, head dim), read back from the pages the paged engine path wrote.
+
+    Keys are as attention reads them: after the k projection's bias, Gemma 3's / Qwen3's k
+    norm and RoPE at each position (as HF transformers' ``past_key_values`` hold them);
+    values after the v projection. An FP8 pool's entries come back times their layer's
+    scale (read = stored * scale, pallas_kernels/paged_attention/reference.py), so the
+    quantization error is in them. The prompt is prefilled as for :func:`prompt_logits`
+    into borrowed pages, read, and the pages returned. Call between steps.
+
+    Raises:
+      RequestError: as :func:`prompt_logits`.
+    """
+    with _prefilled(engine, prompt, "prompt_kv") as (seq, _):
+        cache, ps = engine.runner.cache, engine.config.block_size
+        n = seq.num_prompt_tokens
+        pages = np.asarray(seq.block_table[:-(-n // ps)], np.int32)
+        out = []
+        for pool, scales in ((cache.k, cache.k_scale), (cache.v, cache.v_scale)):
+            layers = []
+            for layer in range(engine.model_config.num_layers):
+                arr = pool[layer][0] if cache.per_layer else pool[layer]  # [Hkv, P, ps, D]
+                x = np.asarray(arr[:, pages].astype(np.float32))  # [Hkv, pages, ps, D]
+                x = x.reshape(x.shape[0], -1, x.shape[-1])[:, :n].transpose(1, 0, 2)
+                if scales is not None:
+                    x = x * np.float32(np.asarray(scales[layer]).reshape(()))
+                layers.append(x)
+            out.append(np.stack(layers))
+        return out[0], out[1]
+
+
+@contextlib.contextmanager
+def _prefilled(engine: Any, prompt: str | Seq[int], what: str
+               ) -> Iterator[tuple[Sequence, list[np.ndarray]]]:
+    """Prefill ``prompt`` into pages borrowed from the pool, in chunks of at most
+    ``max_num_batched_tokens``; yields ``(sequence, [logits [n, V] of each chunk])`` while
+    the pages hold its K/V and frees them on exit. Raises RequestError (``what`` names the
+    caller) as :func:`prompt_logits` says."""
     from jaxinfer.engine import PromptTooLongError, RequestError
 
     ids = engine.encode_prompt(prompt)
@@ -54,7 +100,7 @@ def prompt_logits(engine: Any, prompt: str | Seq[int]) -> np.ndarray:
     bm = engine.scheduler.block_manager
     if not bm.can_allocate(seq, len(ids)):
         raise RequestError(
-            f"prompt_logits: the prompt ({len(ids)} tokens) needs "
+            f"{what}: the prompt ({len(ids)} tokens) needs "
             f"{bm.pages_needed(seq, len(ids))} KV pages but {bm.num_free_pages} of the pool's "
             f"{bm.num_usable_pages} are free (running requests hold the rest): call it when "
             f"fewer requests run, or give the engine more KV pages")
@@ -65,7 +111,7 @@ def prompt_logits(engine: Any, prompt: str | Seq[int]) -> np.ndarray:
             n = min(step, len(ids) - start)
             chunk = _Chunk(seq, start, n)
             rows.append(engine.runner.execute(engine._inputs([chunk], True), LOGITS)[:n])
-        return np.concatenate(rows)
+        yield seq, rows
     finally:
         bm.free(seq)
 

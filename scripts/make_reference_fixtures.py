@@ -4,6 +4,7 @@ Run with the reference venv (``scripts/setup_reference.sh`` creates it)::
 
     .venv-ref/bin/python scripts/make_reference_fixtures.py            # everything
     .venv-ref/bin/python scripts/make_reference_fixtures.py --only tiny  # or: real
+    .venv-ref/bin/python scripts/make_reference_fixtures.py --only tiny-kv  # KV / hidden refs
 
 What it writes (all under ``tests/fixtures/``, described file by file in its README.md):
 
@@ -232,6 +233,30 @@ def make_tiny(out_dir: Path) -> dict[str, Any]:
     return manifest
 
 
+@torch.no_grad()
+def make_tiny_kv(out_dir: Path) -> None:
+    """Write tiny/<family>/kv_reference.npz from the committed checkpoints and
+    reference.npz's input_ids (both left as they are): HF's ``past_key_values`` per layer,
+    ``k{l}`` / ``v{l}`` [B, Hkv, T_kept, D] (keys after RoPE, as its attention reads them;
+    a sliding layer's cache may keep only its window's last tokens), and ``hidden_states``
+    [L + 1, B, T, H] (``output_hidden_states``: the embeddings, each layer's output, the last
+    one after the final norm)."""
+    for family in tiny_configs():
+        d = out_dir / family
+        model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager",
+                                                     dtype=torch.float32).eval()
+        ids = np.load(d / "reference.npz")["input_ids"]
+        out = model(torch.from_numpy(ids).long(), use_cache=True, output_hidden_states=True)
+        arrays = {"input_ids": ids,
+                  "hidden_states": np.stack([h.float().numpy() for h in out.hidden_states])}
+        for i, layer in enumerate(out.past_key_values.layers):
+            arrays[f"k{i}"] = layer.keys.float().numpy()
+            arrays[f"v{i}"] = layer.values.float().numpy()
+        np.savez_compressed(d / "kv_reference.npz", **arrays)
+        print(f"tiny/{family}: kv_reference.npz "
+              f"{ {k: v.shape for k, v in arrays.items()} }", flush=True)
+
+
 # ----------------------------------------------------------------------------- real models
 
 def locate_smollm2() -> Path:
@@ -415,7 +440,8 @@ def make_real(name: str, spec: dict[str, Any], out_dir: Path, meta: dict[str, An
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", choices=["tiny", "real"], default=None)
+    ap.add_argument("--only", choices=["tiny", "tiny-kv", "real"], default=None,
+                    help="tiny-kv: only kv_reference.npz of the committed tiny checkpoints")
     ap.add_argument("--out", type=Path, default=FIXTURES)
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
@@ -431,6 +457,8 @@ def main() -> None:
         manifest = {**meta, "seq_len": TINY_SEQ, "new_tokens": TINY_NEW,
                     "families": make_tiny(args.out / "tiny")}
         (args.out / "tiny" / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    if args.only in (None, "tiny", "tiny-kv"):
+        make_tiny_kv(args.out / "tiny")
     if args.only in (None, "real"):
         (args.out / "real").mkdir(parents=True, exist_ok=True)
         for name, spec in REAL.items():

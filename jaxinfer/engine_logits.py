@@ -6,7 +6,7 @@ table."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from typing import Sequence as Seq
 
@@ -84,12 +84,15 @@ def prompt_kv(engine: Any, prompt: str | Seq[int]) -> tuple[np.ndarray, np.ndarr
 
 
 @contextlib.contextmanager
-def _prefilled(engine: Any, prompt: str | Seq[int], what: str
-               ) -> Iterator[tuple[Sequence, list[np.ndarray]]]:
+def _prefilled(engine: Any, prompt: str | Seq[int], what: str,
+               run: Callable[[Any, int], Any] | None = None
+               ) -> Iterator[tuple[Sequence, list[Any]]]:
     """Prefill ``prompt`` into pages borrowed from the pool, in chunks of at most
-    ``max_num_batched_tokens``; yields ``(sequence, [logits [n, V] of each chunk])`` while
-    the pages hold its K/V and frees them on exit. Raises RequestError (``what`` names the
-    caller) as :func:`prompt_logits` says."""
+    ``max_num_batched_tokens``; yields ``(sequence, [run(inputs, n) of each chunk])`` while
+    the pages hold its K/V and frees them on exit. ``run`` executes a chunk's padded
+    StepInputs whose first n tokens are real (default: the "logits" program, its [n, V]
+    logits). Raises RequestError (``what`` names the caller) as :func:`prompt_logits`
+    says."""
     from jaxinfer.engine import PromptTooLongError, RequestError
 
     ids = engine.encode_prompt(prompt)
@@ -109,8 +112,9 @@ def _prefilled(engine: Any, prompt: str | Seq[int], what: str
         rows, step = [], engine.config.max_num_batched_tokens
         for start in range(0, len(ids), step):
             n = min(step, len(ids) - start)
-            chunk = _Chunk(seq, start, n)
-            rows.append(engine.runner.execute(engine._inputs([chunk], True), LOGITS)[:n])
+            inputs = engine._inputs([_Chunk(seq, start, n)], True)
+            rows.append(run(inputs, n) if run is not None else
+                        engine.runner.execute(inputs, LOGITS)[:n])
         yield seq, rows
     finally:
         bm.free(seq)

@@ -25,6 +25,8 @@ proportional to depth; GEMMs that read the stacked weight in place (pallas_kerne
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -196,8 +198,14 @@ class CausalLM(nnx.Module):
                 "window": jnp.asarray(window), "local_rope": jnp.asarray(local)}
 
     def __call__(self, token_ids: jax.Array, cache: KVCache, md: AttentionMetadata,
-                 attn: AttentionBackend) -> tuple[jax.Array, KVCache]:
-        """token_ids [T] int32 -> (final hidden states [T, H] after the last norm, cache)."""
+                 attn: AttentionBackend, *, hook: Any = None, collect: bool = False) -> Any:
+        """token_ids [T] int32 -> (final hidden states [T, H] after the last norm, cache).
+
+        Research (jaxinfer/research.py): ``hook(layer, x) -> x`` (a jnp function; ``layer``
+        an int, or a traced int32 with scanned layers) replaces each layer's output [T, H]
+        (the residual stream) before the next layer reads it; ``collect`` returns
+        ``(hidden, cache, states)``, states [L + 1, T, H]: the embeddings, then each layer's
+        output (after the hook)."""
         cfg = self.cfg
         x = self.embed[...][token_ids]
         if cfg.embed_scale != 1.0:
@@ -217,7 +225,8 @@ class CausalLM(nnx.Module):
         # next unadded (a split-K GEMM's partials), the next layer's QKV norm-quant adds it
         # (x + f is that layer's input); the final norm's input adds the last one
         fuse = self._fuse_splitk_residual()
-        carry_f = fuse and not self.scan_layers
+        # (a hook or collect needs each layer's whole output: no unadded MLP output carried)
+        carry_f = fuse and not self.scan_layers and hook is None and not collect
 
         def layer(carry, xs):
             x, f, cache = carry
@@ -233,20 +242,32 @@ class CausalLM(nnx.Module):
             else:  # (the plain call: quantization_gptq records and replays it)
                 x, cache = self._block(x, cache, w, c, cos, sin, md, attn,
                                        **({"fuse": True} if fuse else {}))
-            return (x, f, cache), None
+            if hook is not None:
+                y = jnp.asarray(hook(c["index"], x))
+                if y.shape != x.shape:
+                    raise ValueError(f"hook returned shape {y.shape} for layer output shape "
+                                     f"{x.shape}; it must return the residual stream's")
+                x = y.astype(x.dtype)
+            return (x, f, cache), (x if collect else None)
 
         consts = self._layer_constants()
+        x0 = x
         if self.scan_layers:
-            (x, _, cache), _ = jax.lax.scan(layer, (x, None, cache),
-                                            (self._layer_weights(), consts))
+            (x, _, cache), states = jax.lax.scan(layer, (x, None, cache),
+                                                 (self._layer_weights(), consts))
         else:
-            f = None
+            f, outs = None, []
             for i in range(cfg.num_layers):
                 c = {k: v[i] for k, v in consts.items()}
-                (x, f, cache), _ = layer((x, f, cache),
-                                         (self._layer_weights(f"layer{i}__"), c))
+                (x, f, cache), out = layer((x, f, cache),
+                                           (self._layer_weights(f"layer{i}__"), c))
+                outs.append(out)
             x = x if f is None else x + _reduced(f)
-        return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), cache
+            states = jnp.stack(outs) if collect else None
+        hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        if collect:
+            return hidden, cache, jnp.concatenate([x0[None], states])
+        return hidden, cache
 
     def _fuse_splitk_residual(self) -> bool:
         """Whether :data:`FUSE_SPLITK_RESIDUAL` applies: FP8 kernels, no post-norms (Gemma 3

@@ -227,6 +227,7 @@ class EngineThread:
             self.engine.abort_request(h.request_id)
             if self.metrics is not None:
                 self.metrics.on_finished(h, "abort")
+                self.metrics.refresh_gauges(self.engine)
 
     def _step(self) -> None:
         try:

@@ -75,13 +75,19 @@ class ServingMetrics:
         self.requests.labels(outcome).inc()
 
     def on_step(self, engine: Any) -> None:
-        sched = engine.scheduler
-        bm = sched.block_manager
         self.steps.inc()
-        total = sched.num_preemptions_total  # only grows (one ServingMetrics per engine)
+        total = engine.scheduler.num_preemptions_total  # only grows (one per engine)
         if total > self._preemptions_seen:
             self.preemptions.inc(total - self._preemptions_seen)
         self._preemptions_seen = total
+        self.refresh_gauges(engine)
+
+    def refresh_gauges(self, engine: Any) -> None:
+        """Set the gauges (running, waiting, pages, programs) from the engine now: after a
+        step, and after an abort, which frees pages without one (an idle server's gauges
+        used to keep the aborted request's numbers until the next request)."""
+        sched = engine.scheduler
+        bm = sched.block_manager
         self.running.set(sched.num_running)
         self.waiting.set(sched.num_waiting)
         self.pages_total.set(bm.num_pages - 1)

@@ -144,6 +144,11 @@ def test_cancel_mid_stream_frees_pages(tiny_server):
     # Freed at the next step boundary: far sooner than the ~77 remaining 20 ms steps.
     assert freed_in < 0.5, f"pages freed {freed_in:.3f} s after cancel"
     assert st.server.metrics.requests.labels("abort")._value.get() == aborts_before + 1
+    # The gauges follow the abort on an idle server (they used to keep the cancelled
+    # request's running count and pages until the next request's step).
+    m = st.server.metrics
+    wait_until(lambda: (m.running._value.get(), m.pages_used._value.get()) == (0, 0),
+               timeout=2)
 
 
 def test_deadline_aborts_and_frees_pages(tiny_server):

@@ -21,6 +21,7 @@ import numpy as np
 # an n > 1 request draws with the request's seed + i (vLLM v1's parallel sampling does the
 # same), so its samples differ and each is reproducible.
 _U32 = np.uint32
+_I32_MAX = int(np.iinfo(np.int32).max)
 
 
 class BucketError(ValueError):
@@ -228,7 +229,7 @@ def _samples(c: _Chunk) -> bool:
 def _fill_row(sa: SamplingArrays, row: int, seq: Any, end: int, seed: int, slot: int) -> None:
     sp = seq.sampling_params
     sa.temperature[row] = sp.temperature
-    sa.top_k[row] = max(sp.top_k, 0)
+    sa.top_k[row] = min(max(sp.top_k, 0), _I32_MAX)  # beyond the vocabulary keeps all
     sa.top_p[row] = sp.top_p
     sa.min_p[row] = sp.min_p
     sa.repetition_penalty[row] = sp.repetition_penalty

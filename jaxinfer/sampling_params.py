@@ -40,6 +40,7 @@ def _number(name: str, v: object, integer: bool = False) -> Any:
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 # Numeric fields, normalized to Python numbers before their ranges are checked: (name,
@@ -81,8 +82,9 @@ class SamplingParams:
         >= top_p, in (0, 1].
       min_p: drop tokens whose probability is below ``min_p`` times the most likely
         token's, in [0, 1]; 0 = off.
-      repetition_penalty: > 0; logits of tokens seen in the prompt or the output are
-        divided by it when positive and multiplied when negative (HF / vLLM; 1 = off).
+      repetition_penalty: > 0 (>= 1.175e-38, float32's smallest normal number); logits of
+        tokens seen in the prompt or the output are divided by it when positive and
+        multiplied when negative (HF / vLLM; 1 = off).
       presence_penalty: in [-2, 2]; subtracted once from the logit of every token present
         in the output so far (OpenAI semantics; prompt tokens do not count).
       frequency_penalty: in [-2, 2]; subtracted from each token's logit once per time it
@@ -92,8 +94,11 @@ class SamplingParams:
         an ``n > 1`` request draws with ``seed + i`` (as vLLM v1's parallel sampling), so
         its samples differ from each other and sample i of seed s equals sample 0 of s + i.
       max_tokens: most new tokens to generate, >= 1.
-      min_tokens: EOS, ``stop_token_ids`` and ``stop`` strings are not honoured before this
-        many new tokens, in [0, max_tokens].
+      min_tokens: EOS, ``stop_token_ids`` and ``stop`` strings do not end the output before
+        this many new tokens, in [0, max_tokens]. Unlike vLLM, whose min-tokens logits
+        processor masks EOS and ``stop_token_ids`` until then, they are not masked: they
+        can be sampled earlier and then stay in the output, where a chat model's EOS
+        starts a made-up next turn (the sampler has no per-row token mask yet).
       stop: strings that end the output; the text is cut before the first one found (after
         it with ``include_stop_str_in_output``). A str is one stop string; else a list or
         tuple of non-empty strs.
@@ -163,8 +168,11 @@ class SamplingParams:
             raise ParameterError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ParameterError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0.0:
-            raise ParameterError(f"repetition_penalty must be > 0, got "
+        if not self.repetition_penalty >= _F32_TINY:
+            # (one below float32's smallest normal number, e.g. 1e-38, is 0 on a device
+            # that flushes subnormals, and was taken as "off")
+            raise ParameterError(f"repetition_penalty must be > 0 (at least "
+                                 f"{_F32_TINY:.4g}, float32's smallest normal number), got "
                                  f"{self.repetition_penalty}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:

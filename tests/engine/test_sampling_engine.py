@@ -300,3 +300,26 @@ def test_real_model_stop_string_and_logprobs():
     assert (out.text, out.finish_reason, out.stop_reason) == (" Paris", "stop", ".")
     assert out.token_ids == full.token_ids[:len(out.token_ids)]
     assert len(out.logprobs) == len(out.token_ids) and out.cumulative_logprob < 0
+
+
+@pytest.mark.parametrize("penalty", [1e-38, 1e-45, 5e-324, -1e-300])
+def test_a_repetition_penalty_below_float32_normals_is_refused(penalty):
+    """1e-38 / 1e-45 / 5e-324 became 0 in the sampler's float32 (flushed or rounded) and
+    ran as "no penalty" (the sampler reads <= 0 as off); float32's smallest normal runs."""
+    with pytest.raises(ParameterError, match=r"repetition_penalty must be > 0 \(at least "
+                                             r"1\.175e-38"):
+        SamplingParams(repetition_penalty=penalty)
+    SamplingParams(repetition_penalty=float(np.finfo(np.float32).tiny))
+
+
+def test_top_k_beyond_int32_keeps_every_token():
+    """top_k=2**31 passed SamplingParams, then failed inside step() (OverflowError filling
+    the int32 row) and lost the batch; vLLM reads a top_k past the vocabulary as "all"."""
+    llm = _llm()
+    prompts = _prompts(3, seed=7)
+    outs = {}
+    for k in (-1, V + 1, 2**31, 10**30):
+        sp = SamplingParams(temperature=1.0, top_k=k, seed=11, max_tokens=6, ignore_eos=True)
+        outs[k] = _ids(llm.generate(prompts, sp))
+    assert outs[V + 1] == outs[2**31] == outs[10**30] == outs[-1]
+    assert len({tuple(o) for o in outs[-1]}) == 3  # the rows differ: a real comparison

@@ -192,7 +192,7 @@ class EngineConfig:
     """How the engine runs a model (names follow vLLM where the concept is the same).
 
     Attributes:
-      max_model_len: longest sequence (prompt + output) in tokens.
+      max_model_len: longest sequence (prompt + output) in tokens, >= 2.
       block_size: tokens per KV page.
       num_kv_pages: pages in the device pool, the reserved null page 0 included. ``None``
         sizes the pool from memory (``jaxinfer/kv_sizing.py``): on an accelerator
@@ -295,6 +295,9 @@ class EngineConfig:
         for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
                      "max_prefill_seqs", "num_scheduler_steps"):
             pos(name)
+        if self.max_model_len < 2:  # (serve --max-model-len 1 started, then refused all)
+            raise ConfigError(f"max_model_len must be at least 2 (a prompt token and a new "
+                              f"one), got {self.max_model_len}", field="max_model_len")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.dtype not in ("auto", "float32", "bfloat16"):

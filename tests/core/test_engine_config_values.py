@@ -107,3 +107,11 @@ def test_path_models_and_known_options_pass_the_check():
 
     check_engine_args(Path("/models/x"), {"max_num_seqs": 4, "seed": 1})
     check_engine_args("smollm2-135m", {})
+
+
+def test_max_model_len_below_two_is_refused():
+    """``serve --max-model-len 1`` started and then refused every prompt."""
+    with pytest.raises(ConfigError, match=r"max_model_len must be at least 2 \(a prompt "
+                                          r"token and a new one\), got 1"):
+        EngineConfig(max_model_len=1)
+    assert EngineConfig(max_model_len=2, block_size=2).max_model_len == 2

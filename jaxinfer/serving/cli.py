@@ -92,7 +92,8 @@ def add_client_parser(sub: Any) -> None:
                       help="the prompt is space-separated token ids")
     p.add_argument("--unary", action="store_true", help="one response (GenerateUnary)")
     p.add_argument("--info", action="store_true", help="print ModelInfo and health as JSON")
-    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    p.add_argument("--timeout", type=_deadline, default=None,
+                   help="deadline in seconds, > 0 and at most a year")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=None)
@@ -103,6 +104,34 @@ def add_client_parser(sub: Any) -> None:
     p.add_argument("--show-ids", action="store_true", help="print token ids after the text")
     p.add_argument("prompt", nargs="?", default=None)
     p.set_defaults(func=cmd_client)
+
+
+_MAX_DEADLINE_S = 365 * 86400.0  # gRPC's deadline arithmetic overflows far beyond
+
+
+def _deadline(text: str) -> float:
+    """argparse type: a finite number of seconds in (0, a year] (0, -1 and nan used to reach
+    gRPC and come back as DEADLINE_EXCEEDED, 1e300 too, by overflow)."""
+    from jaxinfer.bench.cli import positive_float
+
+    s = positive_float(text)
+    if s > _MAX_DEADLINE_S:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_DEADLINE_S:.0f} s (a year), "
+                                         f"got {text!r}")
+    return s
+
+
+def _client_token_ids(text: str) -> list[int] | str:
+    """``--token-ids`` prompt -> ids, or the error message (ids are uint32 on the wire:
+    -5 used to print only protobuf's "Value out of range: -5")."""
+    try:
+        ids = [int(t) for t in text.split()]
+    except ValueError:
+        return f"client --token-ids: {text!r} is not space-separated integers"
+    bad = [t for t in ids if not 0 <= t < 2**32]
+    if bad:
+        return f"client --token-ids: token id {bad[0]} is not in [0, 2**32)"
+    return ids
 
 
 def cmd_client(ns: argparse.Namespace) -> int:
@@ -121,6 +150,11 @@ def cmd_client(ns: argparse.Namespace) -> int:
             if ns.prompt is None:
                 print("jaxinfer: error: client: a prompt is needed (or --info)", file=sys.stderr)
                 return 2
+            from jaxinfer.tokenizer import utf8_problem
+
+            if (why := utf8_problem(ns.prompt)) is not None:  # (bytes in argv)
+                print(f"jaxinfer: error: client: the prompt {why}", file=sys.stderr)
+                return 2
             sampling = {k: getattr(ns, k) for k in ("max_tokens", "temperature", "top_k",
                                                     "top_p", "min_tokens", "seed")
                         if getattr(ns, k) is not None}
@@ -129,12 +163,11 @@ def cmd_client(ns: argparse.Namespace) -> int:
             if ns.chat:
                 inp: dict[str, Any] = {"messages": [{"role": "user", "content": ns.prompt}]}
             elif ns.token_ids:
-                try:
-                    inp = {"token_ids": [int(t) for t in ns.prompt.split()]}
-                except ValueError:
-                    print(f"jaxinfer: error: client --token-ids: {ns.prompt!r} is not "
-                          f"space-separated integers", file=sys.stderr)
+                ids_or_error = _client_token_ids(ns.prompt)
+                if isinstance(ids_or_error, str):
+                    print(f"jaxinfer: error: {ids_or_error}", file=sys.stderr)
                     return 2
+                inp = {"token_ids": ids_or_error}
             else:
                 inp = {"prompt": ns.prompt}
             ids: list[int] = []

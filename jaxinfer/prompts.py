@@ -75,8 +75,12 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
                            f"{type(prompt).__name__}") from None
     if not ids:
         raise RequestError("prompt is empty")
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab_size:
+    for i, t in enumerate(ids):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            # (1.5 and np.float64(1.0) were reported as out of range)
+            raise RequestError(f"prompt token ids must be integers: id {i} is {t!r} "
+                               f"({type(t).__name__})")
+        if not 0 <= t < vocab_size:
             raise RequestError(f"prompt token id {t!r} is not in [0, {vocab_size})")
     return [int(t) for t in ids]
 

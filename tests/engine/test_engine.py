@@ -220,10 +220,25 @@ def llama_llm() -> LLM:
     ([[3, 4], [[5, 6]]], r"prompt 1 of the batch: token 0 is list \[5, 6\], not an int"),
     ([[3, True]], r"prompt 0 of the batch: token 1 is bool True"),
     ([[3, 4], [5, 500]], r"prompt 1 of the batch: prompt token id 500 is not in \[0, 96\)"),
+    # floats were reported as out of range ("prompt token id 1.5 is not in [0, 96)")
+    ([[3, 1.5]], r"prompt 0 of the batch: token 1 is float 1\.5, not an int token id"),
+    ([np.array([3.0, 4.0])], r"prompt 0 of the batch: token 0 is float64 np\.float64\(3\.0\)"),
 ])
 def test_prompts_of_the_wrong_type_are_request_errors(llama_llm, prompts, needle):
     with pytest.raises(RequestError, match=needle):
         llama_llm.generate(prompts, GREEDY)
+    assert not llama_llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("prompt, needle", [
+    ([3, 1.5], r"prompt token ids must be integers: id 1 is 1\.5 \(float\)"),
+    (np.array([1.0, 2.0]), r"id 0 is np\.float64\(1\.0\) \(float64\)"),
+    ([3, np.True_], r"id 1 is np\.True_ \(bool\)"),
+])
+def test_engine_names_token_ids_that_are_not_integers(llama_llm, prompt, needle):
+    """LLMEngine.add_request said "prompt token id 1.5 is not in [0, 96)" for a float."""
+    with pytest.raises(RequestError, match=needle):
+        llama_llm.engine.add_request(prompt, GREEDY)
     assert not llama_llm.engine.has_unfinished_requests()
 
 

@@ -43,6 +43,14 @@ class ServerError(RuntimeError):
     """The server cannot start (e.g. the port cannot be bound)."""
 
 
+def host_port(host: str, port: int | str) -> str:
+    """``host:port`` with an IPv6 address in brackets (``[::1]:50051``), as gRPC and URLs
+    take it; ``host`` may come with or without them (``serve --host ::1`` used to load the
+    model and then fail in gRPC with "Misformatted domain name")."""
+    bare = host.strip("[]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
+
+
 def check_port_free(host: str, port: int, what: str = "listen") -> None:
     """Raise ServerError now if ``host:port`` cannot be bound (taken, or not an address of this
     machine), so ``jaxinfer serve`` fails before spending seconds loading a model. Binds a
@@ -160,19 +168,22 @@ class InferenceServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         try:
-            port = server.add_insecure_port(f"{self.host}:{self.port}")
+            port = server.add_insecure_port(host_port(self.host, self.port))
         except RuntimeError as e:
-            raise ServerError(f"cannot listen on {self.host}:{self.port}: {e}") from e
+            raise ServerError(f"cannot listen on {host_port(self.host, self.port)}: {e}"
+                              ) from e
         if port == 0:
-            raise ServerError(f"cannot listen on {self.host}:{self.port}")
+            raise ServerError(f"cannot listen on {host_port(self.host, self.port)}")
         self.port = port
         await server.start()
         if self.metrics_port is not None:
             try:
-                self.metrics_port = self.metrics.serve_http(self.metrics_port, self.host)
+                self.metrics_port = self.metrics.serve_http(self.metrics_port,
+                                                            self.host.strip("[]"))
             except OSError as e:
                 await server.stop(None)
-                raise ServerError(f"cannot serve metrics on {self.host}:{self.metrics_port}: "
+                raise ServerError(f"cannot serve metrics on "
+                                  f"{host_port(self.host, self.metrics_port)}: "
                                   f"{e.strerror or e}") from e
         if self.warmup:  # health answers NOT_SERVING meanwhile
             self.warmup_seconds = await loop.run_in_executor(None, warm_up, self.engine)
@@ -209,9 +220,9 @@ async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | Non
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    msg = f"jaxinfer: serving {engine.model_name} on {host}:{server.port}"
+    msg = f"jaxinfer: serving {engine.model_name} on {host_port(host, server.port)}"
     if server.metrics_port is not None:
-        msg += f", metrics on http://{host}:{server.metrics_port}/metrics"
+        msg += f", metrics on http://{host_port(host, server.metrics_port)}/metrics"
     print(msg, file=sys.stderr, flush=True)
     if ready is not None:
         ready(server)

@@ -120,3 +120,45 @@ def test_server_start_with_a_taken_metrics_port_is_a_server_error():
     with pytest.raises(grpc.RpcError):  # nothing listens on the gRPC port any more
         with InferenceClient(f"127.0.0.1:{server.port}", timeout=2) as c:
             c.health()
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_an_ipv6_host_serves_grpc_and_metrics(host):
+    """``serve --host ::1`` used to load the model, then fail in gRPC ("Misformatted domain
+    name"); ``[::1]`` served gRPC but not the metrics ("Name or service not known")."""
+    import asyncio
+    import urllib.request
+
+    from jaxinfer.llm import LLM
+    from jaxinfer.serving.server import InferenceServer, host_port
+    from tests.conftest import tiny_loaded
+    from tests.serving.conftest import TINY_ARGS
+
+    assert host_port(host, 5) == "[::1]:5" and host_port("127.0.0.1", 5) == "127.0.0.1:5"
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    llm = LLM(tiny_loaded("llama"), **TINY_ARGS)
+
+    async def run() -> tuple[str, bytes]:
+        server = InferenceServer(llm.engine, host=host, port=0, metrics_port=0, warmup=False)
+        await server.start()
+        try:
+            loop = asyncio.get_running_loop()
+
+            def probe() -> tuple[str, bytes]:
+                with InferenceClient(f"[::1]:{server.port}", timeout=10) as c:
+                    health = c.health()
+                url = f"http://[::1]:{server.metrics_port}/metrics"
+                return health, urllib.request.urlopen(url, timeout=10).read()
+
+            return await loop.run_in_executor(None, probe)
+        finally:
+            await server.stop(None)
+
+    health, metrics = asyncio.run(run())
+    assert health == "SERVING" and b"jaxinfer_num_requests_running" in metrics

@@ -220,8 +220,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 if len(ids) > limit:
                     raise InvalidRequest(f"the text is {len(ids)} tokens; max_model_len is "
                                          f"{limit}")
-            elif kind == "chat":
+            elif kind == "chat":  # as for text (a 5,031-token chat came back at limit 256)
                 ids = await self._off_loop(self.engine.encode_chat, chat_messages(request.chat))
+                limit = self.engine.config.max_model_len
+                if len(ids) > limit:
+                    raise InvalidRequest(f"the conversation is {len(ids)} tokens; "
+                                         f"max_model_len is {limit}")
             else:
                 raise InvalidRequest("request has no input: set text or chat")
         except Exception as e:  # noqa: BLE001 - InvalidRequest, TokenizerError, jinja2 errors

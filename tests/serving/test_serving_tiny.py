@@ -409,6 +409,17 @@ def test_tokenize_refuses_a_text_over_max_model_len_after_encoding(tiny_server, 
         fits = "hello " * (limit // 4)
         assert list(tokenize(pb.TokenizeRequest(text=fits), timeout=30).token_ids) == (
             tok.encode(fits))
+        # A conversation is held to the same limit (it came back whole, over it).
+        chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=text)])
+        n_chat = len(st.engine.encode_chat([{"role": "user", "content": text}]))
+        assert n_chat > limit
+        with pytest.raises(grpc.RpcError) as e:
+            tokenize(pb.TokenizeRequest(chat=chat), timeout=30)
+        assert e.value.details() == (f"chat: the conversation is {n_chat} tokens; "
+                                     f"max_model_len is {limit}")
+        short = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hello")])
+        assert list(tokenize(pb.TokenizeRequest(chat=short), timeout=30).token_ids) == (
+            st.engine.encode_chat([{"role": "user", "content": "hello"}]))
 
 
 def test_full_queue_gives_resource_exhausted(tiny_server):

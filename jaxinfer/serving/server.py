@@ -213,7 +213,8 @@ class InferenceServer:
 async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | None = None,
                 max_queue_len: int | None = None, drain_timeout: float = 30.0,
                 warmup: bool = True, ready: Any = None) -> int:
-    """Serve until SIGTERM / SIGINT, then drain for up to ``drain_timeout`` s; returns 0."""
+    """Serve until SIGTERM / SIGINT, then drain for up to ``drain_timeout`` s (a second
+    signal cancels what is in flight and stops at once, as vLLM's server does); returns 0."""
     server = InferenceServer(engine, host, port, metrics_port, max_queue_len, warmup)
     await server.start()
     loop = asyncio.get_running_loop()
@@ -227,8 +228,21 @@ async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | Non
     if ready is not None:
         ready(server)
     await stop.wait()
-    print(f"jaxinfer: draining (up to {drain_timeout:g} s)", file=sys.stderr, flush=True)
+    print(f"jaxinfer: draining (up to {drain_timeout:g} s; signal again to stop now)",
+          file=sys.stderr, flush=True)
+    pending: list[asyncio.Task] = []
+
+    def stop_now() -> None:  # a second SIGINT / SIGTERM (used to be ignored until the end)
+        print("jaxinfer: stopping now: in-flight requests are cancelled", file=sys.stderr,
+              flush=True)
+        if server._server is not None:  # the smaller grace wins (grpc.aio Server.stop)
+            pending.append(asyncio.ensure_future(server._server.stop(None)))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_now)
     await server.stop(drain_timeout)
+    if pending:
+        await asyncio.gather(*pending)
     print("jaxinfer: stopped", file=sys.stderr, flush=True)
     return 0
 

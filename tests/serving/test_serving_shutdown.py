@@ -162,3 +162,50 @@ def test_an_ipv6_host_serves_grpc_and_metrics(host):
 
     health, metrics = asyncio.run(run())
     assert health == "SERVING" and b"jaxinfer_num_requests_running" in metrics
+
+
+def test_a_second_signal_stops_at_once_instead_of_draining():
+    """The first SIGTERM drains (up to --drain-timeout); a second one cancels the in-flight
+    stream and stops now. It used to be ignored: the server waited out the stream."""
+    import asyncio
+
+    from jaxinfer.llm import LLM
+    from jaxinfer.serving.server import serve
+    from tests.conftest import tiny_loaded
+    from tests.serving.conftest import TINY_ARGS
+
+    engine = LLM(tiny_loaded("llama"), **TINY_ARGS).engine
+    step = type(engine).step
+    engine.step = lambda: (time.sleep(0.1), step(engine))[1]  # ~12 s for 120 tokens
+    got: dict[str, object] = {"tokens": 0}
+
+    def client(port: int) -> None:
+        try:
+            with InferenceClient(f"127.0.0.1:{port}", timeout=120) as c:
+                for r in c.generate_stream(token_ids=[5, 6, 7], max_tokens=120,
+                                           ignore_eos=True, temperature=0.0):
+                    got["tokens"] += len(r.token_ids)
+        except grpc.RpcError as e:
+            got["error"] = e.code()
+
+    async def run() -> tuple[int, float]:
+        ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(serve(engine, "127.0.0.1", 0, drain_timeout=60,
+                                           warmup=False, ready=ready.set_result))
+        server = await ready
+        th = threading.Thread(target=client, args=(server.port,))
+        th.start()
+        while not got["tokens"]:
+            await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # drain: the stream would run ~12 s more
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)  # now
+        rc = await asyncio.wait_for(task, 30)
+        dt = time.monotonic() - t0
+        await asyncio.get_running_loop().run_in_executor(None, th.join, 30)
+        return rc, dt
+
+    rc, dt = asyncio.run(run())
+    assert rc == 0 and dt < 5, dt
+    assert got.get("error") is not None and 0 < got["tokens"] < 120, got

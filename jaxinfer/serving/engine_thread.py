@@ -207,11 +207,15 @@ class EngineThread:
                                     replace(h.params, output_kind="delta"),
                                     request_id=h.request_id, prompt_token_ids=h.prompt_ids)
         except QueueFullError as e:  # raised as is by the engine (or wrapped, below)
-            self._deliver([(h, StreamItem(error=QueueFull(str(e))))])
+            msg = str(e).removeprefix(f"request {h.request_id}: ")
+            self._deliver([(h, StreamItem(error=QueueFull(msg)))])
             return
         except RequestError as e:
-            err: BaseException = (QueueFull(str(e)) if isinstance(e.__cause__, QueueFullError)
-                                  else Rejected(str(e)))
+            # The engine's messages start "request <its id>: ", an id the client never saw
+            # (its own request_id is a string): the RPC's error is about that request anyway.
+            msg = str(e).removeprefix(f"request {h.request_id}: ")
+            err: BaseException = (QueueFull(msg) if isinstance(e.__cause__, QueueFullError)
+                                  else Rejected(msg))
             self._deliver([(h, StreamItem(error=err))])
             return
         except Exception as e:

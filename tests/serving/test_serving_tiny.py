@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import threading
 import time
 import urllib.request
@@ -178,7 +179,7 @@ def _bad_requests() -> list[tuple[str, pb.GenerateRequest, str]]:
         ("id out of vocab", build_request(token_ids=[5, 500], **ok), "500"),
         ("too long prompt", build_request(token_ids=[5] * 128, **ok), "max_model_len"),
         ("prompt+max_tokens", build_request(token_ids=[5] * 100, max_tokens=50),
-         "max_model_len"),
+         "prompt (100 tokens) + max_tokens (50) = 150 exceeds max_model_len (128)"),
         ("temperature", build_request(token_ids=[5], temperature=-1.0), "temperature"),
         ("top_p", build_request(token_ids=[5], top_p=0.0), "top_p"),
         ("top_k", build_request(token_ids=[5], top_k=-7), "top_k"),
@@ -220,6 +221,8 @@ def test_bad_requests_get_invalid_argument_and_server_keeps_serving(tiny_server,
                     list(r)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
             assert needle in e.value.details(), (name, e.value.details())
+            # no engine-internal request number (the client's request_id is a string)
+            assert not re.match(r"request \d+:", e.value.details()), (name, e.value.details())
         good = call(build_request(token_ids=prompts[0], **_sampling(params[0])), timeout=30)
         ids = [t for m in good for t in m.token_ids] if rpc == "Generate" else good.token_ids
         assert list(ids) == ref[0].outputs[0].token_ids

@@ -31,7 +31,16 @@ def unknown_fields(msg: Any, path: str = "") -> list[str]:
     """
     from google.protobuf.unknown_fields import UnknownFieldSet
 
-    found = [f"{path}#{f.field_number}" for f in UnknownFieldSet(msg)]
+    found = [f"{path}#{f.field_number}" for f in UnknownFieldSet(msg)
+             if f.field_number not in msg.DESCRIPTOR.fields_by_number]
+    for sub_path, sub in _set_submessages(msg, path):
+        found += unknown_fields(sub, sub_path)
+    return found
+
+
+def _set_submessages(msg: Any, path: str) -> list[tuple[str, Any]]:
+    """``(path, message)`` of every set sub-message of ``msg`` (repeated ones indexed)."""
+    out = []
     for fd, value in msg.ListFields():
         if fd.message_type is None or fd.message_type.GetOptions().map_entry:
             continue
@@ -39,10 +48,24 @@ def unknown_fields(msg: Any, path: str = "") -> list[str]:
         if repeated is None:  # protobuf < 5.28: the label
             repeated = fd.label == fd.LABEL_REPEATED
         if repeated:
-            for i, sub in enumerate(value):
-                found += unknown_fields(sub, f"{path}{fd.name}[{i}].")
+            out += [(f"{path}{fd.name}[{i}].", sub) for i, sub in enumerate(value)]
         else:
-            found += unknown_fields(value, f"{path}{fd.name}.")
+            out.append((f"{path}{fd.name}.", value))
+    return out
+
+
+def mistyped_fields(msg: Any, path: str = "") -> list[str]:
+    """Paths of the fields in ``msg`` (and its set sub-messages) that this server's schema
+    knows but that came with another wire type (e.g. ``sampling`` sent as a varint, not a
+    message): protobuf keeps them as unknown fields, which :func:`unknown_fields` leaves out.
+    Entries read ``name (#N)``."""
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    by_number = msg.DESCRIPTOR.fields_by_number
+    found = [f"{path}{by_number[f.field_number].name} (#{f.field_number})"
+             for f in UnknownFieldSet(msg) if f.field_number in by_number]
+    for sub_path, sub in _set_submessages(msg, path):
+        found += mistyped_fields(sub, sub_path)
     return found
 
 

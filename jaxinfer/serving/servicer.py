@@ -49,6 +49,7 @@ from jaxinfer.serving.protocol import (
     FINISH_REASONS,
     InvalidRequest,
     chat_messages,
+    mistyped_fields,
     model_info,
     prompt_logprobs_proto,
     prompt_token_ids,
@@ -267,6 +268,9 @@ def _deserializer(cls: Any) -> Callable[[bytes], Any]:
         if unknown := unknown_fields(msg):  # a newer client's field: refused, not dropped
             return _Malformed(f"{cls.DESCRIPTOR.name} has fields this server does not know: "
                               f"{', '.join(unknown)} (field numbers; a newer client?)")
+        if mistyped := mistyped_fields(msg):  # (was reported as an unknown field)
+            return _Malformed(f"{cls.DESCRIPTOR.name} has fields of the wrong wire type: "
+                              f"{', '.join(mistyped)} (a client built from another schema?)")
         return msg
     return parse
 

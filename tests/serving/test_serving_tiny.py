@@ -673,3 +673,20 @@ def test_cancel_mid_stream_frees_every_sample(tiny_server):
             wait_until(lambda: _all_free(st), timeout=5)
     finally:
         restore()
+
+
+def test_a_known_field_of_the_wrong_wire_type_is_named_as_such(tiny_server):
+    """``sampling`` (field 5, a message) sent as a varint was reported as a field "this
+    server does not know: #5"."""
+    st, prompts, params, ref = tiny_server
+    field = pb.GenerateRequest.DESCRIPTOR.fields_by_name["sampling"].number
+    raw = build_request(token_ids=[5, 6]).SerializeToString() + _varint(field << 3) + _varint(1)
+    with grpc.insecure_channel(st.target) as ch:
+        call = ch.unary_unary("/jaxinfer.v1.Inference/GenerateUnary", request_serializer=None,
+                              response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as e:
+            call(raw, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details() == (f"GenerateRequest has fields of the wrong wire type: "
+                                     f"sampling (#{field}) (a client built from another "
+                                     f"schema?)")

@@ -274,6 +274,17 @@ def _varint(n: int) -> bytes:
         out += bytes([low | 0x80])
 
 
+def _raw_unary_refused(ch: grpc.Channel, raw: bytes) -> str:
+    """Send ``raw`` bytes as a GenerateUnary request; assert INVALID_ARGUMENT, return the
+    details."""
+    call = ch.unary_unary("/jaxinfer.v1.Inference/GenerateUnary", request_serializer=None,
+                          response_deserializer=None)
+    with pytest.raises(grpc.RpcError) as e:
+        call(raw, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return e.value.details()
+
+
 @pytest.mark.parametrize("where", ["request", "sampling"])
 def test_unknown_fields_get_invalid_argument(tiny_server, where):
     """A field this server's schema lacks (a newer client's, here number 99) is refused with
@@ -290,13 +301,9 @@ def test_unknown_fields_get_invalid_argument(tiny_server, where):
         raw = req.SerializeToString() + unknown
     assert pb.GenerateRequest.FromString(raw)  # it parses: protobuf keeps unknown fields
     with grpc.insecure_channel(st.target) as ch:
-        call = ch.unary_unary("/jaxinfer.v1.Inference/GenerateUnary", request_serializer=None,
-                              response_deserializer=None)
-        with pytest.raises(grpc.RpcError) as e:
-            call(raw, timeout=30)
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = _raw_unary_refused(ch, raw)
         path = "sampling.#99" if where == "sampling" else "#99"
-        assert f"fields this server does not know: {path} " in e.value.details()
+        assert f"fields this server does not know: {path} " in details
         ok = pb_grpc.InferenceStub(ch).GenerateUnary(req if where == "request" else
                                                      build_request(token_ids=prompts[0],
                                                                    **_sampling(params[0])),
@@ -682,11 +689,6 @@ def test_a_known_field_of_the_wrong_wire_type_is_named_as_such(tiny_server):
     field = pb.GenerateRequest.DESCRIPTOR.fields_by_name["sampling"].number
     raw = build_request(token_ids=[5, 6]).SerializeToString() + _varint(field << 3) + _varint(1)
     with grpc.insecure_channel(st.target) as ch:
-        call = ch.unary_unary("/jaxinfer.v1.Inference/GenerateUnary", request_serializer=None,
-                              response_deserializer=None)
-        with pytest.raises(grpc.RpcError) as e:
-            call(raw, timeout=30)
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert e.value.details() == (f"GenerateRequest has fields of the wrong wire type: "
-                                     f"sampling (#{field}) (a client built from another "
-                                     f"schema?)")
+        assert _raw_unary_refused(ch, raw) == (
+            f"GenerateRequest has fields of the wrong wire type: sampling (#{field}) (a "
+            f"client built from another schema?)")

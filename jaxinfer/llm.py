@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterable
 from typing import Sequence as Seq
 
@@ -26,6 +27,9 @@ class LLM:
 
     def __init__(self, model: Any = DEFAULT_MODEL, **engine_args: Any):
         self.engine = LLMEngine(model, **engine_args)
+        # generate / chat from several threads run one at a time: each steps the engine
+        # until its own requests finish (two at once failed inside XLA, "buffer donated")
+        self._lock = threading.RLock()
 
     @property
     def tokenizer(self):
@@ -43,7 +47,13 @@ class LLM:
         An exception while the batch runs (KeyboardInterrupt included) aborts its unfinished
         requests before it propagates: none keeps KV pages or runs in a later call.
         ``sampling_params`` is one SamplingParams for all prompts or a list, one per prompt.
+        Calls from several threads run one after another (vLLM's ``LLM`` is not thread-safe).
         """
+        with self._lock:
+            return self._generate(prompts, sampling_params, use_tqdm)
+
+    def _generate(self, prompts: Any, sampling_params: Any, use_tqdm: bool
+                  ) -> list[RequestOutput]:
         prompts = prompt_batch(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)

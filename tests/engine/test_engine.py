@@ -580,3 +580,31 @@ def test_jaxinfer_generate_default_max_tokens_fits_each_prompt(monkeypatch, caps
     assert cli.main([*args, "--max-tokens", "5", long]) == 2
     assert ("prompt 0 of the batch: request" in capsys.readouterr().err)
     assert not llama_llm.engine.has_unfinished_requests()
+
+
+def test_generate_from_several_threads_runs_each_call_whole():
+    """Two threads calling generate on one LLM used to fail inside XLA ("buffer has been
+    donated") as both stepped the engine; they now run one after another, each getting its
+    own outputs, as when called in turn."""
+    import threading
+
+    llm = _llm("llama")
+    batches = [[[3, 4, 5], [6, 7]], [[8, 9, 10, 11]], [[12], [13, 14], [15]]]
+    want = [_tokens(llm.generate(b, GREEDY)) for b in batches]
+    got: dict[int, object] = {}
+    start = threading.Barrier(len(batches))
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            got[i] = _tokens(llm.generate(batches[i], GREEDY))
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            got[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [got.get(i) for i in range(len(batches))] == want
+    assert not llm.engine.has_unfinished_requests()

@@ -300,8 +300,7 @@ def size_for_engine(net: Any, model_config: ModelConfig, ec: EngineConfig, dtype
                            model_config, ec)
     stats = device_memory_stats()
     if stats is not None:  # a max_num_seqs too large is refused before its probe compiles
-        check_slot_state(model_config, ec, int(stats["bytes_limit"])
-                         - int(stats.get("bytes_in_use", 0)), "device memory")
+        check_slot_state(model_config, ec, *_memory_left(stats))
         act = profile_activation_bytes(net, ec, dtype)
         stats = device_memory_stats() or stats  # after the probe's compilations
         return size_kv_pool(model_config, ec, dtype, memory_stats=stats, activation_bytes=act)
@@ -314,12 +313,7 @@ def _check_fits(sizing: KVSizing, model_config: ModelConfig, ec: EngineConfig) -
     (:func:`slot_state_bytes`) fit the memory left: the device's XLA limit less what is in
     use (the weights), on the CPU the available RAM. Raises ConfigError otherwise (the
     allocation failed with an out-of-memory traceback, or the kernel killed the process)."""
-    stats = device_memory_stats()
-    if stats is not None:
-        free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-        where = "device memory (XLA's limit less the weights)"
-    else:
-        free, where = host_available_bytes(), "available RAM"
+    free, where = _memory_left(device_memory_stats())
     if free is not None:
         slots = check_slot_state(model_config, ec, free, where)
         free -= slots
@@ -332,3 +326,12 @@ def _check_fits(sizing: KVSizing, model_config: ModelConfig, ec: EngineConfig) -
             f"than the {free / gib:,.2f} GiB of {where}; lower num_kv_pages, or leave it out "
             f"to size the pool from memory")
     return sizing
+
+
+def _memory_left(stats: dict[str, int] | None) -> tuple[int | None, str]:
+    """``(bytes, where)`` not yet in use: the device's XLA limit less what is in use (the
+    weights), or without device stats the host's available RAM (None if unknown)."""
+    if stats is not None:
+        return (int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)),
+                "device memory (XLA's limit less the weights)")
+    return host_available_bytes(), "available RAM"

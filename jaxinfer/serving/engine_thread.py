@@ -207,13 +207,10 @@ class EngineThread:
                                     replace(h.params, output_kind="delta"),
                                     request_id=h.request_id, prompt_token_ids=h.prompt_ids)
         except QueueFullError as e:  # raised as is by the engine (or wrapped, below)
-            msg = str(e).removeprefix(f"request {h.request_id}: ")
-            self._deliver([(h, StreamItem(error=QueueFull(msg)))])
+            self._deliver([(h, StreamItem(error=QueueFull(_client_message(e, h))))])
             return
         except RequestError as e:
-            # The engine's messages start "request <its id>: ", an id the client never saw
-            # (its own request_id is a string): the RPC's error is about that request anyway.
-            msg = str(e).removeprefix(f"request {h.request_id}: ")
+            msg = _client_message(e, h)
             err: BaseException = (QueueFull(msg) if isinstance(e.__cause__, QueueFullError)
                                   else Rejected(msg))
             self._deliver([(h, StreamItem(error=err))])
@@ -337,3 +334,10 @@ class EngineThread:
             self.loop.call_soon_threadsafe(put)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
+
+
+def _client_message(err: BaseException, h: RequestHandle) -> str:
+    """An engine admission error for the client: without its leading "request <id>: ", the
+    engine's own number, which the client never saw (its request_id is a string) and which
+    the RPC's error need not name."""
+    return str(err).removeprefix(f"request {h.request_id}: ")

@@ -211,11 +211,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                        context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         tok = await self._tokenizer(context)
         kind = request.WhichOneof("input")
+        limit = self.engine.config.max_model_len
         try:
             if kind == "text":  # as vLLM's /tokenize: a text that cannot fit is refused
                 add = (request.add_special_tokens if request.HasField("add_special_tokens")
                        else True)
-                limit = self.engine.config.max_model_len
                 check_text_fits(tok, (request.text,), limit)  # a lower bound, before encoding
                 ids = await self._off_loop(tok.encode, request.text, add)
                 if len(ids) > limit:
@@ -223,7 +223,6 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                                          f"{limit}")
             elif kind == "chat":  # as for text (a 5,031-token chat came back at limit 256)
                 ids = await self._off_loop(self.engine.encode_chat, chat_messages(request.chat))
-                limit = self.engine.config.max_model_len
                 if len(ids) > limit:
                     raise InvalidRequest(f"the conversation is {len(ids)} tokens; "
                                          f"max_model_len is {limit}")

@@ -63,6 +63,8 @@ class SamplingArrays(NamedTuple):
       slots: int32 persistent penalty-state row of the sequence; -1 = none (scratch row).
       want_logprobs: bool, the request asked for logprobs (the step then computes the
         ``MAX_LOGPROBS`` best of every row; the host keeps as many as each request wants).
+      min_tokens: int32, the request's ``min_tokens``: while ``sample_index`` is below it,
+        the row's stop tokens (flagged in its slot's penalty state) are masked; 0 = off.
     All-zero arrays are valid input too (greedy rows, no penalties, slot 0, no logprobs).
     """
 
@@ -77,14 +79,16 @@ class SamplingArrays(NamedTuple):
     sample_index: Any
     slots: Any
     want_logprobs: Any
+    min_tokens: Any
 
     @classmethod
     def neutral(cls, S: int) -> SamplingArrays:
-        """numpy arrays of ``S`` greedy rows without penalties, slots or logprobs."""
+        """numpy arrays of ``S`` greedy rows without penalties, slots, logprobs or
+        ``min_tokens``."""
         f32, i32 = np.float32, np.int32
         return cls(np.zeros(S, f32), np.zeros(S, i32), np.ones(S, f32), np.zeros(S, f32),
                    np.ones(S, f32), np.zeros(S, f32), np.zeros(S, f32), np.zeros((S, 2), _U32),
-                   np.zeros(S, i32), np.full(S, -1, i32), np.zeros(S, bool))
+                   np.zeros(S, i32), np.full(S, -1, i32), np.zeros(S, bool), np.zeros(S, i32))
 
 
 class SlotError(RuntimeError):
@@ -239,3 +243,4 @@ def _fill_row(sa: SamplingArrays, row: int, seq: Any, end: int, seed: int, slot:
     sa.sample_index[row] = end - seq.num_prompt_tokens
     sa.slots[row] = slot
     sa.want_logprobs[row] = sp.logprobs is not None
+    sa.min_tokens[row] = sp.min_tokens if slot >= 0 else 0  # its stop flags live in the slot

@@ -286,7 +286,8 @@ class LLMEngine:
     def _prepare_device(self, out: SchedulerOutput) -> None:
         """Device state the step needs: the copy-on-write page copies of samples forked for
         it; a penalty-state slot for every sequence of the step (preempted ones lose theirs),
-        loaded from its tokens for a newly (re)admitted sequence with penalties."""
+        loaded from its tokens and stop tokens for a newly (re)admitted sequence with
+        penalties or ``min_tokens`` (its stop tokens are masked until then)."""
         if out.page_copies:
             self.runner.copy_pages(out.page_copies)
         for seq in out.preempted:
@@ -297,11 +298,17 @@ class LLMEngine:
             if seq.key in held:
                 continue
             slot = self._slots.assign(seq.key)
-            if seq.sampling_params.has_penalties:
+            sp = seq.sampling_params
+            if sp.has_penalties or sp.min_tokens > 0:
                 ids = seq.all_token_ids  # prompt + outputs kept across preemption
                 toks = np.full(self.config.max_model_len, -1, np.int32)
                 toks[:len(ids)] = ids
-                self.runner.load_history(slot, toks, seq.num_prompt_tokens)
+                stops: set[int] = set()
+                if sp.min_tokens > 0:  # what Scheduler._stop_reason stops on
+                    stops.update(sp.stop_token_ids)
+                    if not sp.ignore_eos:
+                        stops.update(self.scheduler.cfg.eos_token_ids)
+                self.runner.load_history(slot, toks, seq.num_prompt_tokens, sorted(stops))
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns outputs of requests that advanced or finished.

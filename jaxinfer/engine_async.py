@@ -33,9 +33,9 @@ end by length (``max_tokens``, ``max_model_len``) are left out of step k+1, as t
 synchronous scheduler leaves them out; a row whose token at step k turns out to stop it (EOS,
 a stop token or string) runs one wasted row in step k+1: its token is discarded (the
 scheduler skips finished sequences), the page allocated ahead for it is freed with the
-sequence, and its penalty-count row is rewritten before another sequence with penalties uses
-the slot (``runner.load_history``). A sequence finished or aborted while step k+1 runs is
-simply left out of the step after it.
+sequence, and its penalty-count row is rewritten before another sequence with penalties or
+``min_tokens`` uses the slot (``runner.load_history``). A sequence finished or aborted while
+step k+1 runs is simply left out of the step after it.
 
 The one place the schedule differs from the synchronous engine's: when requests wait and a
 row stops at step k by EOS, a stop token or a stop string (or a request is aborted between

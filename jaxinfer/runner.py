@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -49,7 +50,7 @@ from jaxinfer.sampling import (
     sampler_bucket,
     sampler_variant,
 )
-from jaxinfer.sampling_penalties import load_token_history
+from jaxinfer.sampling_penalties import STOP_IDS_PER_CALL, load_token_history
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +218,10 @@ class ModelRunner:
         if bucket.kind in SAMPLER_VARIANTS:  # sampler(logits [S, V], *SamplingArrays, counts)
             sp = (sds(a.shape, a.dtype) for a in SamplingArrays.neutral(S))
             return (sds((S, self.model_config.vocab_size), f32), *sp, counts)
-        if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt)
-            return (counts, sds((), i32), sds((T,), i32), sds((), i32))
+        if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt,
+            #                                            stop_ids, keep)
+            return (counts, sds((), i32), sds((T,), i32), sds((), i32),
+                    sds((STOP_IDS_PER_CALL,), i32), sds((), jnp.bool_))
         if bucket.kind == GATHER:  # _gather_tokens(tokens [S], rows [S])
             return (sds((S,), i32), sds((S,), i32))
         if bucket.kind == "kv":  # copy_pages(cache, src [C], dst [C], count)
@@ -357,21 +360,32 @@ class ModelRunner:
         out, self.counts = self.sampler(len(sa.temperature), variant)(logits, *sa, self.counts)
         return out
 
-    def load_history(self, slot: int, token_ids: np.ndarray, num_prompt: int) -> None:
-        """Overwrite penalty-state row ``slot`` with the counts of one sequence's tokens.
+    def load_history(self, slot: int, token_ids: np.ndarray, num_prompt: int,
+                     stop_ids: Sequence[int] = ()) -> None:
+        """Overwrite penalty-state row ``slot`` with the counts of one sequence's tokens and
+        the flags of its stop tokens (masked while it has fewer than ``min_tokens`` outputs).
 
         Args:
           slot: row in [0, num_slots).  token_ids: [L] int32 prompt then output tokens, -1
             padding; L fixes the program's bucket (the engine always pads to max_model_len).
           num_prompt: how many leading tokens are the prompt.
+          stop_ids: token ids to flag (EOS unless ``ignore_eos``, ``stop_token_ids``); one
+            call of the program per ``STOP_IDS_PER_CALL`` of them (at least one call).
         Raises:
           ValueError: slot out of range.
         """
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} is not in [0, {self.num_slots})")
         exe = self.executable(Bucket(HISTORY, int(token_ids.shape[0]), 1, 0), HISTORY)
-        self.counts = exe(self.counts, np.int32(slot), np.asarray(token_ids, np.int32),
-                          np.int32(num_prompt))
+        ids = np.asarray(list(stop_ids), np.int64)
+        n = STOP_IDS_PER_CALL
+        for i in range(0, max(len(ids), 1), n):
+            part = np.full(n, -1, np.int32)
+            chunk = ids[i:i + n]
+            part[:len(chunk)] = np.where((chunk >= 0) & (chunk < 2**31), chunk, -1)
+            toks = token_ids if i == 0 else np.full(token_ids.shape, -1, np.int32)
+            self.counts = exe(self.counts, np.int32(slot), np.asarray(toks, np.int32),
+                              np.int32(num_prompt), part, np.bool_(i > 0))
 
     def copy_pages(self, copies: Any) -> None:
         """Copy-on-write: copy KV page ``c.src`` into page ``c.dst`` for every

@@ -9,6 +9,8 @@ vLLM v1's ``Sampler``:
 2. penalties from the row's token counts: repetition (HF / vLLM: over prompt and output
    tokens, positive logits divided, others multiplied), then frequency and presence
    (OpenAI: over output tokens, ``logit -= frequency * count + presence * (count > 0)``);
+   in the same stage, the row's stop tokens (EOS, ``stop_token_ids``) get -inf while it has
+   fewer than ``min_tokens`` outputs (vLLM v1's ``MinTokensLogitsProcessor``);
 3. greedy rows take the argmax; the others divide by the temperature, drop tokens whose
    probability is below ``min_p`` times the best one's, keep the ``top_k`` best and the
    ``top_p`` nucleus of what is left (ties at a cut-off are kept, as in vLLM's threshold
@@ -64,7 +66,7 @@ from jaxinfer.batch import Bucket, SamplingArrays
 from jaxinfer.row_reduce import row_argmax, row_max
 from jaxinfer.sampling_filters import buffered_cutoffs, kth_largest, nucleus_cut
 from jaxinfer.sampling_params import MAX_LOGPROBS
-from jaxinfer.sampling_penalties import apply_penalties
+from jaxinfer.sampling_penalties import apply_penalties, masks_stops
 from jaxinfer.sampling_topk import top_values
 
 __all__ = ["SAMPLER_VARIANTS", "SampleOutput", "SamplerNeeds", "sample", "sample_rows",
@@ -107,7 +109,8 @@ def _needs(xp: Any, sp: SamplingArrays, V: int) -> dict[str, Any]:
     rp = sp.repetition_penalty
     return {
         "penalties": xp.any(((rp != 1.0) & (rp > 0.0)) | (sp.presence_penalty != 0.0)
-                            | (sp.frequency_penalty != 0.0)),
+                            | (sp.frequency_penalty != 0.0)
+                            | masks_stops(sp.sample_index, sp.min_tokens)),
         "sampling": xp.any(sp.temperature > 0.0),
         "top_k_search": xp.any(rows["sampling"] & rows["k_on"]),
         "top_p_search": xp.any(rows["sampling"] & rows["p_on"]),
@@ -135,7 +138,8 @@ class SamplerNeeds(NamedTuple):
     program that serves any batch.
 
     Attributes:
-      penalties: some row has a repetition, presence or frequency penalty.
+      penalties: some row has a repetition, presence or frequency penalty, or masks its stop
+        tokens (``sampling_penalties.masks_stops``: sample_index < min_tokens, min_tokens > 0).
       sampling: some row has temperature > 0.
       top_k_search: some sampling row has 0 < top_k < V.
       top_p_search: some sampling row has top_p < 1.
@@ -164,7 +168,8 @@ class SamplerNeeds(NamedTuple):
         a, nz = np.asarray, np.count_nonzero  # count_nonzero: cheaper than .any() here
         rp = a(sp.repetition_penalty)
         penalties = bool(nz((rp != 1.0) & (rp > 0.0)) or nz(a(sp.presence_penalty))
-                         or nz(a(sp.frequency_penalty)))
+                         or nz(a(sp.frequency_penalty))
+                         or nz(masks_stops(a(sp.sample_index), a(sp.min_tokens))))
         rows = a(sp.temperature) > 0.0
         sampling = bool(nz(rows))
         top_k = top_p = full = False
@@ -330,7 +335,7 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
 
     proc = when("penalties", lambda: apply_penalties(
         logits, counts[slots], sp.repetition_penalty, sp.presence_penalty,
-        sp.frequency_penalty), lambda: logits)
+        sp.frequency_penalty, masks_stops(sp.sample_index, sp.min_tokens)), lambda: logits)
     tokens = when("sampling", lambda: _draw(proc, sp, when),
                   lambda: row_argmax(proc, REDUCE_CHUNKS))
     K = min(MAX_LOGPROBS, V)
@@ -361,6 +366,6 @@ def sample(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: j
                         presence_penalty=jnp.zeros((S,), f32),
                         frequency_penalty=jnp.zeros((S,), f32), seeds=seeds,
                         sample_index=sample_index, slots=jnp.full((S,), -1, jnp.int32),
-                        want_logprobs=jnp.zeros((S,), bool))
+                        want_logprobs=jnp.zeros((S,), bool), min_tokens=jnp.zeros((S,), jnp.int32))
     out, _ = sample_rows(logits, sp, jnp.zeros((1, V), jnp.int32))
     return out.tokens

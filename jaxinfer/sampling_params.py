@@ -95,10 +95,9 @@ class SamplingParams:
         its samples differ from each other and sample i of seed s equals sample 0 of s + i.
       max_tokens: most new tokens to generate, >= 1.
       min_tokens: EOS, ``stop_token_ids`` and ``stop`` strings do not end the output before
-        this many new tokens, in [0, max_tokens]. Unlike vLLM, whose min-tokens logits
-        processor masks EOS and ``stop_token_ids`` until then, they are not masked: they
-        can be sampled earlier and then stay in the output, where a chat model's EOS
-        starts a made-up next turn (the sampler has no per-row token mask yet).
+        this many new tokens, in [0, max_tokens]. Until then EOS (unless ``ignore_eos``)
+        and ``stop_token_ids`` are masked (logits -inf; logprobs stay raw), as vLLM v1's
+        ``MinTokensLogitsProcessor``; a stop string may still appear in the text then.
       stop: strings that end the output; the text is cut before the first one found (after
         it with ``include_stop_str_in_output``). A str is one stop string; else a list or
         tuple of non-empty strs.

@@ -3,10 +3,16 @@
 
 Penalty state lives on the device: ``counts`` [N + 1, V] int32, one row per persistent slot
 (the engine gives every running sequence a slot; row N is a scratch row for padding and rows
-that do not sample). Bits 0-29 count the token in the output so far; bit 30 flags it as
-present in the prompt. The step adds each sampled token to its row; the engine (re)loads a
-row from the host with :func:`load_token_history` when a sequence with penalties is admitted
+that do not sample). Bits 0-28 count the token in the output so far; bit 29 flags it as
+one of the sequence's stop tokens (EOS unless ``ignore_eos``, ``stop_token_ids``), masked
+while the row has fewer than ``min_tokens`` outputs; bit 30 flags it as present in the
+prompt. The step adds each sampled token to its row; the engine (re)loads a row from the host
+with :func:`load_token_history` when a sequence with penalties or ``min_tokens`` is admitted
 (its prompt may come from the prefix cache and was never fed through a step).
+
+The ``min_tokens`` mask follows vLLM v1's ``MinTokensLogitsProcessor``
+(vllm/v1/sample/logits_processor): the logits of a row's stop tokens are -inf while its
+sample index is below ``min_tokens``; raw logprobs are computed before it, as there.
 """
 
 from __future__ import annotations
@@ -15,38 +21,61 @@ import jax
 import jax.numpy as jnp
 
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
-COUNT_MASK = PROMPT_FLAG - 1  # bits holding the number of occurrences in the output
+STOP_FLAG = 1 << 29  # bit of a counts entry: a stop token of the sequence (min_tokens mask)
+COUNT_MASK = STOP_FLAG - 1  # bits holding the number of occurrences in the output
+STOP_IDS_PER_CALL = 32  # stop ids one load_token_history call flags ([32] int32, -1 pads)
+
+
+def masks_stops(sample_index, min_tokens):
+    """[S] bool (numpy or jax, from [S] int32 arrays): the row's stop tokens are masked, as it
+    samples output ``sample_index`` < its ``min_tokens`` (0 = off; a prompt chunk that does
+    not sample has a negative index and no mask)."""
+    return (min_tokens > 0) & (sample_index < min_tokens)
 
 
 def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.Array,
-                    presence: jax.Array, frequency: jax.Array) -> jax.Array:
-    """Repetition, frequency and presence penalties (vLLM ``apply_penalties``).
+                    presence: jax.Array, frequency: jax.Array,
+                    mask_stops: jax.Array | None = None) -> jax.Array:
+    """Repetition, frequency and presence penalties (vLLM ``apply_penalties``), and the
+    ``min_tokens`` mask of stop tokens (vLLM v1 ``MinTokensLogitsProcessor``).
 
     Args:
       logits: [S, V] float32.  counts_rows: [S, V] int32 packed counts (module docstring).
       repetition / presence / frequency: [S] float32 (1, 0, 0 leave a row unchanged, bit for
         bit; a repetition penalty <= 0, which SamplingParams never gives, counts as 1).
+      mask_stops: [S] bool, the row has fewer outputs than its ``min_tokens``: the logits of
+        its flagged stop tokens become -inf (False or None leaves the row unchanged).
     Returns:
       [S, V] float32 penalized logits.
     """
     out_counts = (counts_rows & COUNT_MASK).astype(jnp.float32)
-    seen = counts_rows != 0  # in the prompt or in the output
+    seen = (counts_rows & (PROMPT_FLAG | COUNT_MASK)) != 0  # in the prompt or in the output
     rp = jnp.where(repetition > 0, repetition, 1.0)[:, None]  # 0 (all-zero inputs) = off
     logits = jnp.where(seen, jnp.where(logits > 0, logits / rp, logits * rp), logits)
+    if mask_stops is not None:
+        stop = (counts_rows & STOP_FLAG) != 0
+        logits = jnp.where(stop & mask_stops[:, None], -jnp.inf, logits)
     return (logits - frequency[:, None] * out_counts
             - presence[:, None] * (out_counts > 0).astype(jnp.float32))
 
 
 def load_token_history(counts: jax.Array, slot: jax.Array, token_ids: jax.Array,
-                       num_prompt: jax.Array) -> jax.Array:
-    """Overwrite row ``slot`` of ``counts`` with the counts of one sequence's tokens.
+                       num_prompt: jax.Array, stop_ids: jax.Array | None = None,
+                       keep: jax.Array | None = None) -> jax.Array:
+    """Overwrite row ``slot`` of ``counts`` with the counts of one sequence's tokens and the
+    flags of its stop tokens (or, with ``keep``, add more stop flags to the row).
 
     Args:
       counts: [N + 1, V] int32 packed counts.  slot: int32 scalar row.
       token_ids: [L] int32 the sequence's tokens, prompt first; -1 pads.
       num_prompt: int32 scalar, how many leading tokens are the prompt.
+      stop_ids: [STOP_IDS_PER_CALL] int32 token ids to flag as stop tokens (the ``min_tokens``
+        mask); -1 pads; None flags none. Ids outside [0, V) are ignored.
+      keep: bool scalar; True ORs this call's flags and counts into the row instead of
+        overwriting it (more stop ids than one call takes: the engine calls again with
+        ``token_ids`` all -1).
     Returns:
-      the updated counts (prompt tokens flagged, output tokens counted).
+      the updated counts (prompt tokens flagged, output tokens counted, stop tokens flagged).
     """
     V = counts.shape[1]
     pos = jnp.arange(token_ids.shape[0])
@@ -56,4 +85,12 @@ def load_token_history(counts: jax.Array, slot: jax.Array, token_ids: jax.Array,
         1, mode="drop")
     flag = jnp.zeros((V,), jnp.int32).at[jnp.where(valid & prompt, token_ids, V)].max(
         PROMPT_FLAG, mode="drop")
-    return jax.lax.dynamic_update_slice(counts, (row | flag)[None, :], (slot, 0))
+    new = row | flag
+    if stop_ids is not None:
+        ok = (stop_ids >= 0) & (stop_ids < V)
+        new = new | jnp.zeros((V,), jnp.int32).at[jnp.where(ok, stop_ids, V)].max(
+            STOP_FLAG, mode="drop")
+    if keep is not None:
+        old = jax.lax.dynamic_slice(counts, (slot, 0), (1, V))[0]
+        new = jnp.where(keep, old | new, new)
+    return jax.lax.dynamic_update_slice(counts, new[None, :], (slot, 0))

@@ -32,12 +32,13 @@ def _random_params(rng, S: int) -> SamplingArrays:
     so that batches needing few parts (cheap variants) are as common as mixed ones."""
     sa = SamplingArrays.neutral(S)
     sa.seeds[:] = rng.integers(0, 2**32, (S, 2), dtype=np.uint64).astype(np.uint32)
-    sa.sample_index[:] = rng.integers(0, 50, S)
+    sa.sample_index[:] = rng.integers(-5, 50, S)  # < 0: a prompt chunk that does not sample
     sa.slots[:] = rng.permutation(S)
     values = {"temperature": [0.5, 1.0, 1.5, 1e-30], "top_k": [1, 3, 20, V - 1, V, V + 7],
               "top_p": [0.3, 0.9, 0.999], "min_p": [0.05, 0.5],
               "repetition_penalty": [1.3, 0.8, 0.0], "presence_penalty": [0.5, -0.5],
-              "frequency_penalty": [0.4, -1.0], "want_logprobs": [True]}
+              "frequency_penalty": [0.4, -1.0], "want_logprobs": [True],
+              "min_tokens": [5, 30, 60]}  # stop tokens masked while sample_index < min_tokens
     for name, choices in values.items():
         if rng.random() < 0.5:
             rows = rng.random(S) < rng.uniform(0.1, 0.9)
@@ -51,6 +52,8 @@ def _row_needs(sa: SamplingArrays, i: int) -> set[str]:
     rp = float(sa.repetition_penalty[i])
     if (rp > 0 and rp != 1.0) or sa.presence_penalty[i] != 0 or sa.frequency_penalty[i] != 0:
         need.add("penalties")
+    if 0 < sa.min_tokens[i] and sa.sample_index[i] < sa.min_tokens[i]:
+        need.add("penalties")  # the min_tokens mask of stop tokens runs in that stage
     if sa.temperature[i] > 0:
         need.add("sampling")
         if 0 < sa.top_k[i] < V:
@@ -104,6 +107,7 @@ def test_variants_give_the_rows_they_serve_the_results_of_exact_and_all_flags():
             counts = np.zeros((S + 1, V), np.int32)
             counts[:S, :30] = rng.integers(0, 3, (S, 30))
             counts[:S, 30:40] |= 1 << 30  # in the prompt
+            counts[:S, 36:44] |= 1 << 29  # stop tokens (masked before min_tokens)
             args = (jnp.asarray(logits), SamplingArrays(*map(jnp.asarray, sa)),
                     jnp.asarray(counts))
             got, got_counts = run(*args, SAMPLER_VARIANTS[name])

@@ -10,7 +10,13 @@ import pytest
 
 from jaxinfer.batch import SamplingArrays
 from jaxinfer.sampling import sample_rows
-from jaxinfer.sampling_penalties import PROMPT_FLAG, load_token_history
+from jaxinfer.sampling_penalties import (
+    COUNT_MASK,
+    PROMPT_FLAG,
+    STOP_FLAG,
+    STOP_IDS_PER_CALL,
+    load_token_history,
+)
 
 V = 64
 N_SLOTS = 6
@@ -121,7 +127,7 @@ def test_penalties_match_numpy_and_counts_follow_the_samples():
     c = np.asarray(counts)
     for i in range(S):  # the loaded rows are the numpy counts and prompt flags
         row = c[slots[i]]
-        np.testing.assert_array_equal(row & (PROMPT_FLAG - 1),
+        np.testing.assert_array_equal(row & COUNT_MASK,
                                       np.bincount(outputs[i], minlength=V))
         np.testing.assert_array_equal(row >= PROMPT_FLAG, np.isin(np.arange(V), prompts[i]))
     rep = np.array([1.0, 1.5, 0.6, 1.2, 2.0], np.float32)
@@ -229,3 +235,73 @@ def test_top_k_fast_path_and_sort_path_agree():
         pair.seeds[1] = pair.seeds[0] + 1
         assert _sample(logits, pair)[0].tokens[0] == alone
         assert alone in allowed
+
+
+def _stop_ids(ids) -> jnp.ndarray:
+    out = np.full(STOP_IDS_PER_CALL, -1, np.int32)
+    out[:len(ids)] = ids
+    return jnp.asarray(out)
+
+
+def test_load_history_flags_stop_tokens_and_keep_adds_more():
+    rng = np.random.default_rng(3)
+    load = jax.jit(load_token_history)
+    counts = jnp.asarray(rng.integers(0, 1 << 31, (N_SLOTS + 1, V), dtype=np.int64)
+                         .astype(np.int32))  # stale rows: every bit set somewhere
+    toks = np.full(24, -1, np.int32)
+    toks[:9] = [5, 7, 7, 1, 9, 9, 9, 2, 60]  # prompt 5 7 7 1, outputs 9 9 9 2 60
+    stops = [2, 9, 63, V + 3, -1]  # out-of-vocabulary and padding ids are ignored
+    c = load(counts, jnp.int32(3), jnp.asarray(toks), jnp.int32(4), _stop_ids(stops),
+             jnp.bool_(False))
+    row = np.asarray(c)[3]
+    want = np.zeros(V, np.int64)
+    want[[9, 2, 60]] = [3, 1, 1]
+    np.testing.assert_array_equal(row & COUNT_MASK, want)
+    np.testing.assert_array_equal((row & PROMPT_FLAG) != 0, np.isin(np.arange(V), [5, 7, 1]))
+    np.testing.assert_array_equal((row & STOP_FLAG) != 0, np.isin(np.arange(V), [2, 9, 63]))
+    others = [i for i in range(N_SLOTS + 1) if i != 3]
+    np.testing.assert_array_equal(np.asarray(c)[others], np.asarray(counts)[others])
+    # keep: a second call ORs more stop flags in and leaves the counts as they were.
+    c2 = np.asarray(load(c, jnp.int32(3), jnp.full(24, -1, jnp.int32), jnp.int32(0),
+                         _stop_ids([0, 40]), jnp.bool_(True)))[3]
+    np.testing.assert_array_equal(c2 & ~STOP_FLAG, row & ~STOP_FLAG)
+    np.testing.assert_array_equal((c2 & STOP_FLAG) != 0,
+                                  np.isin(np.arange(V), [0, 2, 9, 40, 63]))
+
+
+def test_min_tokens_masks_stop_tokens_until_then_and_keeps_raw_logprobs():
+    rng = np.random.default_rng(11)
+    S = 6
+    logits = rng.standard_normal((S, V)).astype(np.float32)
+    stops = [3, 17, 40]
+    logits[:, stops] += 8.0  # the stop tokens are every row's most likely tokens
+    counts = np.zeros((N_SLOTS + 1, V), np.int32)
+    counts[:S, stops] = STOP_FLAG
+    counts[1, 40] |= 2  # also seen twice in the output: penalties and the mask compose
+    sample_index = np.array([0, 2, 4, 5, 0, 7])
+    min_tokens = np.array([1, 5, 4, 6, 0, 9])  # masked: rows 0, 1, 3, 5
+    temperature = np.array([0, 0, 0, 1.0, 0, 1.0], np.float32)
+    sa = _params(S, sample_index=sample_index, min_tokens=min_tokens, slots=np.arange(S),
+                 temperature=temperature, frequency_penalty=np.array([0, 0.5, 0, 0, 0, 0]),
+                 want_logprobs=True)
+    out, _ = _sample(logits, sa, counts)
+    masked = sample_index < min_tokens
+    for i in range(S):
+        ref = logits[i].astype(np.float64)
+        if i == 1:
+            ref[40] -= 0.5 * 2
+        if masked[i]:
+            ref[stops] = -np.inf
+        if temperature[i] == 0:
+            assert out.tokens[i] == np.argmax(ref), i
+        if masked[i]:
+            assert out.tokens[i] not in stops, i
+    assert out.tokens[2] in stops and out.tokens[4] in stops  # unmasked rows: their argmax
+    raw = logits - np.log(np.exp(logits).sum(-1, keepdims=True))  # raw logprobs: unmasked
+    np.testing.assert_allclose(out.top_logprobs[:, 0], raw.max(-1), rtol=1e-5, atol=1e-5)
+    # Sampling rows never draw a masked stop token, whatever the seed.
+    for seed in range(40):
+        sa.seeds[:] = np.stack([np.arange(S) + seed * 7, np.full(S, seed)], 1)
+        sa.want_logprobs[:] = False
+        out, _ = _sample(logits * 0.2, sa, counts)  # flatter: stops not certain anyway
+        assert not np.isin(out.tokens[masked], stops).any(), seed

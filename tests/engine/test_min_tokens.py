@@ -1,0 +1,97 @@
+"""``min_tokens`` masks a request's stop tokens (EOS unless ``ignore_eos``, ``stop_token_ids``)
+until it has that many outputs, as vLLM v1's ``MinTokensLogitsProcessor``: greedy outputs
+against a numpy reference built from ``prompt_logits``, in the one-step, async and multi-step
+engines; stale stop flags of a reused slot change nothing; more stop ids than one history
+call flags."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxinfer.llm import LLM
+from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_penalties import STOP_IDS_PER_CALL
+from tests.conftest import tiny_loaded
+
+ENGINE = dict(max_model_len=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32,
+              max_prefill_seqs=4, decode_buckets=(1, 2, 4))
+PROMPTS = [[5, 17, 33, 8, 61], [70, 2, 2, 45], [12, 90, 31, 7, 7, 7, 40]]
+
+
+def _reference(engine, prompt, stops, min_tokens, max_tokens, penalty=1.0):
+    """Greedy tokens and finish reason: stop tokens at -inf before ``min_tokens`` outputs
+    (and a repetition penalty over prompt and outputs), stop after."""
+    out: list[int] = []
+    for i in range(max_tokens):
+        x = engine.prompt_logits(prompt + out)[-1].astype(np.float64)
+        seen = np.isin(np.arange(len(x)), prompt + out)
+        x[seen] = np.where(x[seen] > 0, x[seen] / penalty, x[seen] * penalty)
+        if i < min_tokens:
+            x[sorted(stops)] = -np.inf
+        out.append(int(np.argmax(x)))
+        if i + 1 >= min_tokens and out[-1] in stops:
+            return out, "stop"
+    return out, "length"
+
+
+def _plain(loaded, prompt, n=8) -> list[int]:
+    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    return LLM(loaded, **ENGINE).generate([prompt], sp)[0].outputs[0].token_ids
+
+
+def _summary(outs):
+    return [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs]
+
+
+@pytest.mark.parametrize("engine_kw", [dict(async_scheduling=False), dict(),
+                                       dict(num_scheduler_steps=4)],
+                         ids=["sync", "async", "multi-step"])
+def test_stop_token_ids_are_masked_before_min_tokens(engine_kw):
+    loaded = tiny_loaded("llama")
+    params, want = [], []
+    ref = LLM(loaded, **ENGINE).engine
+    for j, prompt in enumerate(PROMPTS):
+        plain = _plain(loaded, prompt)
+        stops = {plain[0], plain[2]}  # what greedy picks first: masked, it must change
+        mt, penalty = 3 + j, (1.3 if j == 1 else 1.0)
+        params.append(SamplingParams(temperature=0.0, max_tokens=12, min_tokens=mt,
+                                     stop_token_ids=sorted(stops), ignore_eos=True,
+                                     repetition_penalty=penalty))
+        want.append(_reference(ref, prompt, stops, mt, 12, penalty))
+        assert want[-1][0][0] != plain[0]
+        assert not stops & set(want[-1][0][:mt])
+    got = LLM(loaded, **ENGINE, **engine_kw).generate(PROMPTS, params)
+    assert _summary(got) == want
+
+
+def test_eos_is_masked_unless_ignore_eos_and_stale_flags_do_nothing():
+    base = tiny_loaded("llama")
+    prompt = PROMPTS[0]
+    plain = _plain(base, prompt)
+    loaded = tiny_loaded("llama", eos_token_ids=(plain[0],))  # greedy's first token is EOS
+    llm = LLM(loaded, **{**ENGINE, "max_num_seqs": 1})  # one slot: every request reuses it
+    eos = {plain[0]}
+    mt = SamplingParams(temperature=0.0, max_tokens=10, min_tokens=4)
+    assert _summary(llm.generate([prompt], mt)) == [_reference(llm.engine, prompt, eos, 4, 10)]
+    # Without min_tokens EOS ends it at once; with ignore_eos nothing is masked: plain greedy.
+    # Both run in the slot whose row still holds the first request's stop flag.
+    assert _summary(llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10))) == [
+        ([plain[0]], "stop")]
+    ign = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=4, ignore_eos=True)
+    assert _summary(llm.generate([prompt], ign)) == [(plain, "length")]
+
+
+def test_more_stop_ids_than_one_history_call_flags():
+    loaded = tiny_loaded("llama")
+    prompt = PROMPTS[2]
+    plain = _plain(loaded, prompt)
+    # The greedy token goes last, after STOP_IDS_PER_CALL others: a second call flags it.
+    others = [t for t in range(2, 96) if t not in plain][:STOP_IDS_PER_CALL + 5]
+    stops = others + [plain[0]]
+    llm = LLM(loaded, **ENGINE)
+    sp = SamplingParams(temperature=0.0, max_tokens=6, min_tokens=6, stop_token_ids=stops,
+                        ignore_eos=True)
+    got = _summary(llm.generate([prompt], sp))
+    assert got == [_reference(llm.engine, prompt, set(stops), 6, 6)]
+    assert got[0][0][0] != plain[0]

@@ -149,7 +149,8 @@ def _sampling(ns: argparse.Namespace):
 def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_len: int):
     """``params`` for a prompt of ``prompt_len`` tokens: without ``--max-tokens``, the
     default capped to the room ``max_model_len`` leaves (vLLM's OpenAI server does alike);
-    an explicit ``--max-tokens`` is kept, and the engine refuses it if it does not fit."""
+    an explicit ``--max-tokens`` is kept: ``generate`` (``LLM.generate``) then stops at
+    max_model_len as vLLM's offline LLM, ``chat`` (the engine's add_request) refuses it."""
     from dataclasses import replace
 
     room = max_model_len - prompt_len

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import Any, Iterable
 from typing import Sequence as Seq
@@ -16,6 +17,17 @@ import numpy as np
 from jaxinfer.engine import DEFAULT_MODEL, LLMEngine, RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import ParameterError, SamplingParams, with_output_kind
+
+
+def _fit_max_tokens(sp: SamplingParams, num_prompt: int, max_model_len: int
+                    ) -> SamplingParams:
+    """``sp`` with ``max_tokens`` (and ``min_tokens``) capped at the room ``max_model_len``
+    leaves after a prompt of ``num_prompt`` tokens; ``sp`` itself when it fits or the prompt
+    leaves no room (``add_request`` then refuses it)."""
+    room = max_model_len - num_prompt
+    if room < 1 or sp.max_tokens <= room:
+        return sp
+    return dataclasses.replace(sp, max_tokens=room, min_tokens=min(sp.min_tokens, room))
 
 
 class LLM:
@@ -48,6 +60,9 @@ class LLM:
         requests before it propagates: none keeps KV pages or runs in a later call.
         ``sampling_params`` is one SamplingParams for all prompts or a list, one per prompt.
         Calls from several threads run one after another (vLLM's ``LLM`` is not thread-safe).
+        A prompt whose ``max_tokens`` would pass ``max_model_len`` generates up to
+        ``max_model_len`` and finishes with "length", as vLLM's offline ``LLM`` (the engine's
+        ``add_request`` and the server refuse it, as vLLM's OpenAI server).
         """
         with self._lock:
             return self._generate(prompts, sampling_params, use_tqdm)
@@ -79,6 +94,8 @@ class LLM:
             except ValueError as err:
                 err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])
                 raise
+        limit = self.engine.config.max_model_len
+        params = [_fit_max_tokens(sp, len(e), limit) for e, sp in zip(encoded, params)]
         ids: list[int] = []
         for i, (p, e, sp) in enumerate(zip(prompts, encoded, params)):
             try:  # the engine checks lengths and n against its limits here

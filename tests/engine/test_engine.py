@@ -148,12 +148,12 @@ def test_llm_is_importable_from_its_old_module() -> None:
 
 
 def test_generate_rejecting_a_later_prompt_leaves_nothing_queued() -> None:
-    # The second prompt's max_tokens overruns max_model_len: the first, already added, is
+    # The second prompt asks for more samples than max_num_seqs: the first, already added, is
     # aborted; the error names the prompt's position; the next batch runs as usual.
     llm = _llm("llama")
-    too_long = SamplingParams(temperature=0, max_tokens=llm.engine.config.max_model_len + 1)
+    too_many = SamplingParams(temperature=0.5, n=llm.engine.config.max_num_seqs + 1)
     with pytest.raises(RequestError, match="prompt 1 of the batch"):
-        llm.generate([[5, 6, 7], [8, 9]], [SamplingParams(temperature=0, max_tokens=4), too_long])
+        llm.generate([[5, 6, 7], [8, 9]], [SamplingParams(temperature=0, max_tokens=4), too_many])
     assert not llm.engine.has_unfinished_requests()
     out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
     assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
@@ -451,6 +451,26 @@ def test_requests_that_cannot_fit_raise_the_typed_length_error(llama_llm):
     assert not engine.has_unfinished_requests()
 
 
+def test_offline_generate_caps_max_tokens_at_max_model_len(llama_llm):
+    """LLM.generate runs a prompt whose max_tokens passes max_model_len up to max_model_len,
+    finishing with "length" (vLLM's offline LLM); min_tokens is capped with it. The engine's
+    add_request still refuses it (above), and a prompt with no room left is still refused."""
+    limit = llama_llm.engine.config.max_model_len
+    prompt = [3, 4, 5, 6]
+    fits = SamplingParams(temperature=0.0, max_tokens=limit - 4, ignore_eos=True)
+    want = llama_llm.generate([prompt], fits)[0].outputs[0]
+    for sp in (SamplingParams(temperature=0.0, max_tokens=limit + 50, ignore_eos=True),
+               SamplingParams(temperature=0.0, max_tokens=limit, min_tokens=limit,
+                              ignore_eos=True)):
+        got = llama_llm.generate([prompt], sp)[0].outputs[0]
+        assert (got.token_ids, got.finish_reason) == (want.token_ids, "length")
+        assert len(got.token_ids) == limit - 4
+    with pytest.raises(PromptTooLongError, match=rf"prompt 0 of the batch: prompt has {limit} "
+                                                 rf"tokens; max_model_len is {limit}"):
+        llama_llm.generate([[3] * limit], SamplingParams(max_tokens=5))
+    assert not llama_llm.engine.has_unfinished_requests()
+
+
 def test_a_prompt_that_is_not_utf8_is_a_request_error(llama_llm, monkeypatch):
     """Lone surrogates (what Python makes of non-UTF-8 bytes in argv or stdin) used to reach
     the tokenizers library and fail there with a TypeError naming no prompt."""
@@ -562,7 +582,8 @@ def test_serve_ports_out_of_range_are_refused_by_the_parser(capsys, port):
 
 
 def test_jaxinfer_generate_default_max_tokens_fits_each_prompt(monkeypatch, capsys, llama_llm):
-    """--max-tokens left out: each prompt gets min(64, room left); given: kept or refused."""
+    """--max-tokens left out: each prompt gets min(64, room left); given: kept, and a prompt
+    it does not fit stops at max_model_len (LLM.generate, as vLLM's offline LLM)."""
     from jaxinfer import cli
     from jaxinfer import llm as llm_module
 
@@ -577,8 +598,9 @@ def test_jaxinfer_generate_default_max_tokens_fits_each_prompt(monkeypatch, caps
                              SamplingParams(temperature=0, max_tokens=62)])]
     assert out[1].split() == [str(t) for t in with_eos[0].token_ids]
     assert out[3].split() == [str(t) for t in with_eos[1].token_ids]
-    assert cli.main([*args, "--max-tokens", "5", long]) == 2
-    assert ("prompt 0 of the batch: request" in capsys.readouterr().err)
+    assert cli.main([*args, "--max-tokens", "5", long]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split() == [
+        str(t) for t in with_eos[0].token_ids]  # the 4 tokens of the room, not refused
     assert not llama_llm.engine.has_unfinished_requests()
 
 

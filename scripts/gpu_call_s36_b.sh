@@ -6,7 +6,7 @@
 #   OUT=... bash scripts/gpu_call_s36_b.sh
 set -u
 mkdir -p "$OUT"
-JAX_PLATFORMS=cuda JAX_DEFAULT_MATMUL_PRECISION=highest PYTHONPATH=. timeout 120 \
+JAX_PLATFORMS=cuda JAX_DEFAULT_MATMUL_PRECISION=highest PYTHONPATH=. timeout 180 \
   python3 -m pytest -q -p no:cacheprovider tests/models/test_research.py \
-  tests/models/test_prompt_kv.py 2>&1 | tail -25 | tee "$OUT/research_gpu_pytest.txt"
+  tests/models/test_prompt_kv.py tests/engine/test_min_tokens.py 2>&1 | tail -25 | tee "$OUT/research_gpu_pytest.txt"
 NS=160 bash scripts/gpu_call_s34_b.sh

@@ -14,6 +14,8 @@ import time
 import warnings
 from typing import Sequence as Seq
 
+from jaxinfer.bench.cli import token_id_list  # argparse types (no JAX imported)
+
 DEFAULT_MODEL = "smollm2-135m"
 
 
@@ -143,7 +145,8 @@ def _sampling(ns: argparse.Namespace):
     return SamplingParams(temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
                           max_tokens=(ns.max_tokens if ns.max_tokens is not None
                                       else ns.default_max_tokens),
-                          seed=ns.sample_seed)
+                          seed=ns.sample_seed, min_tokens=ns.min_tokens,
+                          ignore_eos=ns.ignore_eos, stop_token_ids=ns.stop_token_ids)
 
 
 def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_len: int):
@@ -168,6 +171,11 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--min-tokens", type=int, default=0,
+                   help="EOS and stop token ids are masked until this many new tokens")
+    p.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
+    p.add_argument("--stop-token-ids", type=token_id_list, default=[],
+                   help="comma-separated token ids that end the output")
 
 
 def _token_ids(text: str) -> list[int]:

@@ -162,20 +162,26 @@ class LLMEngine:
                  self.kv_sizing.describe(ec.max_model_len))
 
     # ------------------------------------------------------------------ requests
-    def encode_prompt(self, prompt: str | Seq[int]) -> list[int]:
+    def encode_prompt(self, prompt: str | Seq[int],
+                      truncate_prompt_tokens: int | None = None) -> list[int]:
         """Token ids of a text prompt (special tokens added) or ids as given; a prompt that
         cannot fit ``max_model_len`` is refused before it is encoded or read
-        (:func:`jaxinfer.prompts.encode_prompt`). Raises RequestError."""
-        return prompts.encode_prompt(self.tokenizer, prompt, self.config.max_model_len,
-                                     self.model_config.vocab_size)
+        (:func:`jaxinfer.prompts.encode_prompt`). ``truncate_prompt_tokens``: as
+        ``SamplingParams``' (keep the last k tokens; -1: max_model_len). Raises RequestError
+        (TokenizerError, a ValueError, for a truncation that leaves no text token)."""
+        limit = self.config.max_model_len
+        return prompts.encode_prompt(self.tokenizer, prompt, limit, self.model_config.vocab_size,
+                                     prompts.truncation(truncate_prompt_tokens, limit))
 
-    def encode_chat(self, messages: list[dict[str, str]],
-                    add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    truncate_prompt_tokens: int | None = None) -> list[int]:
         """Token ids of a conversation rendered with the chat template; one that cannot fit
         ``max_model_len`` is refused before rendering (:func:`jaxinfer.prompts.encode_chat`).
+        ``truncate_prompt_tokens``: as ``SamplingParams``' (the rendering's last k ids).
         Raises RequestError or TokenizerError (both ValueError)."""
-        return prompts.encode_chat(self.tokenizer, messages, self.config.max_model_len,
-                                   add_generation_prompt)
+        limit = self.config.max_model_len
+        return prompts.encode_chat(self.tokenizer, messages, limit, add_generation_prompt,
+                                   prompts.truncation(truncate_prompt_tokens, limit))
 
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                     request_id: int | None = None,
@@ -185,13 +191,15 @@ class LLMEngine:
         pool), and ``scheduler.QueueFullError`` (a ValueError) when ``max_queue_len`` requests are
         already waiting (nothing queued in either case).
 
-        ``prompt_token_ids``, when given, are the already-encoded ``prompt``. ``request_id``:
+        ``prompt_token_ids``, when given, are the already-encoded ``prompt`` (truncated
+        already: ``params.truncate_prompt_tokens`` applies to ``prompt`` only). ``request_id``:
         an int >= 0 not in use by a live request (default: the next free automatic id).
         """
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be SamplingParams, got {type(params)}")
-        ids = prompt_token_ids if prompt_token_ids is not None else self.encode_prompt(prompt)
+        ids = (prompt_token_ids if prompt_token_ids is not None
+               else self.encode_prompt(prompt, params.truncate_prompt_tokens))
         if params.stop_strings and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer; this model has none "
                                "(use stop_token_ids)")
@@ -199,6 +207,10 @@ class LLMEngine:
         if outside := [t for t in params.stop_token_ids if t >= V]:
             raise RequestError(f"stop_token_ids {outside} are not in the vocabulary: ids must "
                                f"be in [0, {V}) (vocab size {V})")
+        if params.min_tokens > 0 and len(self._masked_stops(params)) >= V:
+            raise RequestError(f"min_tokens {params.min_tokens}: EOS and stop_token_ids "
+                               f"cover the whole vocabulary ({V} ids), so no token could be "
+                               f"sampled before then")
         limit = self.config.max_model_len
         if len(ids) >= limit:
             raise PromptTooLongError(f"prompt has {len(ids)} tokens; max_model_len is {limit} "
@@ -303,12 +315,18 @@ class LLMEngine:
                 ids = seq.all_token_ids  # prompt + outputs kept across preemption
                 toks = np.full(self.config.max_model_len, -1, np.int32)
                 toks[:len(ids)] = ids
-                stops: set[int] = set()
-                if sp.min_tokens > 0:  # what Scheduler._stop_reason stops on
-                    stops.update(sp.stop_token_ids)
-                    if not sp.ignore_eos:
-                        stops.update(self.scheduler.cfg.eos_token_ids)
-                self.runner.load_history(slot, toks, seq.num_prompt_tokens, sorted(stops))
+                self.runner.load_history(slot, toks, seq.num_prompt_tokens,
+                                         sorted(self._masked_stops(sp)))
+
+    def _masked_stops(self, sp: SamplingParams) -> set[int]:
+        """The token ids masked before ``sp.min_tokens`` outputs: what
+        ``Scheduler._stop_reason`` stops on (EOS unless ``ignore_eos``, ``stop_token_ids``)
+        within the vocabulary; none without ``min_tokens``."""
+        if sp.min_tokens == 0:
+            return set()
+        V = self.model_config.vocab_size
+        eos = () if sp.ignore_eos else self.scheduler.cfg.eos_token_ids
+        return {t for t in (*sp.stop_token_ids, *eos) if t < V}
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns outputs of requests that advanced or finished.

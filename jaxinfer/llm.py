@@ -30,6 +30,15 @@ def _fit_max_tokens(sp: SamplingParams, num_prompt: int, max_model_len: int
     return dataclasses.replace(sp, max_tokens=room, min_tokens=min(sp.min_tokens, room))
 
 
+def _truncation_of(sampling_params: Any, i: int) -> int | None:
+    """``truncate_prompt_tokens`` of the params of prompt ``i`` (one SamplingParams for all,
+    or a list); None where there are none (``generate`` then refuses what is wrong)."""
+    sp = sampling_params
+    if isinstance(sp, (list, tuple)):
+        sp = sp[i] if i < len(sp) else None
+    return sp.truncate_prompt_tokens if isinstance(sp, SamplingParams) else None
+
+
 class LLM:
     """Offline batch generation (vLLM's ``LLM``).
 
@@ -90,7 +99,7 @@ class LLM:
         encoded = []
         for i, p in enumerate(prompts):  # validate all before queueing any
             try:
-                encoded.append(self.engine.encode_prompt(p))
+                encoded.append(self.engine.encode_prompt(p, params[i].truncate_prompt_tokens))
             except ValueError as err:
                 err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])
                 raise
@@ -118,12 +127,14 @@ class LLM:
             raise RequestError(f"messages must be a non-empty list of message dicts (one "
                                f"conversation) or a list of such lists, got {_short(messages)}")
         if isinstance(messages[0], dict):
-            ids = [self.engine.encode_chat(list(messages))]  # type: ignore[arg-type]
+            ids = [self.engine.encode_chat(  # type: ignore[arg-type]
+                list(messages), truncate_prompt_tokens=_truncation_of(sampling_params, 0))]
         else:
             ids = []
             for i, conv in enumerate(messages):
                 try:  # a conversation that cannot fit is refused before it is rendered
-                    ids.append(self.engine.encode_chat(conv))  # type: ignore[arg-type]
+                    ids.append(self.engine.encode_chat(  # type: ignore[arg-type]
+                        conv, truncate_prompt_tokens=_truncation_of(sampling_params, i)))
                 except ValueError as err:  # which conversation, which message and why
                     err.args = (f"conversation {i}: {err}", *err.args[1:])
                     raise

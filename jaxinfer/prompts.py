@@ -37,9 +37,26 @@ def check_text_fits(tokenizer: Tokenizer, texts: Seq[str], max_model_len: int) -
                                  f"{n} tokens; max_model_len is {max_model_len}")
 
 
+def truncation(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
+    """How many prompt tokens ``SamplingParams.truncate_prompt_tokens`` keeps: None (no
+    truncation), -1 -> ``max_model_len``, else the value. Raises RequestError above
+    ``max_model_len`` (vLLM's ``_validate_truncation_size``)."""
+    k = truncate_prompt_tokens
+    if k is None:
+        return None
+    if k == -1:
+        return max_model_len
+    if k > max_model_len:
+        raise RequestError(f"truncate_prompt_tokens ({k}) is greater than max_model_len "
+                           f"({max_model_len})")
+    return k
+
+
 def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model_len: int,
-                  vocab_size: int) -> list[int]:
-    """Token ids of a text prompt (the tokenizer's special tokens added) or ids as given.
+                  vocab_size: int, truncate: int | None = None) -> list[int]:
+    """Token ids of a text prompt (the tokenizer's special tokens added) or ids as given;
+    with ``truncate`` (a :func:`truncation` result), only the last ``truncate`` of them
+    (a text keeps its special tokens: ``Tokenizer.encode``'s ``max_length``).
 
     Raises:
       RequestError: a prompt neither text nor a sequence of ids (bytes, None, a number),
@@ -58,18 +75,23 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
         if tokenizer is None:
             raise RequestError("this model has no tokenizer: pass prompt token ids "
                                "(jaxinfer generate --token-ids)")
-        check_text_fits(tokenizer, (prompt,), max_model_len)
-        return tokenizer.encode(prompt)
+        if truncate is None:
+            check_text_fits(tokenizer, (prompt,), max_model_len)
+        return tokenizer.encode(prompt, max_length=truncate)
     if prompt is None or isinstance(prompt, (bytes, bytearray, memoryview, dict, set,
                                              frozenset, numbers.Number)):
         # bytes would read as the ids of their byte values
         raise RequestError(f"prompt must be a str or a sequence of token ids (ints), got "
                            f"{type(prompt).__name__}")
+    if truncate is not None and hasattr(prompt, "__len__") and hasattr(prompt, "__getitem__"):
+        prompt = prompt[max(len(prompt) - truncate, 0):]  # ranges, arrays: nothing else read
     if hasattr(prompt, "__len__") and len(prompt) > max_model_len:  # = limit: prompt_logits'
         raise PromptTooLongError(f"prompt has {len(prompt)} tokens; max_model_len is "
                                  f"{max_model_len}")
     try:
         ids = list(prompt)
+        if truncate is not None:
+            ids = ids[max(len(ids) - truncate, 0):]
     except TypeError:
         raise RequestError(f"prompt must be a str or a sequence of token ids (ints), got "
                            f"{type(prompt).__name__}") from None
@@ -86,9 +108,10 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
 
 
 def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
-                add_generation_prompt: bool = True) -> list[int]:
+                add_generation_prompt: bool = True, truncate: int | None = None) -> list[int]:
     """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``) rendered with
-    the model's chat template (``Tokenizer.apply_chat_template``).
+    the model's chat template (``Tokenizer.apply_chat_template``); with ``truncate`` (a
+    :func:`truncation` result), only the last ``truncate`` ids of the rendering.
 
     Raises:
       RequestError: no tokenizer; contents that cannot fit ``max_model_len`` whatever they
@@ -99,10 +122,11 @@ def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
     if tokenizer is None:
         raise RequestError("this model has no tokenizer, so no chat template")
     check_messages(messages)
-    check_text_fits(tokenizer, [m["content"] for m in messages
-                                if isinstance(m.get("content"), str)], max_model_len)
+    if truncate is None:
+        check_text_fits(tokenizer, [m["content"] for m in messages
+                                    if isinstance(m.get("content"), str)], max_model_len)
     ids = tokenizer.apply_chat_template(list(messages),
                                         add_generation_prompt=add_generation_prompt)
     if not ids:
         raise RequestError("the rendered conversation is empty")
-    return ids
+    return ids if truncate is None else ids[max(len(ids) - truncate, 0):]

@@ -49,7 +49,8 @@ _NUMERIC = (("temperature", False, False), ("top_k", True, False), ("top_p", Fal
             ("max_tokens", True, False), ("min_tokens", True, False), ("seed", True, True),
             ("n", True, False), ("min_p", False, False), ("repetition_penalty", False, False),
             ("presence_penalty", False, False), ("frequency_penalty", False, False),
-            ("logprobs", True, True), ("prompt_logprobs", True, True))
+            ("logprobs", True, True), ("prompt_logprobs", True, True),
+            ("truncate_prompt_tokens", True, True))
 
 
 def _kind(v: object) -> str:
@@ -113,6 +114,11 @@ class SamplingParams:
       prompt_logprobs: None = off; k in [0, 20]: the same for every prompt token after
         the first (each position scored given the tokens before it).
       skip_special_tokens: drop special tokens (EOS, turn markers) from the text.
+      truncate_prompt_tokens: keep only the last k tokens of the prompt (left truncation,
+        as vLLM); -1 means max_model_len; None keeps it whole. A text prompt keeps the
+        special tokens the tokenizer adds (BOS) and loses text tokens from its start, as a
+        transformers tokenizer with ``truncation_side="left"``; a chat's rendered ids and
+        token-id prompts lose their first ids. k > max_model_len is refused by the engine.
       n: samples per prompt, in [1, 64] (and at most the engine's ``max_num_seqs``). The
         prompt is prefilled once; the samples share its KV pages and each has its own
         decode pages (``RequestOutput.outputs`` holds n ``CompletionOutput``s, index 0..n-1).
@@ -147,6 +153,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
     output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
@@ -187,6 +194,10 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and not 0 <= v <= MAX_LOGPROBS:
                 raise ParameterError(f"{name} must be None or in [0, {MAX_LOGPROBS}], got {v}")
+        t = self.truncate_prompt_tokens
+        if t is not None and not (t == -1 or t >= 1):
+            raise ParameterError(f"truncate_prompt_tokens must be None, -1 (max_model_len) or "
+                                 f">= 1, got {t}")
         if self.output_kind not in OUTPUT_KINDS:
             raise ParameterError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got "
                                  f"{self.output_kind!r}")

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
 STOP_FLAG = 1 << 29  # bit of a counts entry: a stop token of the sequence (min_tokens mask)
 COUNT_MASK = STOP_FLAG - 1  # bits holding the number of occurrences in the output
-STOP_IDS_PER_CALL = 32  # stop ids one load_token_history call flags ([32] int32, -1 pads)
+STOP_IDS_PER_CALL = 128  # stop ids one load_token_history call flags ([128] int32, -1 pads)
 
 
 def masks_stops(sample_index, min_tokens):

@@ -145,9 +145,33 @@ class Tokenizer:
         """
         return sum(len(t) for t in texts) // (4 * self.max_token_chars)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; ``add_special_tokens`` adds BOS where the model wants one."""
-        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+    def encode(self, text: str, add_special_tokens: bool = True,
+               max_length: int | None = None) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` adds BOS where the model wants one.
+
+        ``max_length``: keep at most this many ids by dropping text tokens from the start
+        (left truncation; the special tokens stay), as a transformers tokenizer called with
+        ``truncation=True, max_length=...`` and ``truncation_side="left"`` (vLLM's
+        ``truncate_prompt_tokens``). Raises TokenizerError when it leaves no text token.
+        """
+        full = list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        if max_length is None or len(full) <= max_length:
+            return full
+        plain = full if not add_special_tokens else list(
+            self.hf.encode(text, add_special_tokens=False))
+        # The special tokens around the text: where the text's ids sit inside ``full``.
+        p = next((i for i in range(len(full) - len(plain) + 1)
+                  if full[i:i + len(plain)] == plain), None)
+        if p is None:
+            raise TokenizerError(f"cannot truncate this text to {max_length} tokens: its ids "
+                                 f"with special tokens do not contain those without")
+        prefix, suffix = full[:p], full[p + len(plain):]
+        room = max_length - len(prefix) - len(suffix)
+        if room < 1:
+            raise TokenizerError(f"a truncation to {max_length} tokens leaves no room for the "
+                                 f"text after the {len(prefix) + len(suffix)} special token(s) "
+                                 f"the tokenizer adds")
+        return prefix + plain[len(plain) - room:] + suffix
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids`` (special tokens dropped unless ``skip_special_tokens=False``)."""

@@ -30,6 +30,18 @@ def non_negative_float(text: str) -> float:
     return _finite_float(text, zero_ok=True)
 
 
+def token_id_list(text: str) -> list[int]:
+    """argparse type: comma-separated token ids >= 0 ("2,5, 7"); "" is none."""
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated integers, got {text!r}") from None
+    if bad := [t for t in ids if t < 0]:
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {bad[0]}")
+    return ids
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     """Engine options (as ``jaxinfer generate``), ``--out``, ``--progress-interval``.
 

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from jaxinfer.bench.cli import non_negative_float
+from jaxinfer.bench.cli import non_negative_float, token_id_list
 
 
 def port_number(text: str) -> int:
@@ -100,6 +100,10 @@ def add_client_parser(sub: Any) -> None:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--min-tokens", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--stop-token-ids", type=token_id_list, default=None,
+                   help="comma-separated token ids that end the output")
+    p.add_argument("--truncate-prompt-tokens", type=int, default=None,
+                   help="keep only the prompt's last k tokens (-1: max_model_len)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--show-ids", action="store_true", help="print token ids after the text")
     p.add_argument("prompt", nargs="?", default=None)
@@ -156,7 +160,8 @@ def cmd_client(ns: argparse.Namespace) -> int:
                 print(f"jaxinfer: error: client: the prompt {why}", file=sys.stderr)
                 return 2
             sampling = {k: getattr(ns, k) for k in ("max_tokens", "temperature", "top_k",
-                                                    "top_p", "min_tokens", "seed")
+                                                    "top_p", "min_tokens", "seed",
+                                                    "stop_token_ids", "truncate_prompt_tokens")
                         if getattr(ns, k) is not None}
             if ns.ignore_eos:
                 sampling["ignore_eos"] = True

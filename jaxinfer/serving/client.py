@@ -13,6 +13,7 @@ Errors arrive as ``grpc.RpcError`` with the server's status code and message.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, Self
 
@@ -117,3 +118,9 @@ class InferenceClient:
         r = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service),
                                    timeout=self.timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+
+if __name__ == "__main__":  # python -m jaxinfer.serving.client ... = jaxinfer client ...
+    from jaxinfer.cli import main
+
+    sys.exit(main(["client", *sys.argv[1:]]))

@@ -161,11 +161,14 @@ def chat_messages(msg: pb.ChatMessages) -> list[dict[str, str]]:
     return out
 
 
-def prompt_token_ids(engine: Any, req: pb.GenerateRequest) -> tuple[list[int], str | None]:
+def prompt_token_ids(engine: Any, req: pb.GenerateRequest,
+                     truncate_prompt_tokens: int | None = None
+                     ) -> tuple[list[int], str | None]:
     """Token ids of a request's input (text encoded, chat template applied) and its text.
 
     Args:
       engine: the ``LLMEngine`` (its tokenizer and config are read, nothing is changed).
+      truncate_prompt_tokens: the request's ``SamplingParams.truncate_prompt_tokens``.
     Raises:
       InvalidRequest: no input, an empty prompt, ids out of the vocabulary, a model without
         tokenizer or chat template, malformed chat messages, or a prompt that leaves no room
@@ -179,15 +182,17 @@ def prompt_token_ids(engine: Any, req: pb.GenerateRequest) -> tuple[list[int], s
     try:
         if kind is None:
             raise InvalidRequest("request has no input: set prompt, prompt_token_ids or chat")
+        trunc = truncate_prompt_tokens
         if kind == "prompt":
             text = req.prompt
-            ids = engine.encode_prompt(req.prompt)
+            ids = engine.encode_prompt(req.prompt, trunc)
         elif kind == "prompt_token_ids":
-            ids = engine.encode_prompt(req.prompt_token_ids.ids)  # length checked first
+            ids = engine.encode_prompt(req.prompt_token_ids.ids, trunc)  # length checked first
         else:
             add_gen = (req.chat.add_generation_prompt
                        if req.chat.HasField("add_generation_prompt") else True)
-            ids = engine.encode_chat(chat_messages(req.chat), add_generation_prompt=add_gen)
+            ids = engine.encode_chat(chat_messages(req.chat), add_generation_prompt=add_gen,
+                                     truncate_prompt_tokens=trunc)
     except (RequestError, TokenizerError) as e:
         raise InvalidRequest(f"{kind}: {e}") from e
     except InvalidRequest:

@@ -95,10 +95,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         arrival = time.monotonic()  # TTFT / end-to-end clocks include tokenization
         try:
             params = sampling_params_from_proto(req.sampling)
+            trunc = params.truncate_prompt_tokens
             if req.WhichOneof("input") == "prompt_token_ids":  # no tokenizer: checked here
-                ids, text = prompt_token_ids(self.engine, req)
+                ids, text = prompt_token_ids(self.engine, req, trunc)
             else:  # one tokenizer thread, as vLLM's API server (its tokenizer executor)
-                ids, text = await self._off_loop(prompt_token_ids, self.engine, req)
+                ids, text = await self._off_loop(prompt_token_ids, self.engine, req, trunc)
         except InvalidRequest as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e),
                               "invalid_argument")

@@ -604,6 +604,31 @@ def test_jaxinfer_generate_default_max_tokens_fits_each_prompt(monkeypatch, caps
     assert not llama_llm.engine.has_unfinished_requests()
 
 
+def test_jaxinfer_generate_min_tokens_and_stop_token_ids(monkeypatch, capsys, llama_llm):
+    """--min-tokens, --ignore-eos and --stop-token-ids reach SamplingParams: the CLI prints
+    what LLM.generate gives with them; a malformed list is an argparse error (exit 2)."""
+    from jaxinfer import cli
+    from jaxinfer import llm as llm_module
+
+    monkeypatch.setattr(llm_module, "LLM", lambda *args, **kw: llama_llm)
+    prompt = [5, 17, 33, 8]
+    plain = llama_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6,
+                                                        ignore_eos=True))[0].outputs[0]
+    sp = SamplingParams(temperature=0, max_tokens=6, min_tokens=3, ignore_eos=True,
+                        stop_token_ids=[plain.token_ids[0], 9])
+    want = llama_llm.generate([prompt], sp)[0].outputs[0].token_ids
+    assert want[0] != plain.token_ids[0]  # masked before min_tokens
+    args = ["generate", "--model", "dummy:tiny-llama", "--token-ids", "--temperature", "0",
+            "--max-tokens", "6", "--min-tokens", "3", "--ignore-eos", "--stop-token-ids",
+            f"{plain.token_ids[0]},9", " ".join(map(str, prompt))]
+    assert cli.main(args) == 0
+    assert capsys.readouterr().out.split() == [str(t) for t in want]
+    with pytest.raises(SystemExit) as e:
+        cli.main(args[:-2] + ["-4", "1"])
+    assert e.value.code == 2
+    assert "token ids must be >= 0, got -4" in capsys.readouterr().err
+
+
 def test_generate_from_several_threads_runs_each_call_whole():
     """Two threads calling generate on one LLM used to fail inside XLA ("buffer has been
     donated") as both stepped the engine; they now run one after another, each getting its

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from jaxinfer.engine import RequestError
 from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.sampling_penalties import STOP_IDS_PER_CALL
 from tests.conftest import tiny_loaded
 
 ENGINE = dict(max_model_len=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32,
@@ -82,16 +82,42 @@ def test_eos_is_masked_unless_ignore_eos_and_stale_flags_do_nothing():
     assert _summary(llm.generate([prompt], ign)) == [(plain, "length")]
 
 
-def test_more_stop_ids_than_one_history_call_flags():
+def test_more_stop_ids_than_one_history_call_flags(monkeypatch):
+    from jaxinfer import runner
+
+    monkeypatch.setattr(runner, "STOP_IDS_PER_CALL", 16)  # (128: more ids than tiny's vocab)
     loaded = tiny_loaded("llama")
     prompt = PROMPTS[2]
     plain = _plain(loaded, prompt)
-    # The greedy token goes last, after STOP_IDS_PER_CALL others: a second call flags it.
-    others = [t for t in range(2, 96) if t not in plain][:STOP_IDS_PER_CALL + 5]
+    # The greedy token goes last, after 16 others (ids sorted): a second call flags it.
+    others = [t for t in range(2, 96) if t not in plain and t < plain[0]][:21]
+    assert len(others) > 16, "pick a prompt whose greedy token is a larger id"
     stops = others + [plain[0]]
     llm = LLM(loaded, **ENGINE)
+    calls = []
+    load = llm.engine.runner.load_history
+    monkeypatch.setattr(llm.engine.runner, "load_history",
+                        lambda *a: (calls.append(len(a[3])), load(*a))[1])
     sp = SamplingParams(temperature=0.0, max_tokens=6, min_tokens=6, stop_token_ids=stops,
                         ignore_eos=True)
     got = _summary(llm.generate([prompt], sp))
+    assert calls == [len(stops)]
     assert got == [_reference(llm.engine, prompt, set(stops), 6, 6)]
     assert got[0][0][0] != plain[0]
+
+
+def test_stop_ids_covering_the_vocabulary_are_refused_with_min_tokens():
+    llm = LLM(tiny_loaded("llama"), **ENGINE)
+    every = list(range(96))
+    with pytest.raises(RequestError, match=r"min_tokens 2: EOS and stop_token_ids cover the "
+                                           r"whole vocabulary \(96 ids\)"):
+        llm.generate([PROMPTS[0]], SamplingParams(min_tokens=2, stop_token_ids=every))
+    # EOS (1) is the one id left out: with ignore_eos it is not masked either, so no refusal.
+    rest = every[:1] + every[2:]
+    with pytest.raises(RequestError, match="cover the whole vocabulary"):
+        llm.generate([PROMPTS[0]], SamplingParams(min_tokens=2, stop_token_ids=rest))
+    out = llm.generate([PROMPTS[0]], SamplingParams(min_tokens=2, stop_token_ids=rest,
+                                                    ignore_eos=True, temperature=0.0,
+                                                    max_tokens=3))[0].outputs[0]
+    assert out.token_ids[:2] == [1, 1]  # the only token left to sample before min_tokens
+    assert not llm.engine.has_unfinished_requests()

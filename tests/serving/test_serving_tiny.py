@@ -571,6 +571,19 @@ def test_client_cli(tiny_server, capsys):
     with pytest.raises(SystemExit):
         main(["client", "--address", st.target, "--chat", "--token-ids", "1"])
     assert "not allowed with argument --chat" in capsys.readouterr().err
+    # stop ids, min_tokens and truncation reach the server: the same tokens as the Python
+    # client sends with them
+    long_ids = [int(3 + (i * 11) % 90) for i in range(200)]
+    with InferenceClient(st.target, timeout=60) as c:
+        want = c.generate(token_ids=long_ids[-30:], max_tokens=6, temperature=0,
+                          min_tokens=4, stop_token_ids=[7, 9])
+    assert main(["client", "--address", st.target, "--token-ids", "--show-ids",
+                 "--max-tokens", "6", "--min-tokens", "4", "--stop-token-ids", "7, 9",
+                 "--truncate-prompt-tokens", "30", " ".join(map(str, long_ids))]) == 0
+    assert f'"token_ids": {list(want.token_ids)}' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["client", "--address", st.target, "--stop-token-ids", "7,x", "hi"])
+    assert "must be comma-separated integers, got '7,x'" in capsys.readouterr().err
 
 
 def test_build_request_fields_and_errors():
@@ -692,3 +705,22 @@ def test_a_known_field_of_the_wrong_wire_type_is_named_as_such(tiny_server):
         assert _raw_unary_refused(ch, raw) == (
             f"GenerateRequest has fields of the wrong wire type: sampling (#{field}) (a "
             f"client built from another schema?)")
+
+
+def test_truncate_prompt_tokens_over_the_wire(tiny_server):
+    """A token-id prompt over max_model_len runs as its last k ids (usage counts k); a k
+    above max_model_len is INVALID_ARGUMENT, named; the server keeps serving."""
+    st = tiny_server[0]
+    ids = [int(3 + (i * 7) % 90) for i in range(300)]  # max_model_len 128
+    with InferenceClient(st.target, timeout=60) as c:
+        got = c.generate(token_ids=ids, max_tokens=4, temperature=0, ignore_eos=True,
+                         truncate_prompt_tokens=20)
+        want = c.generate(token_ids=ids[-20:], max_tokens=4, temperature=0, ignore_eos=True)
+        assert list(got.token_ids) == list(want.token_ids) and got.usage.prompt_tokens == 20
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate(token_ids=ids, max_tokens=4, truncate_prompt_tokens=200)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "truncate_prompt_tokens (200) is greater than max_model_len (128)" in (
+            e.value.details())
+        assert c.generate(token_ids=ids[:5], max_tokens=2).usage.completion_tokens >= 1
+    wait_until(lambda: _all_free(st))

@@ -174,14 +174,16 @@ class LLMEngine:
                                      prompts.truncation(truncate_prompt_tokens, limit))
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    truncate_prompt_tokens: int | None = None) -> list[int]:
+                    truncate_prompt_tokens: int | None = None, **template: Any) -> list[int]:
         """Token ids of a conversation rendered with the chat template; one that cannot fit
         ``max_model_len`` is refused before rendering (:func:`jaxinfer.prompts.encode_chat`).
-        ``truncate_prompt_tokens``: as ``SamplingParams``' (the rendering's last k ids).
+        ``truncate_prompt_tokens``: as ``SamplingParams``' (the rendering's last k ids);
+        ``template``: ``Tokenizer.apply_chat_template``'s chat_template,
+        continue_final_message, chat_template_kwargs.
         Raises RequestError or TokenizerError (both ValueError)."""
         limit = self.config.max_model_len
         return prompts.encode_chat(self.tokenizer, messages, limit, add_generation_prompt,
-                                   prompts.truncation(truncate_prompt_tokens, limit))
+                                   prompts.truncation(truncate_prompt_tokens, limit), **template)
 
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                     request_id: int | None = None,

@@ -119,8 +119,21 @@ class LLM:
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them (chat template applied)."""
+             use_tqdm: bool = False, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them (chat template applied).
+
+        The keywords are vLLM ``LLM.chat``'s: ``chat_template`` a Jinja template used
+        instead of the model's; ``add_generation_prompt`` (default True) opens the
+        assistant's turn; ``continue_final_message`` continues the last (assistant) message
+        instead (set ``add_generation_prompt=False``); ``chat_template_kwargs`` extra
+        template variables (Qwen3: ``{"enable_thinking": False}``). Raises RequestError /
+        TokenizerError (ValueErrors) naming the conversation.
+        """
+        template = dict(add_generation_prompt=add_generation_prompt, chat_template=chat_template,
+                        continue_final_message=continue_final_message,
+                        chat_template_kwargs=chat_template_kwargs)
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer, so no chat template")
         if not isinstance(messages, (list, tuple)) or not messages:
@@ -128,13 +141,15 @@ class LLM:
                                f"conversation) or a list of such lists, got {_short(messages)}")
         if isinstance(messages[0], dict):
             ids = [self.engine.encode_chat(  # type: ignore[arg-type]
-                list(messages), truncate_prompt_tokens=_truncation_of(sampling_params, 0))]
+                list(messages), truncate_prompt_tokens=_truncation_of(sampling_params, 0),
+                **template)]
         else:
             ids = []
             for i, conv in enumerate(messages):
                 try:  # a conversation that cannot fit is refused before it is rendered
                     ids.append(self.engine.encode_chat(  # type: ignore[arg-type]
-                        conv, truncate_prompt_tokens=_truncation_of(sampling_params, i)))
+                        conv, truncate_prompt_tokens=_truncation_of(sampling_params, i),
+                        **template))
                 except ValueError as err:  # which conversation, which message and why
                     err.args = (f"conversation {i}: {err}", *err.args[1:])
                     raise

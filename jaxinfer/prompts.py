@@ -108,10 +108,12 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
 
 
 def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
-                add_generation_prompt: bool = True, truncate: int | None = None) -> list[int]:
+                add_generation_prompt: bool = True, truncate: int | None = None,
+                **template: Any) -> list[int]:
     """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``) rendered with
-    the model's chat template (``Tokenizer.apply_chat_template``); with ``truncate`` (a
-    :func:`truncation` result), only the last ``truncate`` ids of the rendering.
+    the model's chat template (``Tokenizer.apply_chat_template``, which takes the
+    ``template`` keywords: chat_template, continue_final_message, chat_template_kwargs);
+    with ``truncate`` (a :func:`truncation` result), only the last ``truncate`` ids.
 
     Raises:
       RequestError: no tokenizer; contents that cannot fit ``max_model_len`` whatever they
@@ -126,7 +128,7 @@ def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
         check_text_fits(tokenizer, [m["content"] for m in messages
                                     if isinstance(m.get("content"), str)], max_model_len)
     ids = tokenizer.apply_chat_template(list(messages),
-                                        add_generation_prompt=add_generation_prompt)
+                                        add_generation_prompt=add_generation_prompt, **template)
     if not ids:
         raise RequestError("the rendered conversation is empty")
     return ids if truncate is None else ids[max(len(ids) - truncate, 0):]

@@ -178,25 +178,45 @@ class Tokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, str]],
-                            add_generation_prompt: bool = True) -> list[int]:
+                            add_generation_prompt: bool = True, *,
+                            chat_template: str | None = None,
+                            continue_final_message: bool = False,
+                            chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template.
 
         ``messages`` is ``[{"role": "user", "content": "..."}, ...]`` (see
         :func:`check_messages`). The rendered text is encoded without adding special tokens
-        (the template writes them), as transformers does.
+        (the template writes them), as transformers does. The keywords are transformers' /
+        vLLM ``LLM.chat``'s: ``chat_template`` a Jinja template used instead of the model's;
+        ``continue_final_message`` leaves the last (assistant) message open so the model
+        continues it (not with ``add_generation_prompt``); ``chat_template_kwargs`` extra
+        template variables (e.g. Qwen3's ``{"enable_thinking": False}``).
 
         Raises:
-          TokenizerError: the model has no chat template; malformed messages (naming the
-            message and the field); or the template refused the conversation (its own
+          TokenizerError: the model has no chat template (and none is given); malformed
+            messages (naming the message and the field); both ``add_generation_prompt`` and
+            ``continue_final_message``; or the template refused the conversation (its own
             message, e.g. roles that do not alternate).
         """
-        if self.chat_template is None:
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TokenizerError(f"chat_template must be a Jinja template string, got "
+                                 f"{type(chat_template).__name__}")
+        if chat_template is None and self.chat_template is None:
             raise TokenizerError(f"the tokenizer of {self.source or 'this model'} has no chat "
                                  "template (not an instruction-tuned model?); use a plain prompt")
+        if add_generation_prompt and continue_final_message:
+            raise TokenizerError("continue_final_message and add_generation_prompt cannot both "
+                                 "be set (the last message is either continued or answered)")
+        kwargs = chat_template_kwargs or {}
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise TokenizerError(f"chat_template_kwargs must be a dict of str keys, got "
+                                 f"{kwargs!r}")
         check_messages(messages)
         try:
-            text = self.hf.apply_chat_template(messages, tokenize=False,
-                                               add_generation_prompt=add_generation_prompt)
+            text = self.hf.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template, continue_final_message=continue_final_message,
+                **kwargs)
         except Exception as e:  # jinja2's TemplateError (raise_exception in the template) ...
             raise TokenizerError(f"the chat template of {self.source or 'this model'} cannot "
                                  f"render these messages: {type(e).__name__}: {e}") from e

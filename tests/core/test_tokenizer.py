@@ -235,3 +235,34 @@ def test_min_tokens_is_a_lower_bound_smollm2(smollm: Tokenizer) -> None:
 @pytest.mark.slow
 def test_min_tokens_is_a_lower_bound_gemma3(gemma: Tokenizer) -> None:
     _check_min_tokens(gemma)
+
+
+_GEN_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>{% endif %}")
+
+
+def test_chat_template_options_as_vllm_llm_chat() -> None:
+    """chat_template (instead of the model's), add_generation_prompt, continue_final_message
+    and chat_template_kwargs reach transformers' apply_chat_template; bad combinations are
+    TokenizerErrors, as is a template that is not a string."""
+    tok = _tiny_tokenizer(_GEN_TEMPLATE)
+    conv = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]
+    # roles are not in the word-level vocabulary: <unk> (0)
+    assert tok.apply_chat_template(conv) == [0, 3, 2, 0, 4, 2, 1]
+    assert tok.apply_chat_template(conv, add_generation_prompt=False) == [0, 3, 2, 0, 4, 2]
+    # the last message left open: no </s> after "world", no generation prompt
+    assert tok.apply_chat_template(conv, add_generation_prompt=False,
+                                   continue_final_message=True) == [0, 3, 2, 0, 4]
+    with pytest.raises(TokenizerError, match="cannot both be set"):
+        tok.apply_chat_template(conv, continue_final_message=True)
+    own = "{% if greet %}hello {% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    plain = _tiny_tokenizer()  # no template of its own: a given one is enough
+    assert plain.apply_chat_template(conv, chat_template=own) == [3, 4]
+    assert plain.apply_chat_template(conv, chat_template=own,
+                                     chat_template_kwargs={"greet": True}) == [3, 3, 4]
+    with pytest.raises(TokenizerError, match="no chat template"):
+        plain.apply_chat_template(conv)
+    with pytest.raises(TokenizerError, match="chat_template must be a Jinja template string"):
+        plain.apply_chat_template(conv, chat_template=5)
+    with pytest.raises(TokenizerError, match="chat_template_kwargs must be a dict"):
+        tok.apply_chat_template(conv, chat_template_kwargs=["greet"])

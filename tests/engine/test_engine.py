@@ -11,6 +11,7 @@ import pytest
 from jaxinfer.engine import PromptTooLongError, RequestError
 from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import ParameterError, SamplingParams
+from jaxinfer.tokenizer import TokenizerError
 from tests.conftest import tiny_loaded
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -449,6 +450,27 @@ def test_requests_that_cannot_fit_raise_the_typed_length_error(llama_llm):
             bad()
         assert not isinstance(e.value, PromptTooLongError), e.value
     assert not engine.has_unfinished_requests()
+
+
+def test_llm_chat_takes_vllm_chat_template_options(monkeypatch, llama_llm):
+    """LLM.chat(chat_template=, add_generation_prompt=, continue_final_message=,
+    chat_template_kwargs=) renders as the tokenizer does with them, for one conversation or
+    a list; a bad combination names the conversation."""
+    from tests.core.test_tokenizer import _GEN_TEMPLATE, _tiny_tokenizer
+
+    tok = _tiny_tokenizer(_GEN_TEMPLATE)
+    monkeypatch.setattr(llama_llm.engine, "tokenizer", tok)
+    conv = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]
+    own = "{% if greet %}hello {% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    for kw in ({}, dict(add_generation_prompt=False, continue_final_message=True),
+               dict(chat_template=own, chat_template_kwargs={"greet": True})):
+        want = tok.apply_chat_template(conv, **kw)
+        outs = llama_llm.chat([conv, conv], GREEDY, **kw)
+        assert [o.prompt_token_ids for o in outs] == [want, want]
+        assert llama_llm.chat(conv, GREEDY, **kw)[0].prompt_token_ids == want
+    with pytest.raises(TokenizerError, match="conversation 0: continue_final_message and "):
+        llama_llm.chat([conv, conv], GREEDY, continue_final_message=True)
+    assert not llama_llm.engine.has_unfinished_requests()
 
 
 def test_offline_generate_caps_max_tokens_at_max_model_len(llama_llm):

@@ -24,10 +24,32 @@ from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
 
 
+def _fill_chat(chat: pb.ChatMessages, messages: Sequence[dict[str, str]],
+               options: dict[str, Any] | None) -> None:
+    """``chat`` from messages and chat options (add_generation_prompt,
+    continue_final_message: bools; chat_template_kwargs: a JSON-like dict)."""
+    chat.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"])
+                         for m in messages)
+    opts = dict(options or {})
+    kwargs = opts.pop("chat_template_kwargs", None)
+    unknown = set(opts) - {"add_generation_prompt", "continue_final_message"}
+    if unknown:
+        raise ValueError(f"unknown chat option(s) {sorted(unknown)}: add_generation_prompt, "
+                         f"continue_final_message, chat_template_kwargs")
+    for k, v in opts.items():
+        if v is not None:
+            setattr(chat, k, bool(v))
+    if kwargs is not None:
+        chat.chat_template_kwargs.update(kwargs)
+
+
 def build_request(prompt: str | None = None, *, token_ids: Sequence[int] | None = None,
                   messages: Sequence[dict[str, str]] | None = None, request_id: str = "",
+                  chat_options: dict[str, Any] | None = None,
                   **sampling: Any) -> pb.GenerateRequest:
-    """A GenerateRequest from exactly one of ``prompt`` / ``token_ids`` / ``messages``.
+    """A GenerateRequest from exactly one of ``prompt`` / ``token_ids`` / ``messages``
+    (``chat_options``, with ``messages``: add_generation_prompt, continue_final_message,
+    chat_template_kwargs -- vLLM's names).
 
     Raises ValueError when not exactly one input is given, or a sampling keyword is not a
     field of the message or its value does not fit the field (naming the keyword: the server
@@ -53,8 +75,7 @@ def build_request(prompt: str | None = None, *, token_ids: Sequence[int] | None 
     elif token_ids is not None:
         req.prompt_token_ids.ids.extend(int(t) for t in token_ids)
     else:
-        req.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"])
-                                 for m in messages or ())
+        _fill_chat(req.chat, messages or (), chat_options)
     return req
 
 
@@ -98,10 +119,11 @@ class InferenceClient:
         return self.stub.GenerateUnary(build_request(prompt, **kw), timeout=self._t(timeout))
 
     def tokenize(self, text: str | None = None,
-                 messages: Sequence[dict[str, str]] | None = None) -> list[int]:
+                 messages: Sequence[dict[str, str]] | None = None,
+                 chat_options: dict[str, Any] | None = None) -> list[int]:
         req = pb.TokenizeRequest()
         if messages is not None:
-            req.chat.messages.extend(pb.ChatMessage(**m) for m in messages)
+            _fill_chat(req.chat, messages, chat_options)
         else:
             req.text = text or ""
         return list(self.stub.Tokenize(req, timeout=self.timeout).token_ids)

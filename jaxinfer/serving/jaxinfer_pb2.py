@@ -22,47 +22,48 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fjaxinfer/serving/jaxinfer.proto\x12\x0bjaxinfer.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"x\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.jaxinfer.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xa2\x06\n\x12SamplingParameters\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x17\n\nignore_eos\x18\x06 \x01(\x08H\x05\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x06\x88\x01\x01\x12\x12\n\x05min_p\x18\t \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\n \x01(\x01H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x01H\t\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x01H\n\x88\x01\x01\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x15\n\x08logprobs\x18\x0e \x01(\x05H\x0b\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0f \x01(\x08H\x0c\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\x05H\r\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x11 \x01(\x08H\x0e\x88\x01\x01\x12\x0e\n\x01n\x18\x12 \x01(\x05H\x0f\x88\x01\x01\x12#\n\x16truncate_prompt_tokens\x18\x13 \x01(\x05H\x10\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x07\n\x05_seedB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokensB\x12\n\x10_prompt_logprobsB\x1d\n\x1b_include_stop_str_in_outputB\x04\n\x02_nB\x19\n\x17_truncate_prompt_tokens\"\xd1\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x31\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x15.jaxinfer.v1.TokenIdsH\x00\x12)\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x19.jaxinfer.v1.ChatMessagesH\x00\x12\x31\n\x08sampling\x18\x05 \x01(\x0b\x32\x1f.jaxinfer.v1.SamplingParametersB\x07\n\x05input\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"W\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12$\n\x03top\x18\x03 \x03(\x0b\x32\x17.jaxinfer.v1.TopLogprob\"\xb0\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.jaxinfer.v1.FinishReason\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.jaxinfer.v1.Usage\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.jaxinfer.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x19.jaxinfer.v1.TokenLogprob\x12\x1f\n\x12\x63umulative_logprob\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x08stop_str\x18\t \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\n \x01(\rH\x00\x12\r\n\x05index\x18\x0b \x01(\r\x12.\n\x07samples\x18\x0c \x03(\x0b\x32\x1d.jaxinfer.v1.GenerateResponseB\r\n\x0bstop_reasonB\x15\n\x13_cumulative_logprob\"\x8d\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x19.jaxinfer.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x12\n\x10ModelInfoRequest\"\xfd\x02\n\x11ModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\x05 \x01(\r\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x14\n\x0cnum_kv_pages\x18\x07 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x08 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\t \x01(\r\x12\x16\n\x0e\x64\x65\x63ode_buckets\x18\n \x03(\r\x12\x17\n\x0fprefill_buckets\x18\x0b \x03(\r\x12\x14\n\x0cpage_buckets\x18\x0c \x03(\r\x12\x15\n\reos_token_ids\x18\r \x03(\r\x12\x15\n\rhas_tokenizer\x18\x0e \x01(\x08\x12\x19\n\x11has_chat_template\x18\x0f \x01(\x08\x12\r\n\x05\x64type\x18\x10 \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x88\x03\n\tInference\x12I\n\x08Generate\x12\x1c.jaxinfer.v1.GenerateRequest\x1a\x1d.jaxinfer.v1.GenerateResponse0\x01\x12L\n\rGenerateUnary\x12\x1c.jaxinfer.v1.GenerateRequest\x1a\x1d.jaxinfer.v1.GenerateResponse\x12G\n\x08Tokenize\x12\x1c.jaxinfer.v1.TokenizeRequest\x1a\x1d.jaxinfer.v1.TokenizeResponse\x12M\n\nDetokenize\x12\x1e.jaxinfer.v1.DetokenizeRequest\x1a\x1f.jaxinfer.v1.DetokenizeResponse\x12J\n\tModelInfo\x12\x1d.jaxinfer.v1.ModelInfoRequest\x1a\x1e.jaxinfer.v1.ModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fjaxinfer/serving/jaxinfer.proto\x12\x0bjaxinfer.v1\x1a\x1cgoogle/protobuf/struct.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xef\x01\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.jaxinfer.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12#\n\x16\x63ontinue_final_message\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x35\n\x14\x63hat_template_kwargs\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x18\n\x16_add_generation_promptB\x19\n\x17_continue_final_message\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xa2\x06\n\x12SamplingParameters\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x17\n\nignore_eos\x18\x06 \x01(\x08H\x05\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x06\x88\x01\x01\x12\x12\n\x05min_p\x18\t \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\n \x01(\x01H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x01H\t\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x01H\n\x88\x01\x01\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x15\n\x08logprobs\x18\x0e \x01(\x05H\x0b\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0f \x01(\x08H\x0c\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\x05H\r\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x11 \x01(\x08H\x0e\x88\x01\x01\x12\x0e\n\x01n\x18\x12 \x01(\x05H\x0f\x88\x01\x01\x12#\n\x16truncate_prompt_tokens\x18\x13 \x01(\x05H\x10\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x07\n\x05_seedB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokensB\x12\n\x10_prompt_logprobsB\x1d\n\x1b_include_stop_str_in_outputB\x04\n\x02_nB\x19\n\x17_truncate_prompt_tokens\"\xd1\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x31\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x15.jaxinfer.v1.TokenIdsH\x00\x12)\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x19.jaxinfer.v1.ChatMessagesH\x00\x12\x31\n\x08sampling\x18\x05 \x01(\x0b\x32\x1f.jaxinfer.v1.SamplingParametersB\x07\n\x05input\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"W\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12$\n\x03top\x18\x03 \x03(\x0b\x32\x17.jaxinfer.v1.TopLogprob\"\xb0\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.jaxinfer.v1.FinishReason\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.jaxinfer.v1.Usage\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.jaxinfer.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x19.jaxinfer.v1.TokenLogprob\x12\x1f\n\x12\x63umulative_logprob\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x08stop_str\x18\t \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\n \x01(\rH\x00\x12\r\n\x05index\x18\x0b \x01(\r\x12.\n\x07samples\x18\x0c \x03(\x0b\x32\x1d.jaxinfer.v1.GenerateResponseB\r\n\x0bstop_reasonB\x15\n\x13_cumulative_logprob\"\x8d\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x19.jaxinfer.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x12\n\x10ModelInfoRequest\"\xfd\x02\n\x11ModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\x05 \x01(\r\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x14\n\x0cnum_kv_pages\x18\x07 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x08 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\t \x01(\r\x12\x16\n\x0e\x64\x65\x63ode_buckets\x18\n \x03(\r\x12\x17\n\x0fprefill_buckets\x18\x0b \x03(\r\x12\x14\n\x0cpage_buckets\x18\x0c \x03(\r\x12\x15\n\reos_token_ids\x18\r \x03(\r\x12\x15\n\rhas_tokenizer\x18\x0e \x01(\x08\x12\x19\n\x11has_chat_template\x18\x0f \x01(\x08\x12\r\n\x05\x64type\x18\x10 \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x88\x03\n\tInference\x12I\n\x08Generate\x12\x1c.jaxinfer.v1.GenerateRequest\x1a\x1d.jaxinfer.v1.GenerateResponse0\x01\x12L\n\rGenerateUnary\x12\x1c.jaxinfer.v1.GenerateRequest\x1a\x1d.jaxinfer.v1.GenerateResponse\x12G\n\x08Tokenize\x12\x1c.jaxinfer.v1.TokenizeRequest\x1a\x1d.jaxinfer.v1.TokenizeResponse\x12M\n\nDetokenize\x12\x1e.jaxinfer.v1.DetokenizeRequest\x1a\x1f.jaxinfer.v1.DetokenizeResponse\x12J\n\tModelInfo\x12\x1d.jaxinfer.v1.ModelInfoRequest\x1a\x1e.jaxinfer.v1.ModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'jaxinfer.serving.jaxinfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2611
-  _globals['_FINISHREASON']._serialized_end=2731
-  _globals['_CHATMESSAGE']._serialized_start=48
-  _globals['_CHATMESSAGE']._serialized_end=92
-  _globals['_CHATMESSAGES']._serialized_start=94
-  _globals['_CHATMESSAGES']._serialized_end=214
-  _globals['_TOKENIDS']._serialized_start=216
-  _globals['_TOKENIDS']._serialized_end=239
-  _globals['_SAMPLINGPARAMETERS']._serialized_start=242
-  _globals['_SAMPLINGPARAMETERS']._serialized_end=1044
-  _globals['_GENERATEREQUEST']._serialized_start=1047
-  _globals['_GENERATEREQUEST']._serialized_end=1256
-  _globals['_USAGE']._serialized_start=1258
-  _globals['_USAGE']._serialized_end=1315
-  _globals['_TOPLOGPROB']._serialized_start=1317
-  _globals['_TOPLOGPROB']._serialized_end=1364
-  _globals['_TOKENLOGPROB']._serialized_start=1366
-  _globals['_TOKENLOGPROB']._serialized_end=1453
-  _globals['_GENERATERESPONSE']._serialized_start=1456
-  _globals['_GENERATERESPONSE']._serialized_end=1888
-  _globals['_TOKENIZEREQUEST']._serialized_start=1891
-  _globals['_TOKENIZEREQUEST']._serialized_end=2032
-  _globals['_TOKENIZERESPONSE']._serialized_start=2034
-  _globals['_TOKENIZERESPONSE']._serialized_end=2071
-  _globals['_DETOKENIZEREQUEST']._serialized_start=2073
-  _globals['_DETOKENIZEREQUEST']._serialized_end=2169
-  _globals['_DETOKENIZERESPONSE']._serialized_start=2171
-  _globals['_DETOKENIZERESPONSE']._serialized_end=2205
-  _globals['_MODELINFOREQUEST']._serialized_start=2207
-  _globals['_MODELINFOREQUEST']._serialized_end=2225
-  _globals['_MODELINFORESPONSE']._serialized_start=2228
-  _globals['_MODELINFORESPONSE']._serialized_end=2609
-  _globals['_INFERENCE']._serialized_start=2734
-  _globals['_INFERENCE']._serialized_end=3126
+  _globals['_FINISHREASON']._serialized_start=2761
+  _globals['_FINISHREASON']._serialized_end=2881
+  _globals['_CHATMESSAGE']._serialized_start=78
+  _globals['_CHATMESSAGE']._serialized_end=122
+  _globals['_CHATMESSAGES']._serialized_start=125
+  _globals['_CHATMESSAGES']._serialized_end=364
+  _globals['_TOKENIDS']._serialized_start=366
+  _globals['_TOKENIDS']._serialized_end=389
+  _globals['_SAMPLINGPARAMETERS']._serialized_start=392
+  _globals['_SAMPLINGPARAMETERS']._serialized_end=1194
+  _globals['_GENERATEREQUEST']._serialized_start=1197
+  _globals['_GENERATEREQUEST']._serialized_end=1406
+  _globals['_USAGE']._serialized_start=1408
+  _globals['_USAGE']._serialized_end=1465
+  _globals['_TOPLOGPROB']._serialized_start=1467
+  _globals['_TOPLOGPROB']._serialized_end=1514
+  _globals['_TOKENLOGPROB']._serialized_start=1516
+  _globals['_TOKENLOGPROB']._serialized_end=1603
+  _globals['_GENERATERESPONSE']._serialized_start=1606
+  _globals['_GENERATERESPONSE']._serialized_end=2038
+  _globals['_TOKENIZEREQUEST']._serialized_start=2041
+  _globals['_TOKENIZEREQUEST']._serialized_end=2182
+  _globals['_TOKENIZERESPONSE']._serialized_start=2184
+  _globals['_TOKENIZERESPONSE']._serialized_end=2221
+  _globals['_DETOKENIZEREQUEST']._serialized_start=2223
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2319
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2321
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2355
+  _globals['_MODELINFOREQUEST']._serialized_start=2357
+  _globals['_MODELINFOREQUEST']._serialized_end=2375
+  _globals['_MODELINFORESPONSE']._serialized_start=2378
+  _globals['_MODELINFORESPONSE']._serialized_end=2759
+  _globals['_INFERENCE']._serialized_start=2884
+  _globals['_INFERENCE']._serialized_end=3276
 # @@protoc_insertion_point(module_scope)

@@ -161,6 +161,20 @@ def chat_messages(msg: pb.ChatMessages) -> list[dict[str, str]]:
     return out
 
 
+def chat_options(msg: pb.ChatMessages) -> dict[str, Any]:
+    """``LLMEngine.encode_chat``'s template keywords from a ``ChatMessages``:
+    add_generation_prompt (default True, False with continue_final_message),
+    continue_final_message, chat_template_kwargs (a Struct -> dict)."""
+    from google.protobuf.json_format import MessageToDict
+
+    cont = msg.continue_final_message
+    add = msg.add_generation_prompt if msg.HasField("add_generation_prompt") else not cont
+    opts: dict[str, Any] = {"add_generation_prompt": add, "continue_final_message": cont}
+    if msg.HasField("chat_template_kwargs"):
+        opts["chat_template_kwargs"] = MessageToDict(msg.chat_template_kwargs)
+    return opts
+
+
 def prompt_token_ids(engine: Any, req: pb.GenerateRequest,
                      truncate_prompt_tokens: int | None = None
                      ) -> tuple[list[int], str | None]:
@@ -189,10 +203,8 @@ def prompt_token_ids(engine: Any, req: pb.GenerateRequest,
         elif kind == "prompt_token_ids":
             ids = engine.encode_prompt(req.prompt_token_ids.ids, trunc)  # length checked first
         else:
-            add_gen = (req.chat.add_generation_prompt
-                       if req.chat.HasField("add_generation_prompt") else True)
-            ids = engine.encode_chat(chat_messages(req.chat), add_generation_prompt=add_gen,
-                                     truncate_prompt_tokens=trunc)
+            ids = engine.encode_chat(chat_messages(req.chat), truncate_prompt_tokens=trunc,
+                                     **chat_options(req.chat))
     except (RequestError, TokenizerError) as e:
         raise InvalidRequest(f"{kind}: {e}") from e
     except InvalidRequest:

@@ -26,6 +26,7 @@ request; the server keeps serving).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +50,7 @@ from jaxinfer.serving.protocol import (
     FINISH_REASONS,
     InvalidRequest,
     chat_messages,
+    chat_options,
     mistyped_fields,
     model_info,
     prompt_logprobs_proto,
@@ -223,7 +225,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     raise InvalidRequest(f"the text is {len(ids)} tokens; max_model_len is "
                                          f"{limit}")
             elif kind == "chat":  # as for text (a 5,031-token chat came back at limit 256)
-                ids = await self._off_loop(self.engine.encode_chat, chat_messages(request.chat))
+                ids = await self._off_loop(functools.partial(
+                    self.engine.encode_chat, chat_messages(request.chat),
+                    **chat_options(request.chat)))
                 if len(ids) > limit:
                     raise InvalidRequest(f"the conversation is {len(ids)} tokens; "
                                          f"max_model_len is {limit}")

@@ -724,3 +724,35 @@ def test_truncate_prompt_tokens_over_the_wire(tiny_server):
             e.value.details())
         assert c.generate(token_ids=ids[:5], max_tokens=2).usage.completion_tokens >= 1
     wait_until(lambda: _all_free(st))
+
+
+def test_chat_options_over_the_wire(tiny_server, monkeypatch):
+    """ChatMessages' add_generation_prompt, continue_final_message (add_generation_prompt then
+    defaults to false) and chat_template_kwargs render as the tokenizer does with them, in
+    Tokenize and in Generate; both set at once is INVALID_ARGUMENT."""
+    from tests.core.test_tokenizer import _GEN_TEMPLATE, _tiny_tokenizer
+
+    st = tiny_server[0]
+    tok = _tiny_tokenizer("{% if greet %}hello {% endif %}" + _GEN_TEMPLATE)
+    monkeypatch.setattr(st.engine, "tokenizer", tok)
+    conv = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]
+    cases = [({}, {}),
+             ({"add_generation_prompt": False}, {"add_generation_prompt": False}),
+             ({"continue_final_message": True},
+              {"add_generation_prompt": False, "continue_final_message": True}),
+             ({"chat_template_kwargs": {"greet": True}}, {"chat_template_kwargs": {"greet": True}})]
+    with InferenceClient(st.target, timeout=60) as c:
+        for wire, local in cases:
+            want = tok.apply_chat_template(conv, **local)
+            assert c.tokenize(messages=conv, chat_options=wire) == want, wire
+            r = c.generate(messages=conv, chat_options=wire, max_tokens=2, temperature=0,
+                           ignore_eos=True)
+            assert r.usage.prompt_tokens == len(want), wire
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate(messages=conv, chat_options={"add_generation_prompt": True,
+                                                    "continue_final_message": True})
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "continue_final_message and add_generation_prompt cannot both" in e.value.details()
+    with pytest.raises(ValueError, match=r"unknown chat option\(s\) \['chat_template'\]"):
+        build_request(messages=conv, chat_options={"chat_template": "x"})
+    wait_until(lambda: _all_free(st))

@@ -164,7 +164,10 @@ def check_slot_state(model_config: ModelConfig, ec: EngineConfig, room: int | No
         raise ConfigError(
             f"max_num_seqs {ec.max_num_seqs}: the per-sequence penalty counts (int32 "
             f"[{ec.max_num_seqs + 1}, {model_config.vocab_size}]) need {slots / gib:,.2f} GiB, "
-            f"more than the {max(room, 0) / gib:,.2f} GiB of {where}; lower max_num_seqs",
+            f"more than the {max(room, 0) / gib:,.2f} GiB of {where}; lower max_num_seqs"
+            + (", or free that memory (an engine sized from device memory takes "
+               "gpu_memory_utilization of it for its KV pool: give several engines of one "
+               "process num_kv_pages)" if where.startswith("device") else ""),
             field="max_num_seqs")
     return slots
 
@@ -200,7 +203,9 @@ def size_kv_pool(model_config: ModelConfig, ec: EngineConfig, dtype: Any, *,
         limit = int(memory_stats["bytes_limit"])
         in_use = int(memory_stats["bytes_in_use"]) + weights_bytes
         slots = check_slot_state(model_config, ec, int(util * limit) - in_use,
-                                 f"device memory ({util} of the limit less what is in use)")
+                                 f"device memory ({util} of the limit less what is in use: "
+                                 f"the weights, and the KV pool of any other engine alive in "
+                                 f"this process)")
         budget = int(util * limit) - in_use - activation_bytes - slots
         sizing = pool(max(0, budget - scales) // page, source="device memory",
                       budget_bytes=budget, weights_bytes=in_use,
@@ -333,5 +338,6 @@ def _memory_left(stats: dict[str, int] | None) -> tuple[int | None, str]:
     weights), or without device stats the host's available RAM (None if unknown)."""
     if stats is not None:
         return (int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)),
-                "device memory (XLA's limit less the weights)")
+                "device memory (XLA's limit less what is in use: the weights, and the KV "
+                "pool of any other engine alive in this process)")
     return host_available_bytes(), "available RAM"

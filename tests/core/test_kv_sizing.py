@@ -47,6 +47,20 @@ def test_device_memory_sizing() -> None:
                      memory_stats={"bytes_limit": 20 * GIB, "bytes_in_use": int(17.6 * GIB)})
 
 
+def test_a_full_device_names_other_engines_not_only_max_num_seqs() -> None:
+    """A second engine sized from device memory in one process finds the first one's pool
+    in use: the error says so (it used to say only "lower max_num_seqs", which no value of
+    max_num_seqs would fix; seen on an H100 running the tests with several engines)."""
+    cfg, ec = tiny_config(), EngineConfig(max_model_len=64, block_size=16)
+    full = {"bytes_limit": 80 * GIB, "bytes_in_use": 72 * GIB}  # 0.9 x 80 GiB in use
+    with pytest.raises(ConfigError, match=r"more than the 0\.00 GiB of device memory \(0\.9 "
+                                          r"of the limit less what is in use: the weights, and "
+                                          r"the KV pool of any other engine alive in this "
+                                          r"process\); lower max_num_seqs, or free that memory "
+                                          r".*give several engines of one process num_kv_pages"):
+        size_kv_pool(cfg, ec, np.float16, memory_stats=full, activation_bytes=0)
+
+
 def test_explicit_pages_and_cpu_paths() -> None:
     cfg = tiny_config()
     ec = EngineConfig(max_model_len=64, block_size=4, max_num_seqs=8)

@@ -159,7 +159,7 @@ def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_l
     room = max_model_len - prompt_len
     if ns.max_tokens is not None or room < 1 or params.max_tokens <= room:
         return params
-    return replace(params, max_tokens=room)
+    return replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
 
 
 def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -235,6 +235,10 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     if engine.tokenizer is None:
         raise SystemExit("jaxinfer: error: this model has no tokenizer, so no chat")
     params = _sampling(ns)
+    V = engine.model_config.vocab_size
+    if bad := [t for t in params.stop_token_ids if t >= V]:  # (else every turn is dropped)
+        raise ValueError(f"--stop-token-ids {bad} are not in the vocabulary: ids must be in "
+                         f"[0, {V})")
     history: list[dict[str, str]] = []
     if ns.system:
         history.append({"role": "system", "content": ns.system})

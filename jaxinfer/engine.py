@@ -215,8 +215,7 @@ class LLMEngine:
                                f"sampled before then")
         limit = self.config.max_model_len
         if len(ids) >= limit:
-            raise PromptTooLongError(f"prompt has {len(ids)} tokens; max_model_len is {limit} "
-                                     f"(at least one token must be generated)")
+            raise prompts.no_room_error(len(ids), limit, params.truncate_prompt_tokens)
         rid = self._request_id(request_id)
         seq = Sequence(rid, ids, params)
         try:

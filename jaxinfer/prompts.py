@@ -44,6 +44,11 @@ def truncation(truncate_prompt_tokens: int | None, max_model_len: int) -> int | 
     k = truncate_prompt_tokens
     if k is None:
         return None
+    if (isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral)
+            or not (k == -1 or k >= 1)):
+        raise RequestError(f"truncate_prompt_tokens must be None, -1 (max_model_len) or an "
+                           f"int >= 1, got {k!r}")
+    k = int(k)
     if k == -1:
         return max_model_len
     if k > max_model_len:
@@ -83,9 +88,13 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
         # bytes would read as the ids of their byte values
         raise RequestError(f"prompt must be a str or a sequence of token ids (ints), got "
                            f"{type(prompt).__name__}")
-    if truncate is not None and hasattr(prompt, "__len__") and hasattr(prompt, "__getitem__"):
-        prompt = prompt[max(len(prompt) - truncate, 0):]  # ranges, arrays: nothing else read
-    if hasattr(prompt, "__len__") and len(prompt) > max_model_len:  # = limit: prompt_logits'
+    if truncate is not None and hasattr(prompt, "__len__"):
+        try:  # lists, ranges, arrays: the dropped ids are never read
+            prompt = prompt[max(len(prompt) - truncate, 0):]  # type: ignore[index]
+        except (TypeError, KeyError):
+            pass  # not sliceable (a deque): truncated below, after reading
+    if truncate is None and hasattr(prompt, "__len__") and len(prompt) > max_model_len:
+        # (= limit passes: prompt_logits takes it)
         raise PromptTooLongError(f"prompt has {len(prompt)} tokens; max_model_len is "
                                  f"{max_model_len}")
     try:
@@ -105,6 +114,16 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
         if not 0 <= t < vocab_size:
             raise RequestError(f"prompt token id {t!r} is not in [0, {vocab_size})")
     return [int(t) for t in ids]
+
+
+def no_room_error(num_prompt: int, max_model_len: int,
+                  truncate_prompt_tokens: int | None = None) -> PromptTooLongError:
+    """The error for a prompt of ``max_model_len`` tokens or more (no token can be generated);
+    with truncation asked for, it says how much truncation leaves room."""
+    hint = (f"; truncate_prompt_tokens {truncate_prompt_tokens} keeps too many: at most "
+            f"{max_model_len - 1} leave room" if truncate_prompt_tokens is not None else "")
+    return PromptTooLongError(f"prompt has {num_prompt} tokens; max_model_len is "
+                              f"{max_model_len} (at least one token must be generated){hint}")
 
 
 def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,

@@ -26,6 +26,14 @@ _SPECIAL_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
                 "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
 
 
+# transformers' apply_chat_template arguments, and the names its render passes the template:
+# not settable through chat_template_kwargs.
+_TEMPLATE_ARGUMENTS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
 class TokenizerError(ValueError):
     """A tokenizer cannot be built, or cannot do what was asked (e.g. no chat template)."""
 
@@ -152,13 +160,15 @@ class Tokenizer:
         ``max_length``: keep at most this many ids by dropping text tokens from the start
         (left truncation; the special tokens stay), as a transformers tokenizer called with
         ``truncation=True, max_length=...`` and ``truncation_side="left"`` (vLLM's
-        ``truncate_prompt_tokens``). Raises TokenizerError when it leaves no text token.
+        ``truncate_prompt_tokens``). Raises TokenizerError when it leaves no text token
+        (transformers then returns the special tokens alone, or below their count the
+        untruncated ids with a logged error).
         """
         full = list(self.hf.encode(text, add_special_tokens=add_special_tokens))
         if max_length is None or len(full) <= max_length:
             return full
-        plain = full if not add_special_tokens else list(
-            self.hf.encode(text, add_special_tokens=False))
+        plain = full if not add_special_tokens or not self.hf.num_special_tokens_to_add() \
+            else list(self.hf.encode(text, add_special_tokens=False))  # (encoded twice)
         # The special tokens around the text: where the text's ids sit inside ``full``.
         p = next((i for i in range(len(full) - len(plain) + 1)
                   if full[i:i + len(plain)] == plain), None)
@@ -211,6 +221,9 @@ class Tokenizer:
         if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
             raise TokenizerError(f"chat_template_kwargs must be a dict of str keys, got "
                                  f"{kwargs!r}")
+        if taken := sorted(set(kwargs) & _TEMPLATE_ARGUMENTS):
+            raise TokenizerError(f"chat_template_kwargs may not set {', '.join(taken)} (an "
+                                 f"argument of the chat template call itself)")
         check_messages(messages)
         try:
             text = self.hf.apply_chat_template(
@@ -218,8 +231,10 @@ class Tokenizer:
                 chat_template=chat_template, continue_final_message=continue_final_message,
                 **kwargs)
         except Exception as e:  # jinja2's TemplateError (raise_exception in the template) ...
-            raise TokenizerError(f"the chat template of {self.source or 'this model'} cannot "
-                                 f"render these messages: {type(e).__name__}: {e}") from e
+            whose = ("the chat_template given" if chat_template is not None
+                     else f"the chat template of {self.source or 'this model'}")
+            raise TokenizerError(f"{whose} cannot render these messages: "
+                                 f"{type(e).__name__}: {e}") from e
         return self.encode(text, add_special_tokens=False)
 
     # ----------------------------------------------------------------- persistence

@@ -37,10 +37,16 @@ def _fill_chat(chat: pb.ChatMessages, messages: Sequence[dict[str, str]],
         raise ValueError(f"unknown chat option(s) {sorted(unknown)}: add_generation_prompt, "
                          f"continue_final_message, chat_template_kwargs")
     for k, v in opts.items():
+        if v is not None and not isinstance(v, bool):
+            raise ValueError(f"chat option {k} must be a bool, got {v!r}")
         if v is not None:
-            setattr(chat, k, bool(v))
+            setattr(chat, k, v)
     if kwargs is not None:
-        chat.chat_template_kwargs.update(kwargs)
+        try:
+            chat.chat_template_kwargs.update(kwargs)
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"chat option chat_template_kwargs must be a JSON-like dict with "
+                             f"str keys, got {kwargs!r}: {e}") from None
 
 
 def build_request(prompt: str | None = None, *, token_ids: Sequence[int] | None = None,
@@ -59,6 +65,8 @@ def build_request(prompt: str | None = None, *, token_ids: Sequence[int] | None 
     given = [x is not None for x in (prompt, token_ids, messages)]
     if sum(given) != 1:
         raise ValueError("give exactly one of prompt, token_ids, messages")
+    if chat_options and messages is None:
+        raise ValueError("chat_options apply to messages only")
     try:
         params = pb.SamplingParameters(**sampling)
     except (TypeError, ValueError):  # protobuf's message names no field: find the keyword
@@ -122,6 +130,8 @@ class InferenceClient:
                  messages: Sequence[dict[str, str]] | None = None,
                  chat_options: dict[str, Any] | None = None) -> list[int]:
         req = pb.TokenizeRequest()
+        if chat_options and messages is None:
+            raise ValueError("chat_options apply to messages only")
         if messages is not None:
             _fill_chat(req.chat, messages, chat_options)
         else:

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from jaxinfer.outputs import Logprobs
+from jaxinfer.prompts import no_room_error
 from jaxinfer.sampling_params import ParameterError, SamplingParams
 from jaxinfer.serving import jaxinfer_pb2 as pb
 
@@ -171,8 +172,24 @@ def chat_options(msg: pb.ChatMessages) -> dict[str, Any]:
     add = msg.add_generation_prompt if msg.HasField("add_generation_prompt") else not cont
     opts: dict[str, Any] = {"add_generation_prompt": add, "continue_final_message": cont}
     if msg.HasField("chat_template_kwargs"):
-        opts["chat_template_kwargs"] = MessageToDict(msg.chat_template_kwargs)
+        try:
+            opts["chat_template_kwargs"] = _whole_numbers(
+                MessageToDict(msg.chat_template_kwargs))
+        except Exception as e:  # noqa: BLE001 - NaN / inf: json_format's SerializeToJsonError
+            raise InvalidRequest(f"chat.chat_template_kwargs: {e}") from e
     return opts
+
+
+def _whole_numbers(v: Any) -> Any:
+    """``v`` (a Struct as a dict) with whole floats as ints: a Struct carries every number as
+    a double, and a template's ``range(n)`` wants an int (JSON APIs keep 3 an int)."""
+    if isinstance(v, dict):
+        return {k: _whole_numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_whole_numbers(x) for x in v]
+    if isinstance(v, float) and v.is_integer() and abs(v) <= 2**53:
+        return int(v)
+    return v
 
 
 def prompt_token_ids(engine: Any, req: pb.GenerateRequest,
@@ -213,8 +230,7 @@ def prompt_token_ids(engine: Any, req: pb.GenerateRequest,
         raise InvalidRequest(f"{kind}: {type(e).__name__}: {e}") from e
     limit = engine.config.max_model_len
     if len(ids) >= limit:
-        raise InvalidRequest(f"{kind}: prompt has {len(ids)} tokens; max_model_len is {limit} "
-                             f"(at least one token must be generated)")
+        raise InvalidRequest(f"{kind}: {no_room_error(len(ids), limit, truncate_prompt_tokens)}")
     return ids, text
 
 

@@ -266,3 +266,8 @@ def test_chat_template_options_as_vllm_llm_chat() -> None:
         plain.apply_chat_template(conv, chat_template=5)
     with pytest.raises(TokenizerError, match="chat_template_kwargs must be a dict"):
         tok.apply_chat_template(conv, chat_template_kwargs=["greet"])
+    with pytest.raises(TokenizerError, match="chat_template_kwargs may not set messages, "
+                                             "tokenize"):
+        tok.apply_chat_template(conv, chat_template_kwargs={"tokenize": 1, "messages": 2})
+    with pytest.raises(TokenizerError, match="the chat_template given cannot render"):
+        tok.apply_chat_template(conv, chat_template="{% for m in messages %}{{ m.x.y }}")

@@ -80,6 +80,19 @@ def test_truncation_values():
     assert SamplingParams(truncate_prompt_tokens=np.int64(3)).truncate_prompt_tokens == 3
 
 
+def test_engine_level_values_are_checked_and_any_sequence_truncates():
+    """encode_prompt / encode_chat take truncate_prompt_tokens without SamplingParams'
+    checks: the same values are refused there (0 returned [] from a chat, 2.5 raised a raw
+    TypeError); a deque (no slicing) truncates after it is read."""
+    from collections import deque
+
+    for bad in (0, -2, 2.5, True, "3"):
+        with pytest.raises(RequestError, match="truncate_prompt_tokens must be None, -1"):
+            truncation(bad, 64)
+    assert truncation(np.int32(3), 64) == 3
+    assert encode_prompt(None, deque(range(10, 90)), 64, 96, truncate=3) == [87, 88, 89]
+
+
 def test_token_id_prompts_keep_their_last_ids():
     ids = list(range(10, 90))
     assert encode_prompt(None, ids, 64, 96, truncate=5) == ids[-5:]
@@ -120,8 +133,12 @@ def test_generate_and_chat_run_the_truncated_prompt():
     full = llm.tokenizer.apply_chat_template(conv)
     out = llm.chat(conv, cut)[0]
     assert out.prompt_token_ids == full[-20:]
-    # -1: max_model_len tokens, which leaves none to generate: refused by name.
-    with pytest.raises(RequestError, match="prompt has 64 tokens; max_model_len is 64"):
+    # -1: max_model_len tokens, which leaves none to generate (vLLM refuses it too): refused,
+    # saying how much truncation leaves room.
+    with pytest.raises(RequestError, match=r"prompt has 64 tokens; max_model_len is 64 \(at "
+                                           r"least one token must be generated\); "
+                                           r"truncate_prompt_tokens -1 keeps too many: at most "
+                                           r"63 leave room"):
         llm.generate([long_ids], SamplingParams(truncate_prompt_tokens=-1))
     with pytest.raises(RequestError, match=r"truncate_prompt_tokens \(65\) is greater"):
         llm.generate([long_ids], SamplingParams(truncate_prompt_tokens=65))

@@ -651,6 +651,33 @@ def test_jaxinfer_generate_min_tokens_and_stop_token_ids(monkeypatch, capsys, ll
     assert "token ids must be >= 0, got -4" in capsys.readouterr().err
 
 
+def test_cli_min_tokens_follow_the_default_max_tokens_and_bad_stop_ids_stop_chat(
+        monkeypatch, capsys, llama_llm):
+    """Without --max-tokens, the default is cut to the room left and --min-tokens with it
+    (it used to fail: "min_tokens must be in [0, max_tokens=29]"); chat refuses stop ids
+    outside the vocabulary at start (every turn used to be dropped for them)."""
+    from jaxinfer import cli
+    from jaxinfer import engine as engine_module
+    from jaxinfer import llm as llm_module
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    monkeypatch.setattr(llm_module, "LLM", lambda *args, **kw: llama_llm)
+    limit = llama_llm.engine.config.max_model_len
+    prompt = " ".join(["3"] * (limit - 4))  # room for 4
+    assert cli.main(["generate", "--model", "dummy:tiny-llama", "--token-ids", "--temperature",
+                     "0", "--min-tokens", "30", prompt]) == 0
+    assert len(capsys.readouterr().out.split()) == 4  # min_tokens 4: no EOS before the end
+    engine = llama_llm.engine
+    monkeypatch.setattr(engine, "tokenizer", _tiny_tokenizer(_ROLE_TEMPLATE))
+    monkeypatch.setattr(engine_module, "LLMEngine", lambda *args, **kw: engine)
+    _type_lines(monkeypatch, ["hello world"])
+    V = engine.model_config.vocab_size
+    assert cli.main(["chat", "--model", "dummy:tiny-llama", "--stop-token-ids",
+                     f"5,{V}"]) == 2
+    assert (f"jaxinfer: error: --stop-token-ids [{V}] are not in the vocabulary: ids must be "
+            f"in [0, {V})") in capsys.readouterr().err
+
+
 def test_generate_from_several_threads_runs_each_call_whole():
     """Two threads calling generate on one LLM used to fail inside XLA ("buffer has been
     donated") as both stepped the engine; they now run one after another, each getting its

@@ -756,3 +756,29 @@ def test_chat_options_over_the_wire(tiny_server, monkeypatch):
     with pytest.raises(ValueError, match=r"unknown chat option\(s\) \['chat_template'\]"):
         build_request(messages=conv, chat_options={"chat_template": "x"})
     wait_until(lambda: _all_free(st))
+
+
+def test_chat_options_are_checked_where_they_are_built():
+    """Struct numbers come back whole where they are (a template's range(n) wants an int);
+    NaN names the field; the client refuses options it cannot send (non-bools, options
+    without messages, kwargs a Struct cannot hold) by name."""
+    from jaxinfer.serving.protocol import InvalidRequest, chat_options
+
+    msg = pb.ChatMessages()
+    msg.chat_template_kwargs.update({"n": 3, "x": 2.5, "deep": {"m": [1, 2.0, "a"]},
+                                     "flag": False})
+    assert chat_options(msg) == {"add_generation_prompt": True, "continue_final_message": False,
+                                 "chat_template_kwargs": {"n": 3, "x": 2.5, "flag": False,
+                                                          "deep": {"m": [1, 2, "a"]}}}
+    nan = pb.ChatMessages()
+    nan.chat_template_kwargs.update({"v": float("nan")})
+    with pytest.raises(InvalidRequest, match="chat.chat_template_kwargs: "):
+        chat_options(nan)
+    conv = [{"role": "user", "content": "hello"}]
+    with pytest.raises(ValueError, match="chat_options apply to messages only"):
+        build_request("hi", chat_options={"continue_final_message": True})
+    with pytest.raises(ValueError, match="chat option add_generation_prompt must be a bool, "
+                                         "got 'false'"):
+        build_request(messages=conv, chat_options={"add_generation_prompt": "false"})
+    with pytest.raises(ValueError, match="chat option chat_template_kwargs must be a JSON-like"):
+        build_request(messages=conv, chat_options={"chat_template_kwargs": {1: 2}})

@@ -65,6 +65,8 @@ class SamplingArrays(NamedTuple):
         ``MAX_LOGPROBS`` best of every row; the host keeps as many as each request wants).
       min_tokens: int32, the request's ``min_tokens``: while ``sample_index`` is below it,
         the row's stop tokens (flagged in its slot's penalty state) are masked; 0 = off.
+      allowed_only: bool, the request has ``allowed_token_ids`` (flagged in its slot's
+        penalty state): every other token is masked.
     All-zero arrays are valid input too (greedy rows, no penalties, slot 0, no logprobs).
     """
 
@@ -80,15 +82,17 @@ class SamplingArrays(NamedTuple):
     slots: Any
     want_logprobs: Any
     min_tokens: Any
+    allowed_only: Any
 
     @classmethod
     def neutral(cls, S: int) -> SamplingArrays:
-        """numpy arrays of ``S`` greedy rows without penalties, slots, logprobs or
-        ``min_tokens``."""
+        """numpy arrays of ``S`` greedy rows without penalties, slots, logprobs,
+        ``min_tokens`` or ``allowed_token_ids``."""
         f32, i32 = np.float32, np.int32
         return cls(np.zeros(S, f32), np.zeros(S, i32), np.ones(S, f32), np.zeros(S, f32),
                    np.ones(S, f32), np.zeros(S, f32), np.zeros(S, f32), np.zeros((S, 2), _U32),
-                   np.zeros(S, i32), np.full(S, -1, i32), np.zeros(S, bool), np.zeros(S, i32))
+                   np.zeros(S, i32), np.full(S, -1, i32), np.zeros(S, bool), np.zeros(S, i32),
+                   np.zeros(S, bool))
 
 
 class SlotError(RuntimeError):
@@ -244,3 +248,4 @@ def _fill_row(sa: SamplingArrays, row: int, seq: Any, end: int, seed: int, slot:
     sa.slots[row] = slot
     sa.want_logprobs[row] = sp.logprobs is not None
     sa.min_tokens[row] = sp.min_tokens if slot >= 0 else 0  # its stop flags live in the slot
+    sa.allowed_only[row] = bool(sp.allowed_token_ids) and slot >= 0  # (so do these)

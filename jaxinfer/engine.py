@@ -209,10 +209,15 @@ class LLMEngine:
         if outside := [t for t in params.stop_token_ids if t >= V]:
             raise RequestError(f"stop_token_ids {outside} are not in the vocabulary: ids must "
                                f"be in [0, {V}) (vocab size {V})")
-        if params.min_tokens > 0 and len(self._masked_stops(params)) >= V:
-            raise RequestError(f"min_tokens {params.min_tokens}: EOS and stop_token_ids "
-                               f"cover the whole vocabulary ({V} ids), so no token could be "
-                               f"sampled before then")
+        if outside := [t for t in params.allowed_token_ids or () if t >= V]:
+            raise RequestError(f"allowed_token_ids {outside[:8]} are not in the vocabulary: "
+                               f"ids must be in [0, {V}) (vocab size {V})")
+        if params.min_tokens > 0:
+            stops, allowed = self._masked_stops(params), params.allowed_token_ids
+            if len(stops) >= V or (allowed and stops.issuperset(allowed)):
+                what = "allowed_token_ids" if allowed else f"the whole vocabulary ({V} ids)"
+                raise RequestError(f"min_tokens {params.min_tokens}: EOS and stop_token_ids "
+                                   f"cover {what}, so no token could be sampled before then")
         limit = self.config.max_model_len
         if len(ids) >= limit:
             raise prompts.no_room_error(len(ids), limit, params.truncate_prompt_tokens)
@@ -299,8 +304,9 @@ class LLMEngine:
     def _prepare_device(self, out: SchedulerOutput) -> None:
         """Device state the step needs: the copy-on-write page copies of samples forked for
         it; a penalty-state slot for every sequence of the step (preempted ones lose theirs),
-        loaded from its tokens and stop tokens for a newly (re)admitted sequence with
-        penalties or ``min_tokens`` (its stop tokens are masked until then)."""
+        loaded from its tokens, stop tokens and allowed tokens for a newly (re)admitted
+        sequence with penalties, ``min_tokens`` (its stop tokens are masked until then) or
+        ``allowed_token_ids`` (the others are masked)."""
         if out.page_copies:
             self.runner.copy_pages(out.page_copies)
         for seq in out.preempted:
@@ -312,12 +318,13 @@ class LLMEngine:
                 continue
             slot = self._slots.assign(seq.key)
             sp = seq.sampling_params
-            if sp.has_penalties or sp.min_tokens > 0:
+            if sp.has_penalties or sp.min_tokens > 0 or sp.allowed_token_ids:
                 ids = seq.all_token_ids  # prompt + outputs kept across preemption
                 toks = np.full(self.config.max_model_len, -1, np.int32)
                 toks[:len(ids)] = ids
                 self.runner.load_history(slot, toks, seq.num_prompt_tokens,
-                                         sorted(self._masked_stops(sp)))
+                                         sorted(self._masked_stops(sp)),
+                                         sorted(set(sp.allowed_token_ids or ())))
 
     def _masked_stops(self, sp: SamplingParams) -> set[int]:
         """The token ids masked before ``sp.min_tokens`` outputs: what

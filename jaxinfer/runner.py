@@ -50,7 +50,12 @@ from jaxinfer.sampling import (
     sampler_bucket,
     sampler_variant,
 )
-from jaxinfer.sampling_penalties import STOP_IDS_PER_CALL, load_token_history
+from jaxinfer.sampling_penalties import (
+    ALLOWED_FLAG,
+    STOP_FLAG,
+    STOP_IDS_PER_CALL,
+    load_token_history,
+)
 
 log = logging.getLogger(__name__)
 
@@ -219,9 +224,9 @@ class ModelRunner:
             sp = (sds(a.shape, a.dtype) for a in SamplingArrays.neutral(S))
             return (sds((S, self.model_config.vocab_size), f32), *sp, counts)
         if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt,
-            #                                            stop_ids, keep)
+            #                                            ids, keep, flag)
             return (counts, sds((), i32), sds((T,), i32), sds((), i32),
-                    sds((STOP_IDS_PER_CALL,), i32), sds((), jnp.bool_))
+                    sds((STOP_IDS_PER_CALL,), i32), sds((), jnp.bool_), sds((), i32))
         if bucket.kind == GATHER:  # _gather_tokens(tokens [S], rows [S])
             return (sds((S,), i32), sds((S,), i32))
         if bucket.kind == "kv":  # copy_pages(cache, src [C], dst [C], count)
@@ -361,31 +366,35 @@ class ModelRunner:
         return out
 
     def load_history(self, slot: int, token_ids: np.ndarray, num_prompt: int,
-                     stop_ids: Sequence[int] = ()) -> None:
+                     stop_ids: Sequence[int] = (), allowed_ids: Sequence[int] = ()) -> None:
         """Overwrite penalty-state row ``slot`` with the counts of one sequence's tokens and
-        the flags of its stop tokens (masked while it has fewer than ``min_tokens`` outputs).
+        the flags of its stop tokens (masked while it has fewer than ``min_tokens`` outputs)
+        and of its allowed tokens (``allowed_token_ids``: the others are masked).
 
         Args:
           slot: row in [0, num_slots).  token_ids: [L] int32 prompt then output tokens, -1
             padding; L fixes the program's bucket (the engine always pads to max_model_len).
           num_prompt: how many leading tokens are the prompt.
-          stop_ids: token ids to flag (EOS unless ``ignore_eos``, ``stop_token_ids``); one
-            call of the program per ``STOP_IDS_PER_CALL`` of them (at least one call).
+          stop_ids: token ids to flag (EOS unless ``ignore_eos``, ``stop_token_ids``);
+          allowed_ids: the request's ``allowed_token_ids``. One call of the program per
+            ``STOP_IDS_PER_CALL`` of each (at least one call).
         Raises:
           ValueError: slot out of range.
         """
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} is not in [0, {self.num_slots})")
         exe = self.executable(Bucket(HISTORY, int(token_ids.shape[0]), 1, 0), HISTORY)
-        ids = np.asarray(list(stop_ids), np.int64)
         n = STOP_IDS_PER_CALL
-        for i in range(0, max(len(ids), 1), n):
+        calls = []  # (flag, chunk of ids)
+        for flag, given in ((STOP_FLAG, stop_ids), (ALLOWED_FLAG, allowed_ids)):
+            ids = np.asarray(list(given), np.int64)
+            calls += [(flag, ids[i:i + n]) for i in range(0, len(ids), n)]
+        for j, (flag, chunk) in enumerate(calls or [(STOP_FLAG, np.zeros(0, np.int64))]):
             part = np.full(n, -1, np.int32)
-            chunk = ids[i:i + n]
             part[:len(chunk)] = np.where((chunk >= 0) & (chunk < 2**31), chunk, -1)
-            toks = token_ids if i == 0 else np.full(token_ids.shape, -1, np.int32)
+            toks = token_ids if j == 0 else np.full(token_ids.shape, -1, np.int32)
             self.counts = exe(self.counts, np.int32(slot), np.asarray(toks, np.int32),
-                              np.int32(num_prompt), part, np.bool_(i > 0))
+                              np.int32(num_prompt), part, np.bool_(j > 0), np.int32(flag))
 
     def copy_pages(self, copies: Any) -> None:
         """Copy-on-write: copy KV page ``c.src`` into page ``c.dst`` for every

@@ -10,7 +10,8 @@ vLLM v1's ``Sampler``:
    tokens, positive logits divided, others multiplied), then frequency and presence
    (OpenAI: over output tokens, ``logit -= frequency * count + presence * (count > 0)``);
    in the same stage, the row's stop tokens (EOS, ``stop_token_ids``) get -inf while it has
-   fewer than ``min_tokens`` outputs (vLLM v1's ``MinTokensLogitsProcessor``);
+   fewer than ``min_tokens`` outputs (vLLM v1's ``MinTokensLogitsProcessor``), and every
+   token outside its ``allowed_token_ids`` (when it has them) gets -inf;
 3. greedy rows take the argmax; the others divide by the temperature, drop tokens whose
    probability is below ``min_p`` times the best one's, keep the ``top_k`` best and the
    ``top_p`` nucleus of what is left (ties at a cut-off are kept, as in vLLM's threshold
@@ -110,7 +111,7 @@ def _needs(xp: Any, sp: SamplingArrays, V: int) -> dict[str, Any]:
     return {
         "penalties": xp.any(((rp != 1.0) & (rp > 0.0)) | (sp.presence_penalty != 0.0)
                             | (sp.frequency_penalty != 0.0)
-                            | masks_stops(sp.sample_index, sp.min_tokens)),
+                            | masks_stops(sp.sample_index, sp.min_tokens) | sp.allowed_only),
         "sampling": xp.any(sp.temperature > 0.0),
         "top_k_search": xp.any(rows["sampling"] & rows["k_on"]),
         "top_p_search": xp.any(rows["sampling"] & rows["p_on"]),
@@ -139,7 +140,8 @@ class SamplerNeeds(NamedTuple):
 
     Attributes:
       penalties: some row has a repetition, presence or frequency penalty, or masks its stop
-        tokens (``sampling_penalties.masks_stops``: sample_index < min_tokens, min_tokens > 0).
+        tokens (``sampling_penalties.masks_stops``: sample_index < min_tokens, min_tokens > 0),
+        or has ``allowed_token_ids``.
       sampling: some row has temperature > 0.
       top_k_search: some sampling row has 0 < top_k < V.
       top_p_search: some sampling row has top_p < 1.
@@ -169,7 +171,8 @@ class SamplerNeeds(NamedTuple):
         rp = a(sp.repetition_penalty)
         penalties = bool(nz((rp != 1.0) & (rp > 0.0)) or nz(a(sp.presence_penalty))
                          or nz(a(sp.frequency_penalty))
-                         or nz(masks_stops(a(sp.sample_index), a(sp.min_tokens))))
+                         or nz(masks_stops(a(sp.sample_index), a(sp.min_tokens)))
+                         or nz(a(sp.allowed_only)))
         rows = a(sp.temperature) > 0.0
         sampling = bool(nz(rows))
         top_k = top_p = full = False
@@ -335,7 +338,8 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
 
     proc = when("penalties", lambda: apply_penalties(
         logits, counts[slots], sp.repetition_penalty, sp.presence_penalty,
-        sp.frequency_penalty, masks_stops(sp.sample_index, sp.min_tokens)), lambda: logits)
+        sp.frequency_penalty, masks_stops(sp.sample_index, sp.min_tokens), sp.allowed_only),
+        lambda: logits)
     tokens = when("sampling", lambda: _draw(proc, sp, when),
                   lambda: row_argmax(proc, REDUCE_CHUNKS))
     K = min(MAX_LOGPROBS, V)
@@ -366,6 +370,7 @@ def sample(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: j
                         presence_penalty=jnp.zeros((S,), f32),
                         frequency_penalty=jnp.zeros((S,), f32), seeds=seeds,
                         sample_index=sample_index, slots=jnp.full((S,), -1, jnp.int32),
-                        want_logprobs=jnp.zeros((S,), bool), min_tokens=jnp.zeros((S,), jnp.int32))
+                        want_logprobs=jnp.zeros((S,), bool), min_tokens=jnp.zeros((S,), jnp.int32),
+                        allowed_only=jnp.zeros((S,), bool))
     out, _ = sample_rows(logits, sp, jnp.zeros((1, V), jnp.int32))
     return out.tokens

@@ -59,6 +59,19 @@ def _kind(v: object) -> str:
     return f"{type(v).__name__} {r if len(r) <= 40 else r[:37] + '...'}"
 
 
+def _token_ids(name: str, ids: object) -> list[int]:
+    """``ids`` as a list of ints >= 0; raises ParameterError naming ``name`` and the entry."""
+    if not isinstance(ids, (list, tuple)):
+        raise ParameterError(f"{name} must be a list of token ids (ints >= 0), got "
+                             f"{_kind(ids)}")
+    out = []
+    for i, t in enumerate(ids):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ParameterError(f"{name} must hold non-negative ints, got {t!r} at {name}[{i}]")
+        out.append(int(t))
+    return out
+
+
 def _flag(name: str, v: object) -> None:
     if not isinstance(v, (bool, np.bool_)):
         raise ParameterError(f"{name} must be a bool, got {v!r}")
@@ -105,6 +118,9 @@ class SamplingParams:
       stop_token_ids: extra token ids that end the sequence (the token stays in token_ids,
         its text is left out); a list or tuple of ints >= 0 (the engine checks them against
         the vocabulary).
+      allowed_token_ids: sample only among these token ids (vLLM's; every other logit is
+        -inf; logprobs stay raw); None allows all. A non-empty list or tuple of ints >= 0
+        (the engine checks them against the vocabulary).
       include_stop_str_in_output: keep the matched stop string in the text, and the text of
         the token that ended the sequence (EOS or a stop token id), as vLLM v1.
       ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).
@@ -154,6 +170,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
     output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
@@ -201,15 +218,12 @@ class SamplingParams:
         if self.output_kind not in OUTPUT_KINDS:
             raise ParameterError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got "
                                  f"{self.output_kind!r}")
-        if not isinstance(self.stop_token_ids, (list, tuple)):
-            raise ParameterError(f"stop_token_ids must be a list of token ids (ints >= 0), "
-                                 f"got {_kind(self.stop_token_ids)}")
-        self.stop_token_ids = list(self.stop_token_ids)
-        for i, t in enumerate(self.stop_token_ids):
-            if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral) or t < 0:
-                raise ParameterError(f"stop_token_ids must hold non-negative ints, got {t!r} "
-                                     f"at stop_token_ids[{i}]")
-            self.stop_token_ids[i] = int(t)
+        self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise ParameterError("allowed_token_ids is empty: no token could be sampled "
+                                     "(None allows all)")
         stop = self.stop
         if stop is not None and not isinstance(stop, (str, list, tuple)):
             raise ParameterError(f"stop must be None, a string or a list of strings, "

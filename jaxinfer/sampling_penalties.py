@@ -3,16 +3,19 @@
 
 Penalty state lives on the device: ``counts`` [N + 1, V] int32, one row per persistent slot
 (the engine gives every running sequence a slot; row N is a scratch row for padding and rows
-that do not sample). Bits 0-28 count the token in the output so far; bit 29 flags it as
-one of the sequence's stop tokens (EOS unless ``ignore_eos``, ``stop_token_ids``), masked
-while the row has fewer than ``min_tokens`` outputs; bit 30 flags it as present in the
-prompt. The step adds each sampled token to its row; the engine (re)loads a row from the host
-with :func:`load_token_history` when a sequence with penalties or ``min_tokens`` is admitted
-(its prompt may come from the prefix cache and was never fed through a step).
+that do not sample). Bits 0-27 count the token in the output so far; bit 28 flags it as one
+of the request's ``allowed_token_ids`` (a row that has them masks every other token); bit 29
+flags it as one of the sequence's stop tokens (EOS unless ``ignore_eos``,
+``stop_token_ids``), masked while the row has fewer than ``min_tokens`` outputs; bit 30
+flags it as present in the prompt. The step adds each sampled token to its row; the engine
+(re)loads a row from the host with :func:`load_token_history` when a sequence with
+penalties, ``min_tokens`` or ``allowed_token_ids`` is admitted (its prompt may come from the
+prefix cache and was never fed through a step).
 
 The ``min_tokens`` mask follows vLLM v1's ``MinTokensLogitsProcessor``
 (vllm/v1/sample/logits_processor): the logits of a row's stop tokens are -inf while its
-sample index is below ``min_tokens``; raw logprobs are computed before it, as there.
+sample index is below ``min_tokens``; the ``allowed_token_ids`` mask follows its allowed-ids
+processing (every other token -inf). Raw logprobs are computed before both, as there.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import jax.numpy as jnp
 
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
 STOP_FLAG = 1 << 29  # bit of a counts entry: a stop token of the sequence (min_tokens mask)
-COUNT_MASK = STOP_FLAG - 1  # bits holding the number of occurrences in the output
-STOP_IDS_PER_CALL = 128  # stop ids one load_token_history call flags ([128] int32, -1 pads)
+ALLOWED_FLAG = 1 << 28  # bit of a counts entry: one of the request's allowed_token_ids
+COUNT_MASK = ALLOWED_FLAG - 1  # bits holding the number of occurrences in the output
+STOP_IDS_PER_CALL = 128  # ids one load_token_history call flags ([128] int32, -1 pads)
 
 
 def masks_stops(sample_index, min_tokens):
@@ -35,7 +39,8 @@ def masks_stops(sample_index, min_tokens):
 
 def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.Array,
                     presence: jax.Array, frequency: jax.Array,
-                    mask_stops: jax.Array | None = None) -> jax.Array:
+                    mask_stops: jax.Array | None = None,
+                    allowed_only: jax.Array | None = None) -> jax.Array:
     """Repetition, frequency and presence penalties (vLLM ``apply_penalties``), and the
     ``min_tokens`` mask of stop tokens (vLLM v1 ``MinTokensLogitsProcessor``).
 
@@ -45,6 +50,8 @@ def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.A
         bit; a repetition penalty <= 0, which SamplingParams never gives, counts as 1).
       mask_stops: [S] bool, the row has fewer outputs than its ``min_tokens``: the logits of
         its flagged stop tokens become -inf (False or None leaves the row unchanged).
+      allowed_only: [S] bool, the row has ``allowed_token_ids``: the logits of every token
+        not flagged as allowed become -inf (False or None leaves the row unchanged).
     Returns:
       [S, V] float32 penalized logits.
     """
@@ -55,15 +62,19 @@ def apply_penalties(logits: jax.Array, counts_rows: jax.Array, repetition: jax.A
     if mask_stops is not None:
         stop = (counts_rows & STOP_FLAG) != 0
         logits = jnp.where(stop & mask_stops[:, None], -jnp.inf, logits)
+    if allowed_only is not None:
+        other = (counts_rows & ALLOWED_FLAG) == 0
+        logits = jnp.where(other & allowed_only[:, None], -jnp.inf, logits)
     return (logits - frequency[:, None] * out_counts
             - presence[:, None] * (out_counts > 0).astype(jnp.float32))
 
 
 def load_token_history(counts: jax.Array, slot: jax.Array, token_ids: jax.Array,
                        num_prompt: jax.Array, stop_ids: jax.Array | None = None,
-                       keep: jax.Array | None = None) -> jax.Array:
+                       keep: jax.Array | None = None,
+                       flag: jax.Array | None = None) -> jax.Array:
     """Overwrite row ``slot`` of ``counts`` with the counts of one sequence's tokens and the
-    flags of its stop tokens (or, with ``keep``, add more stop flags to the row).
+    flags of its stop tokens (or, with ``keep``, add more flags to the row).
 
     Args:
       counts: [N + 1, V] int32 packed counts.  slot: int32 scalar row.
@@ -72,8 +83,9 @@ def load_token_history(counts: jax.Array, slot: jax.Array, token_ids: jax.Array,
       stop_ids: [STOP_IDS_PER_CALL] int32 token ids to flag as stop tokens (the ``min_tokens``
         mask); -1 pads; None flags none. Ids outside [0, V) are ignored.
       keep: bool scalar; True ORs this call's flags and counts into the row instead of
-        overwriting it (more stop ids than one call takes: the engine calls again with
-        ``token_ids`` all -1).
+        overwriting it (more ids than one call takes, or allowed ids after the stop ids:
+        the engine calls again with ``token_ids`` all -1).
+      flag: int32 scalar, the bit ``stop_ids`` get: STOP_FLAG (None) or ALLOWED_FLAG.
     Returns:
       the updated counts (prompt tokens flagged, output tokens counted, stop tokens flagged).
     """
@@ -83,13 +95,14 @@ def load_token_history(counts: jax.Array, slot: jax.Array, token_ids: jax.Array,
     prompt = pos < num_prompt
     row = jnp.zeros((V,), jnp.int32).at[jnp.where(valid & ~prompt, token_ids, V)].add(
         1, mode="drop")
-    flag = jnp.zeros((V,), jnp.int32).at[jnp.where(valid & prompt, token_ids, V)].max(
+    in_prompt = jnp.zeros((V,), jnp.int32).at[jnp.where(valid & prompt, token_ids, V)].max(
         PROMPT_FLAG, mode="drop")
-    new = row | flag
+    new = row | in_prompt
     if stop_ids is not None:
         ok = (stop_ids >= 0) & (stop_ids < V)
+        bit = jnp.int32(STOP_FLAG) if flag is None else flag
         new = new | jnp.zeros((V,), jnp.int32).at[jnp.where(ok, stop_ids, V)].max(
-            STOP_FLAG, mode="drop")
+            bit, mode="drop")
     if keep is not None:
         old = jax.lax.dynamic_slice(counts, (slot, 0), (1, V))[0]
         new = jnp.where(keep, old | new, new)

@@ -38,7 +38,8 @@ def _random_params(rng, S: int) -> SamplingArrays:
               "top_p": [0.3, 0.9, 0.999], "min_p": [0.05, 0.5],
               "repetition_penalty": [1.3, 0.8, 0.0], "presence_penalty": [0.5, -0.5],
               "frequency_penalty": [0.4, -1.0], "want_logprobs": [True],
-              "min_tokens": [5, 30, 60]}  # stop tokens masked while sample_index < min_tokens
+              "min_tokens": [5, 30, 60],  # stop tokens masked while sample_index < min_tokens
+              "allowed_only": [True]}  # allowed_token_ids: other tokens masked
     for name, choices in values.items():
         if rng.random() < 0.5:
             rows = rng.random(S) < rng.uniform(0.1, 0.9)
@@ -54,6 +55,8 @@ def _row_needs(sa: SamplingArrays, i: int) -> set[str]:
         need.add("penalties")
     if 0 < sa.min_tokens[i] and sa.sample_index[i] < sa.min_tokens[i]:
         need.add("penalties")  # the min_tokens mask of stop tokens runs in that stage
+    if sa.allowed_only[i]:
+        need.add("penalties")  # so does the allowed_token_ids mask
     if sa.temperature[i] > 0:
         need.add("sampling")
         if 0 < sa.top_k[i] < V:
@@ -108,6 +111,7 @@ def test_variants_give_the_rows_they_serve_the_results_of_exact_and_all_flags():
             counts[:S, :30] = rng.integers(0, 3, (S, 30))
             counts[:S, 30:40] |= 1 << 30  # in the prompt
             counts[:S, 36:44] |= 1 << 29  # stop tokens (masked before min_tokens)
+            counts[:S, 20:70] |= 1 << 28  # allowed tokens (the rest masked on allowed_only)
             args = (jnp.asarray(logits), SamplingArrays(*map(jnp.asarray, sa)),
                     jnp.asarray(counts))
             got, got_counts = run(*args, SAMPLER_VARIANTS[name])

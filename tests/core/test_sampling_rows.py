@@ -11,6 +11,7 @@ import pytest
 from jaxinfer.batch import SamplingArrays
 from jaxinfer.sampling import sample_rows
 from jaxinfer.sampling_penalties import (
+    ALLOWED_FLAG,
     COUNT_MASK,
     PROMPT_FLAG,
     STOP_FLAG,
@@ -305,3 +306,35 @@ def test_min_tokens_masks_stop_tokens_until_then_and_keeps_raw_logprobs():
         sa.want_logprobs[:] = False
         out, _ = _sample(logits * 0.2, sa, counts)  # flatter: stops not certain anyway
         assert not np.isin(out.tokens[masked], stops).any(), seed
+
+
+def test_allowed_token_ids_mask_every_other_token_and_load_as_their_own_flag():
+    rng = np.random.default_rng(12)
+    S = 4
+    logits = rng.standard_normal((S, V)).astype(np.float32) * 3
+    allowed = [5, 9, 33, 34, 60]
+    load = jax.jit(load_token_history)
+    counts = jnp.zeros((N_SLOTS + 1, V), jnp.int32)
+    for slot in (0, 2):  # rows 0 and 2 restricted (their slots flagged); 1 and 3 free
+        counts = load(counts, jnp.int32(slot), jnp.full(8, -1, jnp.int32), jnp.int32(0),
+                      _stop_ids(allowed), jnp.bool_(False), jnp.int32(ALLOWED_FLAG))
+    c = np.asarray(counts)
+    np.testing.assert_array_equal((c[0] & ALLOWED_FLAG) != 0, np.isin(np.arange(V), allowed))
+    assert not (c[0] & ~ALLOWED_FLAG).any() and not c[1].any()
+    only = np.array([True, False, True, False])
+    sa = _params(S, slots=np.arange(S), allowed_only=only, temperature=np.zeros(S),
+                 want_logprobs=True)
+    out, _ = _sample(logits, sa, c)
+    for i in range(S):
+        ref = logits[i].astype(np.float64)
+        if only[i]:
+            ref[~np.isin(np.arange(V), allowed)] = -np.inf
+        assert out.tokens[i] == np.argmax(ref), i
+    raw = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(out.top_logprobs[:, 0], raw.max(-1), rtol=1e-5, atol=1e-5)
+    for seed in range(30):  # sampled rows stay inside the set whatever the seed
+        sa.temperature[:] = 1.5
+        sa.want_logprobs[:] = False
+        sa.seeds[:] = np.stack([np.arange(S) + 5 * seed, np.full(S, seed)], 1)
+        out, _ = _sample(logits * 0.1, sa, c)
+        assert np.isin(out.tokens[only], allowed).all(), seed

@@ -14,11 +14,11 @@ ENGINE = dict(max_model_len=64, block_size=4, max_num_seqs=6, max_num_batched_to
               max_prefill_seqs=4, decode_buckets=(1, 2, 4, 8))
 
 
-def _workload(seed: int, num: int = 10, min_tokens: float = 0.3
+def _workload(seed: int, num: int = 10, min_tokens: float = 0.3, allowed: float = 0.15
               ) -> tuple[list[list[int]], list[SamplingParams]]:
     """Mixed prompt lengths, max_tokens, greedy and seeded sampling, stop ids, ignore_eos,
-    n > 1, logprobs, penalties, min_tokens (on a ``min_tokens`` share of the requests),
-    shared prefixes (prefix caching)."""
+    n > 1, logprobs, penalties, min_tokens and allowed_token_ids (on those shares of the
+    requests), shared prefixes (prefix caching)."""
     rng, mrng = np.random.default_rng(seed), np.random.default_rng(seed + 1000)
     shared = rng.integers(2, 96, 9).tolist()
     prompts, params = [], []
@@ -42,6 +42,8 @@ def _workload(seed: int, num: int = 10, min_tokens: float = 0.3
             kw["top_k"], kw["top_p"] = 8, 0.9
         if mrng.random() < min_tokens:  # stop tokens masked until then (own generator: the
             kw["min_tokens"] = int(mrng.integers(1, kw["max_tokens"] + 1))  # rest unchanged)
+        if mrng.random() < allowed:  # a few ids, EOS (1) among them or not
+            kw["allowed_token_ids"] = sorted({int(t) for t in mrng.integers(1, 96, 12)})
         params.append(SamplingParams(**kw))
     return prompts, params
 
@@ -145,7 +147,8 @@ def test_waiting_queue_pipelines_with_outputs_equal_sync(seed, num, pages):
     stop there by EOS or a stop token (async admits the waiting request one step late), and
     every request's outputs equal the synchronous engine's."""
     loaded = tiny_loaded("llama")
-    prompts, params = _workload(seed, num, min_tokens=0.0)  # early stops are the point here
+    prompts, params = _workload(seed, num, min_tokens=0.0, allowed=0.0)  # early stops are
+    # the point here
     extra = {"max_num_seqs": 4} | ({} if pages is None else {"num_kv_pages": pages})
     _, sync = _run(loaded, prompts, params, async_scheduling=False, **extra)
     llm = LLM(loaded, **{**ENGINE, **extra}, async_scheduling=True)

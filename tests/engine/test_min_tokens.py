@@ -121,3 +121,40 @@ def test_stop_ids_covering_the_vocabulary_are_refused_with_min_tokens():
                                                     max_tokens=3))[0].outputs[0]
     assert out.token_ids[:2] == [1, 1]  # the only token left to sample before min_tokens
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_allowed_token_ids_restrict_greedy_and_sampled_tokens():
+    """Greedy tokens are the argmax over the allowed ids (numpy reference from
+    prompt_logits), with min_tokens too; sampled n = 3 samples stay inside the set; a slot
+    reused by a request without the set is not restricted; ids outside the vocabulary and
+    an empty set are refused by name."""
+    loaded = tiny_loaded("llama")
+    llm = LLM(loaded, **{**ENGINE, "max_num_seqs": 3})
+    prompt = PROMPTS[1]
+    plain = _plain(loaded, prompt)
+    allowed = [t for t in (3, 17, 40, 41, 77, plain[1]) if t != plain[0]]
+    out: list[int] = []
+    for _ in range(6):  # the reference: argmax over the allowed ids
+        x = llm.engine.prompt_logits(prompt + out)[-1]
+        out.append(allowed[int(np.argmax(x[allowed]))])
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
+                        allowed_token_ids=allowed)
+    assert _summary(llm.generate([prompt], sp)) == [(out, "length")]
+    assert out != plain[:6]
+    sampled = llm.generate([prompt], SamplingParams(temperature=1.2, max_tokens=8, n=3, seed=4,
+                                                    allowed_token_ids=allowed,
+                                                    ignore_eos=True))[0]
+    assert all(set(c.token_ids) <= set(allowed) for c in sampled.outputs)
+    assert len({tuple(c.token_ids) for c in sampled.outputs}) > 1
+    free = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert _summary(llm.generate([prompt], free)) == [(plain, "length")]  # slots reused
+    with pytest.raises(RequestError, match=r"allowed_token_ids \[96\] are not in the "
+                                           r"vocabulary"):
+        llm.generate([prompt], SamplingParams(allowed_token_ids=[3, 96]))
+    with pytest.raises(ValueError, match="allowed_token_ids is empty"):
+        SamplingParams(allowed_token_ids=[])
+    with pytest.raises(RequestError, match="min_tokens 2: EOS and stop_token_ids cover "
+                                           "allowed_token_ids"):  # nothing left to sample
+        llm.generate([prompt], SamplingParams(allowed_token_ids=[1, 3], stop_token_ids=[3],
+                                              min_tokens=2))
+    assert not llm.engine.has_unfinished_requests()

@@ -782,3 +782,19 @@ def test_chat_options_are_checked_where_they_are_built():
         build_request(messages=conv, chat_options={"add_generation_prompt": "false"})
     with pytest.raises(ValueError, match="chat option chat_template_kwargs must be a JSON-like"):
         build_request(messages=conv, chat_options={"chat_template_kwargs": {1: 2}})
+
+
+def test_allowed_token_ids_over_the_wire(tiny_server):
+    """allowed_token_ids reach the engine (every token inside the set); an id outside the
+    vocabulary is INVALID_ARGUMENT, named."""
+    st, prompts = tiny_server[0], tiny_server[1]
+    allowed = [4, 8, 15, 16, 23, 42]
+    with InferenceClient(st.target, timeout=60) as c:
+        r = c.generate(token_ids=prompts[0], max_tokens=12, temperature=1.0, seed=3,
+                       ignore_eos=True, allowed_token_ids=allowed)
+        assert len(r.token_ids) == 12 and set(r.token_ids) <= set(allowed)
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate(token_ids=prompts[0], max_tokens=2, allowed_token_ids=[4, 500])
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "allowed_token_ids [500] are not in the vocabulary" in e.value.details()
+    wait_until(lambda: _all_free(st))

@@ -102,6 +102,8 @@ def add_client_parser(sub: Any) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--stop-token-ids", type=token_id_list, default=None,
                    help="comma-separated token ids that end the output")
+    p.add_argument("--allowed-token-ids", type=token_id_list, default=None,
+                   help="comma-separated token ids: sample only among these")
     p.add_argument("--truncate-prompt-tokens", type=int, default=None,
                    help="keep only the prompt's last k tokens (-1: max_model_len)")
     p.add_argument("--seed", type=int, default=None)
@@ -161,7 +163,8 @@ def cmd_client(ns: argparse.Namespace) -> int:
                 return 2
             sampling = {k: getattr(ns, k) for k in ("max_tokens", "temperature", "top_k",
                                                     "top_p", "min_tokens", "seed",
-                                                    "stop_token_ids", "truncate_prompt_tokens")
+                                                    "stop_token_ids", "truncate_prompt_tokens",
+                                                    "allowed_token_ids")
                         if getattr(ns, k) is not None}
             if ns.ignore_eos:
                 sampling["ignore_eos"] = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 import threading
 import time
@@ -581,6 +582,12 @@ def test_client_cli(tiny_server, capsys):
                  "--max-tokens", "6", "--min-tokens", "4", "--stop-token-ids", "7, 9",
                  "--truncate-prompt-tokens", "30", " ".join(map(str, long_ids))]) == 0
     assert f'"token_ids": {list(want.token_ids)}' in capsys.readouterr().out
+    assert main(["client", "--address", st.target, "--token-ids", "--show-ids",
+                 "--max-tokens", "6", "--ignore-eos", "--allowed-token-ids", "4,8,15",
+                 " ".join(map(str, long_ids[:5]))]) == 0
+    shown = capsys.readouterr().out
+    ids = json.loads(shown[shown.index('{'):])["token_ids"]
+    assert len(ids) == 6 and set(ids) <= {4, 8, 15}
     with pytest.raises(SystemExit):
         main(["client", "--address", st.target, "--stop-token-ids", "7,x", "hi"])
     assert "must be comma-separated integers, got '7,x'" in capsys.readouterr().err

@@ -150,16 +150,15 @@ def _sampling(ns: argparse.Namespace):
 
 
 def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_len: int):
-    """``params`` for a prompt of ``prompt_len`` tokens: without ``--max-tokens``, the
-    default capped to the room ``max_model_len`` leaves (vLLM's OpenAI server does alike);
-    an explicit ``--max-tokens`` is kept: ``generate`` (``LLM.generate``) then stops at
-    max_model_len as vLLM's offline LLM, ``chat`` (the engine's add_request) refuses it."""
-    from dataclasses import replace
+    """``chat``'s params for a prompt of ``prompt_len`` tokens: without ``--max-tokens``, the
+    default capped to the room ``max_model_len`` leaves (``llm.fit_max_tokens``; vLLM's
+    OpenAI server does alike); an explicit ``--max-tokens`` is kept, and the engine's
+    add_request refuses it if it does not fit. (``generate`` needs none of this:
+    ``LLM.generate`` caps any max_tokens at max_model_len, as vLLM's offline LLM.)"""
+    from jaxinfer.llm import fit_max_tokens
 
-    room = max_model_len - prompt_len
-    if ns.max_tokens is not None or room < 1 or params.max_tokens <= room:
-        return params
-    return replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
+    return params if ns.max_tokens is not None else fit_max_tokens(params, prompt_len,
+                                                                   max_model_len)
 
 
 def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -198,15 +197,14 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     engine, runner = llm.engine, llm.engine.runner
     t0 = time.perf_counter()
     ids = []
-    for i, p in enumerate(ns.prompt):  # encoded here: the default max_tokens fits each
+    for i, p in enumerate(ns.prompt):  # encoded here: --chat renders a conversation
         try:
             ids.append(engine.encode_chat([{"role": "user", "content": p}]) if ns.chat
                        else engine.encode_prompt(_token_ids(p) if ns.token_ids else p))
         except ValueError as err:
             err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])  # LLM.generate's
             raise
-    outs = llm.generate(ids, [_fit_max_tokens(ns, params, len(x), engine.config.max_model_len)
-                              for x in ids])
+    outs = llm.generate(ids, params)  # max_tokens capped to each prompt's room there
     dt = time.perf_counter() - t0
     t_compile = sum(runner.compile_seconds.values())
     for prompt, out in zip(ns.prompt, outs):

@@ -206,12 +206,10 @@ class LLMEngine:
             raise RequestError("stop strings need a tokenizer; this model has none "
                                "(use stop_token_ids)")
         V = self.model_config.vocab_size
-        if outside := [t for t in params.stop_token_ids if t >= V]:
-            raise RequestError(f"stop_token_ids {outside} are not in the vocabulary: ids must "
-                               f"be in [0, {V}) (vocab size {V})")
-        if outside := [t for t in params.allowed_token_ids or () if t >= V]:
-            raise RequestError(f"allowed_token_ids {outside[:8]} are not in the vocabulary: "
-                               f"ids must be in [0, {V}) (vocab size {V})")
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            if outside := [t for t in getattr(params, name) or () if t >= V]:
+                raise RequestError(f"{name} {outside[:8]} are not in the vocabulary: ids must "
+                                   f"be in [0, {V}) (vocab size {V})")
         if params.min_tokens > 0:
             stops, allowed = self._masked_stops(params), params.allowed_token_ids
             if len(stops) >= V or (allowed and stops.issuperset(allowed)):

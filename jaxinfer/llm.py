@@ -19,8 +19,8 @@ from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import ParameterError, SamplingParams, with_output_kind
 
 
-def _fit_max_tokens(sp: SamplingParams, num_prompt: int, max_model_len: int
-                    ) -> SamplingParams:
+def fit_max_tokens(sp: SamplingParams, num_prompt: int, max_model_len: int
+                   ) -> SamplingParams:
     """``sp`` with ``max_tokens`` (and ``min_tokens``) capped at the room ``max_model_len``
     leaves after a prompt of ``num_prompt`` tokens; ``sp`` itself when it fits or the prompt
     leaves no room (``add_request`` then refuses it)."""
@@ -104,7 +104,7 @@ class LLM:
                 err.args = (f"prompt {i} of the batch: {err}", *err.args[1:])
                 raise
         limit = self.engine.config.max_model_len
-        params = [_fit_max_tokens(sp, len(e), limit) for e, sp in zip(encoded, params)]
+        params = [fit_max_tokens(sp, len(e), limit) for e, sp in zip(encoded, params)]
         ids: list[int] = []
         for i, (p, e, sp) in enumerate(zip(prompts, encoded, params)):
             try:  # the engine checks lengths and n against its limits here

@@ -67,6 +67,8 @@ class SamplingArrays(NamedTuple):
         the row's stop tokens (flagged in its slot's penalty state) are masked; 0 = off.
       allowed_only: bool, the request has ``allowed_token_ids`` (flagged in its slot's
         penalty state): every other token is masked.
+      has_bias: bool, the request has a ``logit_bias`` (loaded in its slot's
+        ``sampling_penalties.LogitBias`` row): it is added to the row's logits.
     All-zero arrays are valid input too (greedy rows, no penalties, slot 0, no logprobs).
     """
 
@@ -83,16 +85,17 @@ class SamplingArrays(NamedTuple):
     want_logprobs: Any
     min_tokens: Any
     allowed_only: Any
+    has_bias: Any
 
     @classmethod
     def neutral(cls, S: int) -> SamplingArrays:
         """numpy arrays of ``S`` greedy rows without penalties, slots, logprobs,
-        ``min_tokens`` or ``allowed_token_ids``."""
+        ``min_tokens``, ``allowed_token_ids`` or ``logit_bias``."""
         f32, i32 = np.float32, np.int32
         return cls(np.zeros(S, f32), np.zeros(S, i32), np.ones(S, f32), np.zeros(S, f32),
                    np.ones(S, f32), np.zeros(S, f32), np.zeros(S, f32), np.zeros((S, 2), _U32),
                    np.zeros(S, i32), np.full(S, -1, i32), np.zeros(S, bool), np.zeros(S, i32),
-                   np.zeros(S, bool))
+                   np.zeros(S, bool), np.zeros(S, bool))
 
 
 class SlotError(RuntimeError):
@@ -249,3 +252,4 @@ def _fill_row(sa: SamplingArrays, row: int, seq: Any, end: int, seed: int, slot:
     sa.want_logprobs[row] = sp.logprobs is not None
     sa.min_tokens[row] = sp.min_tokens if slot >= 0 else 0  # its stop flags live in the slot
     sa.allowed_only[row] = bool(sp.allowed_token_ids) and slot >= 0  # (so do these)
+    sa.has_bias[row] = bool(sp.logit_bias) and slot >= 0  # its table lives in the slot too

@@ -14,7 +14,7 @@ import time
 import warnings
 from typing import Sequence as Seq
 
-from jaxinfer.bench.cli import token_id_list  # argparse types (no JAX imported)
+from jaxinfer.bench.cli import logit_bias_json, token_id_list  # argparse types (no JAX)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -146,7 +146,8 @@ def _sampling(ns: argparse.Namespace):
                           max_tokens=(ns.max_tokens if ns.max_tokens is not None
                                       else ns.default_max_tokens),
                           seed=ns.sample_seed, min_tokens=ns.min_tokens,
-                          ignore_eos=ns.ignore_eos, stop_token_ids=ns.stop_token_ids)
+                          ignore_eos=ns.ignore_eos, stop_token_ids=ns.stop_token_ids,
+                          logit_bias=ns.logit_bias)
 
 
 def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_len: int):
@@ -175,6 +176,8 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
     p.add_argument("--stop-token-ids", type=token_id_list, default=[],
                    help="comma-separated token ids that end the output")
+    p.add_argument("--logit-bias", type=logit_bias_json, default=None,
+                   help='JSON token id -> bias added to its logit, e.g. \'{"13": -100}\'')
 
 
 def _token_ids(text: str) -> list[int]:
@@ -234,9 +237,11 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         raise SystemExit("jaxinfer: error: this model has no tokenizer, so no chat")
     params = _sampling(ns)
     V = engine.model_config.vocab_size
-    if bad := [t for t in params.stop_token_ids if t >= V]:  # (else every turn is dropped)
-        raise ValueError(f"--stop-token-ids {bad} are not in the vocabulary: ids must be in "
-                         f"[0, {V})")
+    for flag, ids in (("--stop-token-ids", params.stop_token_ids),
+                      ("--logit-bias", params.logit_bias or ())):
+        if bad := [t for t in ids if t >= V]:  # (else every turn is dropped)
+            raise ValueError(f"{flag} {bad} are not in the vocabulary: ids must be in "
+                             f"[0, {V})")
     history: list[dict[str, str]] = []
     if ns.system:
         history.append({"role": "system", "content": ns.system})

@@ -65,7 +65,8 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
     the page-copy program of ``n > 1`` requests (mode "copy", Bucket("kv", max_num_seqs, 1,
     0), the runner's ``copy_bucket``), the penalty-history program (mode "history",
     Bucket("history", max_model_len, 1, 0): the engine pads a sequence's tokens to
-    max_model_len for ``runner.load_history``) and the sampler programs (mode "sampler",
+    max_model_len for ``runner.load_history``), the logit-bias program (mode "bias",
+    ``runner.BIAS_BUCKET``: ``runner.load_logit_bias``) and the sampler programs (mode "sampler",
     ``sampling.sampler_bucket(S, variant)``): every variant of
     ``sampling.SAMPLER_VARIANTS`` for every row count S of the sample programs, and the
     token-gather program of async scheduling (mode "gather", ``runner.gather_bucket(B)``)
@@ -104,6 +105,8 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
                 for B in ec.decode_buckets for P in ec.page_buckets]
         out.append(Program("copy", Bucket("kv", max(1, ec.max_num_seqs), 1, 0)))
         out.append(Program("history", Bucket("history", ec.max_model_len, 1, 0)))
+        from jaxinfer.runner import BIAS, BIAS_BUCKET
+        out.append(Program(BIAS, BIAS_BUCKET))
         from jaxinfer.runner import SAMPLER
         from jaxinfer.sampling import SAMPLER_VARIANTS, sampler_bucket
 

@@ -206,7 +206,7 @@ class LLMEngine:
             raise RequestError("stop strings need a tokenizer; this model has none "
                                "(use stop_token_ids)")
         V = self.model_config.vocab_size
-        for name in ("stop_token_ids", "allowed_token_ids"):
+        for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):
             if outside := [t for t in getattr(params, name) or () if t >= V]:
                 raise RequestError(f"{name} {outside[:8]} are not in the vocabulary: ids must "
                                    f"be in [0, {V}) (vocab size {V})")
@@ -304,7 +304,7 @@ class LLMEngine:
         it; a penalty-state slot for every sequence of the step (preempted ones lose theirs),
         loaded from its tokens, stop tokens and allowed tokens for a newly (re)admitted
         sequence with penalties, ``min_tokens`` (its stop tokens are masked until then) or
-        ``allowed_token_ids`` (the others are masked)."""
+        ``allowed_token_ids`` (the others are masked); and its ``logit_bias`` table."""
         if out.page_copies:
             self.runner.copy_pages(out.page_copies)
         for seq in out.preempted:
@@ -323,6 +323,8 @@ class LLMEngine:
                 self.runner.load_history(slot, toks, seq.num_prompt_tokens,
                                          sorted(self._masked_stops(sp)),
                                          sorted(set(sp.allowed_token_ids or ())))
+            if sp.logit_bias:
+                self.runner.load_logit_bias(slot, sp.logit_bias)
 
     def _masked_stops(self, sp: SamplingParams) -> set[int]:
         """The token ids masked before ``sp.min_tokens`` outputs: what

@@ -20,9 +20,10 @@ nothing that an earlier step of the same bucket did not, whatever its parameters
 
 Besides the KV pool the runner holds the sampling penalty state, ``counts`` [num_slots + 1, V]
 int32 (see ``sampling.py``), donated to every sampler program like the pool to the model
-program, a small "history" program that loads one slot's row from a sequence's tokens, and a
-"copy" program that copies KV pages for the copy-on-write of forked ``n > 1`` samples
-(``layers/page_copy.py``).
+program, a small "history" program that loads one slot's row from a sequence's tokens, the
+per-slot ``logit_bias`` tables (``sampling_penalties.LogitBias``, read by the sampler) and a
+"bias" program that loads one slot's table, and a "copy" program that copies KV pages for
+the copy-on-write of forked ``n > 1`` samples (``layers/page_copy.py``).
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ from jaxinfer.sampling import (
 )
 from jaxinfer.sampling_penalties import (
     ALLOWED_FLAG,
+    MAX_LOGIT_BIAS,
     STOP_FLAG,
     STOP_IDS_PER_CALL,
+    LogitBias,
+    load_logit_bias,
     load_token_history,
 )
 
@@ -64,8 +68,11 @@ log = logging.getLogger(__name__)
 # SAMPLER programs have buckets ``sampling.sampler_bucket(S, variant)``. HISTORY is not a
 # step: it loads one slot of the penalty state (``load_history``); its bucket is
 # Bucket("history", L, 1, 0). COPY is not a step either: it copies KV pages (``copy_pages``);
-# its bucket is ``copy_bucket``.
+# its bucket is ``copy_bucket``. BIAS loads one slot's ``logit_bias`` table
+# (``load_logit_bias``); its bucket is ``BIAS_BUCKET``.
 SAMPLE, LOGITS, SAMPLER, HISTORY, COPY = "sample", "logits", "sampler", "history", "copy"
+BIAS = "bias"
+BIAS_BUCKET = Bucket(BIAS, MAX_LOGIT_BIAS, 1, 0)
 # GATHER is not a step either: it takes a decode step's input tokens from the previous step's
 # sampled tokens on the device (``gather_tokens``, async scheduling); its bucket is
 # ``gather_bucket(S)``, one per decode batch bucket.
@@ -108,10 +115,11 @@ COMPILER_OPTIONS = {"xla_gpu_memory_limit_slop_factor": 1000}
 
 def _make_sampler(needs: SamplerNeeds):
     """The jitted sampler program of static ``needs``: (logits, *SamplingArrays fields,
-    counts) -> (SampleOutput, counts), counts donated."""
+    counts, logit_bias) -> (SampleOutput, counts), counts donated."""
 
     def run(logits, *rest):
-        return sample_rows(logits, SamplingArrays(*rest[:-1]), rest[-1], needs)
+        *sa, counts, bias = rest
+        return sample_rows(logits, SamplingArrays(*sa), counts, needs, bias)
 
     return jax.jit(run, donate_argnums=(1 + len(SamplingArrays._fields),))
 
@@ -125,7 +133,8 @@ def _make_sampler(needs: SamplerNeeds):
 # change to a module constant read while tracing (the sampling_* modules' tunables) needs it.
 _SHARED_SAMPLERS = {name: _make_sampler(needs) for name, needs in SAMPLER_VARIANTS.items()}
 _SHARED = {HISTORY: jax.jit(load_token_history, donate_argnums=(0,)),
-           COPY: jax.jit(copy_pages, donate_argnums=(0,)), GATHER: jax.jit(_gather_tokens)}
+           COPY: jax.jit(copy_pages, donate_argnums=(0,)), GATHER: jax.jit(_gather_tokens),
+           BIAS: jax.jit(load_logit_bias, donate_argnums=(0,))}
 
 
 def _metadata(inputs: StepInputs) -> AttentionMetadata:
@@ -178,6 +187,7 @@ class ModelRunner:
         counts_shape = (num_slots + 1, cfg.vocab_size)  # + the scratch row
         self.counts = (jax.ShapeDtypeStruct(counts_shape, jnp.int32) if abstract
                        else jnp.zeros(counts_shape, jnp.int32))
+        self.logit_bias = LogitBias.zeros(num_slots + 1, abstract)
         self.num_compilations = 0  # programs compiled by XLA
         self.num_loaded = 0  # programs loaded from program_store or JAX's persistent cache
         self.program_store: Any = None  # a compile_cache.ProgramStore, set by the engine
@@ -213,16 +223,20 @@ class ModelRunner:
         the flat weight list (``self.weights``, unflattened by ``self.weights_tree``), the KV
         pool tree and an ``AttentionMetadata`` of positions / slot_mapping / seq_ids [T],
         block_tables [S, P], seq_lens / logits_indices [S] (all int32). A sampler bucket
-        gives ``(logits [S, V] float32, *SamplingArrays, counts)``; the history, gather and
-        page-copy buckets give their programs' arguments (comments below).
+        gives ``(logits [S, V] float32, *SamplingArrays, counts, logit_bias)``; the history,
+        bias, gather and page-copy buckets give their programs' arguments (comments below).
         """
         T, S, P = bucket.num_tokens, bucket.num_seqs, bucket.max_pages
         i32, f32 = jnp.int32, jnp.float32
         sds = jax.ShapeDtypeStruct
         counts = sds(self.counts.shape, self.counts.dtype)
-        if bucket.kind in SAMPLER_VARIANTS:  # sampler(logits [S, V], *SamplingArrays, counts)
+        bias = jax.tree.map(lambda a: sds(a.shape, a.dtype), self.logit_bias)
+        if bucket.kind in SAMPLER_VARIANTS:  # sampler(logits [S, V], *SamplingArrays, counts,
+            #                                          logit_bias)
             sp = (sds(a.shape, a.dtype) for a in SamplingArrays.neutral(S))
-            return (sds((S, self.model_config.vocab_size), f32), *sp, counts)
+            return (sds((S, self.model_config.vocab_size), f32), *sp, counts, bias)
+        if bucket.kind == BIAS:  # load_logit_bias(logit_bias, slot, ids [K], values [K])
+            return (bias, sds((), i32), sds((T,), i32), sds((T,), f32))
         if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt,
             #                                            ids, keep, flag)
             return (counts, sds((), i32), sds((T,), i32), sds((), i32),
@@ -256,10 +270,11 @@ class ModelRunner:
         exe = self._executables.get(key)
         if exe is None:
             t0 = time.perf_counter()
-            # jaxinfer compile builds neither the history, copy nor gather program without
-            # --modes sample (nor gather before it existed): load them only if present.
+            # jaxinfer compile builds neither the history, copy, gather nor bias program
+            # without --modes sample (nor those added since a store was built): load them
+            # only if present.
             if self.program_store is not None and (
-                    mode not in (HISTORY, COPY, GATHER)
+                    mode not in (HISTORY, COPY, GATHER, BIAS)
                     or (mode, bucket) in self.program_store.entries):
                 exe = self.program_store.load(mode, bucket)
             compiled = 0
@@ -281,8 +296,8 @@ class ModelRunner:
     def sampler(self, num_seqs: int, variant: str):
         """The sampler program of ``variant`` (a key of ``sampling.SAMPLER_VARIANTS``) for
         ``num_seqs`` rows, built as ``executable`` builds programs. Called as
-        ``exe(logits [S, V] float32, *SamplingArrays fields, counts)`` (counts donated); it
-        returns (SampleOutput, counts). Raises KeyError for an unknown variant."""
+        ``exe(logits [S, V] float32, *SamplingArrays fields, counts, logit_bias)`` (counts
+        donated); it returns (SampleOutput, counts). Raises KeyError for an unknown variant."""
         exe = self._samplers.get((num_seqs, variant))
         if exe is None:
             exe = self._samplers[num_seqs, variant] = self.executable(
@@ -362,7 +377,8 @@ class ModelRunner:
         """
         if variant is None:
             variant = sampler_variant(sa, self.model_config.vocab_size)
-        out, self.counts = self.sampler(len(sa.temperature), variant)(logits, *sa, self.counts)
+        out, self.counts = self.sampler(len(sa.temperature), variant)(logits, *sa, self.counts,
+                                                                      self.logit_bias)
         return out
 
     def load_history(self, slot: int, token_ids: np.ndarray, num_prompt: int,
@@ -395,6 +411,22 @@ class ModelRunner:
             toks = token_ids if j == 0 else np.full(token_ids.shape, -1, np.int32)
             self.counts = exe(self.counts, np.int32(slot), np.asarray(toks, np.int32),
                               np.int32(num_prompt), part, np.bool_(j > 0), np.int32(flag))
+
+    def load_logit_bias(self, slot: int, logit_bias: dict[int, float]) -> None:
+        """Overwrite slot ``slot``'s ``logit_bias`` table with ``logit_bias`` (token id ->
+        bias, at most ``MAX_LOGIT_BIAS`` entries; the engine checks the ids against the
+        vocabulary). Raises ValueError for a slot out of range or too many entries."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is not in [0, {self.num_slots})")
+        if len(logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has {len(logit_bias)} entries; at most "
+                             f"{MAX_LOGIT_BIAS}")
+        ids = np.full(MAX_LOGIT_BIAS, -1, np.int32)
+        values = np.zeros(MAX_LOGIT_BIAS, np.float32)
+        ids[:len(logit_bias)] = list(logit_bias)
+        values[:len(logit_bias)] = list(logit_bias.values())
+        exe = self.executable(BIAS_BUCKET, BIAS)
+        self.logit_bias = exe(self.logit_bias, np.int32(slot), ids, values)
 
     def copy_pages(self, copies: Any) -> None:
         """Copy-on-write: copy KV page ``c.src`` into page ``c.dst`` for every

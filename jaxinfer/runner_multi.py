@@ -73,7 +73,7 @@ def split_multi_step_bucket(bucket: Bucket) -> tuple[Bucket, str, int]:
     return Bucket("decode", bucket.num_tokens, bucket.num_seqs, bucket.max_pages), variant, int(k)
 
 
-def _multi_step(weights, cache, counts, token_ids, md, *sa, graphdef, tree, attention,
+def _multi_step(weights, cache, counts, bias, token_ids, md, *sa, graphdef, tree, attention,
                 page_size: int, needs: SamplerNeeds, k: int):
     """k decode steps: -> ((tokens [k, S] int32, the last step's [S]), cache, counts); see
     the module docstring."""
@@ -85,7 +85,7 @@ def _multi_step(weights, cache, counts, token_ids, md, *sa, graphdef, tree, atte
         cache, counts, toks, md, index, out = carry
         hidden, cache = model(toks, cache, md, attention)
         so, counts = sample_rows(model.logits(hidden[md.logits_indices]),
-                                 sa._replace(sample_index=index), counts, needs)
+                                 sa._replace(sample_index=index), counts, needs, bias)
         pos = md.positions + 1
         md = dataclasses.replace(
             md, positions=pos, seq_lens=md.seq_lens + 1,
@@ -117,7 +117,8 @@ class MultiStepPrograms:
         sds = jax.ShapeDtypeStruct
         sa = [sds(a.shape, a.dtype) for a in SamplingArrays.neutral(bucket.num_seqs)]
         counts = sds(r.counts.shape, r.counts.dtype)
-        return fn.lower(weights, cache, counts, token_ids, md, *sa)
+        bias = jax.tree.map(lambda a: sds(a.shape, a.dtype), r.logit_bias)
+        return fn.lower(weights, cache, counts, bias, token_ids, md, *sa)
 
     def executable(self, bucket: Bucket, variant: str, k: int) -> Any:
         """The program of ``k`` steps of decode ``bucket`` sampling with ``variant``: loaded
@@ -165,8 +166,9 @@ class MultiStepPrograms:
         variant = sampler_variant(inputs.sampling, r.model_config.vocab_size)
         exe = self.executable(inputs.bucket, variant, k)
         out, r.cache, r.counts = exe(
-            r.weights, r.cache, r.counts, inputs.token_ids if token_ids is None else token_ids,
-            _metadata(inputs), *inputs.sampling)
+            r.weights, r.cache, r.counts, r.logit_bias,
+            inputs.token_ids if token_ids is None else token_ids, _metadata(inputs),
+            *inputs.sampling)
         return out
 
     def run(self, inputs: StepInputs, k: int) -> np.ndarray:

@@ -11,7 +11,8 @@ vLLM v1's ``Sampler``:
    (OpenAI: over output tokens, ``logit -= frequency * count + presence * (count > 0)``);
    in the same stage, the row's stop tokens (EOS, ``stop_token_ids``) get -inf while it has
    fewer than ``min_tokens`` outputs (vLLM v1's ``MinTokensLogitsProcessor``), and every
-   token outside its ``allowed_token_ids`` (when it has them) gets -inf;
+   token outside its ``allowed_token_ids`` (when it has them) gets -inf; a row's
+   ``logit_bias`` is added to its logits first (as vLLM v1 adds it before the penalties);
 3. greedy rows take the argmax; the others divide by the temperature, drop tokens whose
    probability is below ``min_p`` times the best one's, keep the ``top_k`` best and the
    ``top_p`` nucleus of what is left (ties at a cut-off are kept, as in vLLM's threshold
@@ -67,7 +68,7 @@ from jaxinfer.batch import Bucket, SamplingArrays
 from jaxinfer.row_reduce import row_argmax, row_max
 from jaxinfer.sampling_filters import buffered_cutoffs, kth_largest, nucleus_cut
 from jaxinfer.sampling_params import MAX_LOGPROBS
-from jaxinfer.sampling_penalties import apply_penalties, masks_stops
+from jaxinfer.sampling_penalties import LogitBias, add_logit_bias, apply_penalties, masks_stops
 from jaxinfer.sampling_topk import top_values
 
 __all__ = ["SAMPLER_VARIANTS", "SampleOutput", "SamplerNeeds", "sample", "sample_rows",
@@ -111,7 +112,8 @@ def _needs(xp: Any, sp: SamplingArrays, V: int) -> dict[str, Any]:
     return {
         "penalties": xp.any(((rp != 1.0) & (rp > 0.0)) | (sp.presence_penalty != 0.0)
                             | (sp.frequency_penalty != 0.0)
-                            | masks_stops(sp.sample_index, sp.min_tokens) | sp.allowed_only),
+                            | masks_stops(sp.sample_index, sp.min_tokens) | sp.allowed_only
+                            | sp.has_bias),
         "sampling": xp.any(sp.temperature > 0.0),
         "top_k_search": xp.any(rows["sampling"] & rows["k_on"]),
         "top_p_search": xp.any(rows["sampling"] & rows["p_on"]),
@@ -141,7 +143,7 @@ class SamplerNeeds(NamedTuple):
     Attributes:
       penalties: some row has a repetition, presence or frequency penalty, or masks its stop
         tokens (``sampling_penalties.masks_stops``: sample_index < min_tokens, min_tokens > 0),
-        or has ``allowed_token_ids``.
+        or has ``allowed_token_ids`` or a ``logit_bias``.
       sampling: some row has temperature > 0.
       top_k_search: some sampling row has 0 < top_k < V.
       top_p_search: some sampling row has top_p < 1.
@@ -172,7 +174,7 @@ class SamplerNeeds(NamedTuple):
         penalties = bool(nz((rp != 1.0) & (rp > 0.0)) or nz(a(sp.presence_penalty))
                          or nz(a(sp.frequency_penalty))
                          or nz(masks_stops(a(sp.sample_index), a(sp.min_tokens)))
-                         or nz(a(sp.allowed_only)))
+                         or nz(a(sp.allowed_only)) or nz(a(sp.has_bias)))
         rows = a(sp.temperature) > 0.0
         sampling = bool(nz(rows))
         top_k = top_p = full = False
@@ -308,7 +310,8 @@ def _logprobs(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Arra
 
 
 def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
-                needs: SamplerNeeds | None = None) -> tuple[SampleOutput, jax.Array]:
+                needs: SamplerNeeds | None = None, bias: LogitBias | None = None
+                ) -> tuple[SampleOutput, jax.Array]:
     """Sample one token per row and record it in the row's slot of ``counts``.
 
     Args:
@@ -320,6 +323,8 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
         variant of ``SAMPLER_VARIANTS`` covering it: what the runner passes), or None to
         decide on the device with ``lax.cond`` (module docstring: each one is a host sync on
         XLA:GPU). Every covering choice gives every row the same result.
+      bias: the per-slot ``logit_bias`` tables ([N + 1, MAX_LOGIT_BIAS], rows of ``counts``'
+        slots), added to rows with ``sp.has_bias``; None: no row has a bias.
     Returns:
       (SampleOutput, updated counts). Rows whose slot is < 0 or >= N use the scratch row.
     """
@@ -336,8 +341,11 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
         def when(name: str, f: Callable[[], Any], g: Callable[[], Any]) -> Any:
             return f() if getattr(needs, name) else g()
 
+    def biased() -> jax.Array:  # (in the penalties stage: has_bias turns it on)
+        return logits if bias is None else add_logit_bias(logits, bias, slots, sp.has_bias)
+
     proc = when("penalties", lambda: apply_penalties(
-        logits, counts[slots], sp.repetition_penalty, sp.presence_penalty,
+        biased(), counts[slots], sp.repetition_penalty, sp.presence_penalty,
         sp.frequency_penalty, masks_stops(sp.sample_index, sp.min_tokens), sp.allowed_only),
         lambda: logits)
     tokens = when("sampling", lambda: _draw(proc, sp, when),
@@ -371,6 +379,6 @@ def sample(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: j
                         frequency_penalty=jnp.zeros((S,), f32), seeds=seeds,
                         sample_index=sample_index, slots=jnp.full((S,), -1, jnp.int32),
                         want_logprobs=jnp.zeros((S,), bool), min_tokens=jnp.zeros((S,), jnp.int32),
-                        allowed_only=jnp.zeros((S,), bool))
+                        allowed_only=jnp.zeros((S,), bool), has_bias=jnp.zeros((S,), bool))
     out, _ = sample_rows(logits, sp, jnp.zeros((1, V), jnp.int32))
     return out.tokens

@@ -16,6 +16,9 @@ MAX_LOGPROBS = 20
 # Most samples per request (``n``). A request's samples also run at once, so the engine
 # further requires n <= its max_num_seqs.
 MAX_SAMPLES = 64
+# Most ``logit_bias`` entries of a request (OpenAI's limit): the width of the per-slot bias
+# table on the device (``sampling_penalties.LogitBias``).
+MAX_LOGIT_BIAS = 300
 
 
 class ParameterError(ValueError):
@@ -72,6 +75,24 @@ def _token_ids(name: str, ids: object) -> list[int]:
     return out
 
 
+def _logit_bias(bias: object) -> dict[int, float] | None:
+    """``bias`` as {token id: float}, None when empty; raises ParameterError naming the
+    entry for a key that is not an int >= 0, a value that is not a finite float32, or more
+    than MAX_LOGIT_BIAS entries."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise ParameterError(f"logit_bias must be a dict of token id -> bias, got {_kind(bias)}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ParameterError(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS}")
+    out = {}
+    for t, v in bias.items():
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ParameterError(f"logit_bias keys must be token ids (ints >= 0), got {t!r}")
+        out[int(t)] = _number(f"logit_bias[{t}]", v)
+    return out or None
+
+
 def _flag(name: str, v: object) -> None:
     if not isinstance(v, (bool, np.bool_)):
         raise ParameterError(f"{name} must be a bool, got {v!r}")
@@ -121,6 +142,11 @@ class SamplingParams:
       allowed_token_ids: sample only among these token ids (vLLM's; every other logit is
         -inf; logprobs stay raw); None allows all. A non-empty list or tuple of ints >= 0
         (the engine checks them against the vocabulary).
+      logit_bias: {token id: bias} added to those tokens' logits before the penalties and
+        the other processing (OpenAI's / vLLM v1's ``LogitBiasLogitsProcessor``; logprobs
+        stay raw); None or {} = none. Keys ints >= 0 (the engine checks them against the
+        vocabulary), values finite float32s (OpenAI's API takes [-100, 100]: -100 all but
+        bans a token, +100 all but forces it), at most 300 entries (OpenAI's limit).
       include_stop_str_in_output: keep the matched stop string in the text, and the text of
         the token that ended the sequence (EOS or a stop token id), as vLLM v1.
       ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).
@@ -171,6 +197,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
+    logit_bias: dict[int, float] | None = None
     output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
@@ -224,6 +251,7 @@ class SamplingParams:
             if not self.allowed_token_ids:
                 raise ParameterError("allowed_token_ids is empty: no token could be sampled "
                                      "(None allows all)")
+        self.logit_bias = _logit_bias(self.logit_bias)
         stop = self.stop
         if stop is not None and not isinstance(stop, (str, list, tuple)):
             raise ParameterError(f"stop must be None, a string or a list of strings, "

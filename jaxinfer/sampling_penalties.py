@@ -16,18 +16,50 @@ The ``min_tokens`` mask follows vLLM v1's ``MinTokensLogitsProcessor``
 (vllm/v1/sample/logits_processor): the logits of a row's stop tokens are -inf while its
 sample index is below ``min_tokens``; the ``allowed_token_ids`` mask follows its allowed-ids
 processing (every other token -inf). Raw logprobs are computed before both, as there.
+
+``logit_bias`` (OpenAI's, vLLM v1's ``LogitBiasLogitsProcessor``) lives beside the counts in
+:class:`LogitBias`, a sparse per-slot table: [N + 1, MAX_LOGIT_BIAS] token ids (-1 pads) and
+float32 biases, loaded by :func:`load_logit_bias` when a sequence with a bias is admitted and
+added to the row's logits (:func:`add_logit_bias`) before the penalties, as vLLM v1 adds it
+before ``apply_penalties``.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
+
+from jaxinfer.sampling_params import MAX_LOGIT_BIAS
 
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
 STOP_FLAG = 1 << 29  # bit of a counts entry: a stop token of the sequence (min_tokens mask)
 ALLOWED_FLAG = 1 << 28  # bit of a counts entry: one of the request's allowed_token_ids
 COUNT_MASK = ALLOWED_FLAG - 1  # bits holding the number of occurrences in the output
 STOP_IDS_PER_CALL = 128  # ids one load_token_history call flags ([128] int32, -1 pads)
+
+
+class LogitBias(NamedTuple):
+    """Per-slot ``logit_bias`` tables on the device (read-only to the sampler).
+
+    Attributes:
+      ids: [N + 1, MAX_LOGIT_BIAS] int32 token ids of slot n's biases; -1 pads.
+      values: [N + 1, MAX_LOGIT_BIAS] float32 the biases, added to those tokens' logits.
+    Row N is the scratch row of padding rows (never loaded; rows that use it have no bias).
+    """
+
+    ids: Any
+    values: Any
+
+    @classmethod
+    def zeros(cls, num_rows: int, abstract: bool = False) -> LogitBias:
+        """Empty tables of ``num_rows`` slots (``jax.ShapeDtypeStruct`` with ``abstract``)."""
+        shape = (num_rows, MAX_LOGIT_BIAS)
+        if abstract:
+            return cls(jax.ShapeDtypeStruct(shape, jnp.int32),
+                       jax.ShapeDtypeStruct(shape, jnp.float32))
+        return cls(jnp.full(shape, -1, jnp.int32), jnp.zeros(shape, jnp.float32))
 
 
 def masks_stops(sample_index, min_tokens):
@@ -107,3 +139,36 @@ def load_token_history(counts: jax.Array, slot: jax.Array, token_ids: jax.Array,
         old = jax.lax.dynamic_slice(counts, (slot, 0), (1, V))[0]
         new = jnp.where(keep, old | new, new)
     return jax.lax.dynamic_update_slice(counts, new[None, :], (slot, 0))
+
+
+def add_logit_bias(logits: jax.Array, bias: LogitBias, slots: jax.Array,
+                   has_bias: jax.Array) -> jax.Array:
+    """Add each row's ``logit_bias`` to its logits (vLLM v1 ``LogitBiasLogitsProcessor``).
+
+    Args:
+      logits: [S, V] float32.  bias: the per-slot tables ([N + 1, MAX_LOGIT_BIAS]).
+      slots: [S] int32 rows of ``bias`` (already clipped to [0, N]).
+      has_bias: [S] bool, the row's request has a ``logit_bias`` (its slot's table is
+        loaded); other rows are left unchanged bit for bit.
+    Returns:
+      [S, V] float32 logits; ids outside [0, V) are ignored.
+    """
+    S, V = logits.shape
+    ids, values = bias.ids[slots], bias.values[slots]  # [S, MAX_LOGIT_BIAS]
+    ids = jnp.where(has_bias[:, None] & (ids >= 0) & (ids < V), ids, V)  # V: dropped
+    return logits.at[jnp.arange(S)[:, None], ids].add(values, mode="drop")
+
+
+def load_logit_bias(bias: LogitBias, slot: jax.Array, ids: jax.Array,
+                    values: jax.Array) -> LogitBias:
+    """Overwrite slot ``slot``'s table with one request's ``logit_bias``.
+
+    Args:
+      bias: the per-slot tables.  slot: int32 scalar row.
+      ids: [MAX_LOGIT_BIAS] int32 token ids, -1 pads (distinct, in the vocabulary: the
+        engine checks).  values: [MAX_LOGIT_BIAS] float32 their biases.
+    Returns:
+      the updated tables.
+    """
+    return LogitBias(jax.lax.dynamic_update_slice(bias.ids, ids[None, :], (slot, 0)),
+                     jax.lax.dynamic_update_slice(bias.values, values[None, :], (slot, 0)))

@@ -42,6 +42,30 @@ def token_id_list(text: str) -> list[int]:
     return ids
 
 
+def logit_bias_json(text: str) -> dict[int, float]:
+    """argparse type: a JSON object of token id -> bias, OpenAI's ``logit_bias`` form
+    (``'{"50256": -100, "13": 2.5}'``; keys strings of ints >= 0, values numbers)."""
+    import json
+
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON object of token id -> bias, got "
+                                         f"{text!r} ({e})") from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object of token id -> bias, got "
+                                         f"{text!r}")
+    out = {}
+    for k, v in obj.items():
+        if not k.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"keys must be token ids (ints >= 0), got {k!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise argparse.ArgumentTypeError(f"the bias of token {k} must be a number, got "
+                                             f"{v!r}")
+        out[int(k)] = float(v)
+    return out
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     """Engine options (as ``jaxinfer generate``), ``--out``, ``--progress-interval``.
 

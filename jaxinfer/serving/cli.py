@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from jaxinfer.bench.cli import non_negative_float, token_id_list
+from jaxinfer.bench.cli import logit_bias_json, non_negative_float, token_id_list
 
 
 def port_number(text: str) -> int:
@@ -104,6 +104,8 @@ def add_client_parser(sub: Any) -> None:
                    help="comma-separated token ids that end the output")
     p.add_argument("--allowed-token-ids", type=token_id_list, default=None,
                    help="comma-separated token ids: sample only among these")
+    p.add_argument("--logit-bias", type=logit_bias_json, default=None,
+                   help='JSON token id -> bias added to its logit, e.g. \'{"13": -100}\'')
     p.add_argument("--truncate-prompt-tokens", type=int, default=None,
                    help="keep only the prompt's last k tokens (-1: max_model_len)")
     p.add_argument("--seed", type=int, default=None)
@@ -164,7 +166,7 @@ def cmd_client(ns: argparse.Namespace) -> int:
             sampling = {k: getattr(ns, k) for k in ("max_tokens", "temperature", "top_k",
                                                     "top_p", "min_tokens", "seed",
                                                     "stop_token_ids", "truncate_prompt_tokens",
-                                                    "allowed_token_ids")
+                                                    "allowed_token_ids", "logit_bias")
                         if getattr(ns, k) is not None}
             if ns.ignore_eos:
                 sampling["ignore_eos"] = True

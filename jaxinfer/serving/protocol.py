@@ -88,7 +88,9 @@ def sampling_params_from_proto(msg: pb.SamplingParameters) -> SamplingParams:
         name = field.name
         if name not in known:
             raise InvalidRequest(f"sampling.{name} is not supported by this server version")
-        if not isinstance(value, (str, bytes, bool, int, float)):
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value = dict(value)  # a map field's container (logit_bias)
+        elif not isinstance(value, (str, bytes, bool, int, float)):
             value = list(value)  # a repeated field's container
         kwargs[name] = value
     try:

@@ -22,6 +22,8 @@ from jaxinfer.sampling import (
     sampler_variant,
 )
 from jaxinfer.sampling_filters import BUFFER_TOP_K
+from jaxinfer.sampling_params import MAX_LOGIT_BIAS
+from jaxinfer.sampling_penalties import LogitBias
 
 V = 96
 FLAGS = SamplerNeeds._fields
@@ -39,7 +41,8 @@ def _random_params(rng, S: int) -> SamplingArrays:
               "repetition_penalty": [1.3, 0.8, 0.0], "presence_penalty": [0.5, -0.5],
               "frequency_penalty": [0.4, -1.0], "want_logprobs": [True],
               "min_tokens": [5, 30, 60],  # stop tokens masked while sample_index < min_tokens
-              "allowed_only": [True]}  # allowed_token_ids: other tokens masked
+              "allowed_only": [True],  # allowed_token_ids: other tokens masked
+              "has_bias": [True]}  # logit_bias: the slot's table added
     for name, choices in values.items():
         if rng.random() < 0.5:
             rows = rng.random(S) < rng.uniform(0.1, 0.9)
@@ -57,6 +60,8 @@ def _row_needs(sa: SamplingArrays, i: int) -> set[str]:
         need.add("penalties")  # the min_tokens mask of stop tokens runs in that stage
     if sa.allowed_only[i]:
         need.add("penalties")  # so does the allowed_token_ids mask
+    if sa.has_bias[i]:
+        need.add("penalties")  # and the logit_bias
     if sa.temperature[i] > 0:
         need.add("sampling")
         if 0 < sa.top_k[i] < V:
@@ -99,6 +104,11 @@ def test_variants_give_the_rows_they_serve_the_results_of_exact_and_all_flags():
     rng = np.random.default_rng(1)
     S = 6
     run = jax.jit(sample_rows, static_argnums=3)
+    # Every slot's logit_bias table: 12 ids with biases that move the argmax.
+    ids = np.full((S + 1, MAX_LOGIT_BIAS), -1, np.int32)
+    ids[:, :12] = [rng.permutation(V)[:12] for _ in range(S + 1)]
+    bias = LogitBias(jnp.asarray(ids),
+                     jnp.asarray(rng.uniform(-6, 6, (S + 1, MAX_LOGIT_BIAS)), jnp.float32))
     batches: dict[str, list[SamplingArrays]] = {name: [] for name in SAMPLER_VARIANTS}
     for _ in range(2000):
         sa = _random_params(rng, S)
@@ -114,11 +124,11 @@ def test_variants_give_the_rows_they_serve_the_results_of_exact_and_all_flags():
             counts[:S, 20:70] |= 1 << 28  # allowed tokens (the rest masked on allowed_only)
             args = (jnp.asarray(logits), SamplingArrays(*map(jnp.asarray, sa)),
                     jnp.asarray(counts))
-            got, got_counts = run(*args, SAMPLER_VARIANTS[name])
+            got, got_counts = run(*args, SAMPLER_VARIANTS[name], bias)
             asked = np.asarray(sa.want_logprobs)
             # The same as the flags the batch needs exactly, and as all flags on.
             for needs in (SamplerNeeds.of(sa, V), SamplerNeeds()):
-                want, want_counts = run(*args, needs)
+                want, want_counts = run(*args, needs, bias)
                 np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=name)
                 np.testing.assert_array_equal(got_counts, want_counts, err_msg=name)
                 for a, b in zip(got[1:], want[1:]):  # logprobs, top ids, top logprobs

@@ -10,12 +10,15 @@ import pytest
 
 from jaxinfer.batch import SamplingArrays
 from jaxinfer.sampling import sample_rows
+from jaxinfer.sampling_params import MAX_LOGIT_BIAS
 from jaxinfer.sampling_penalties import (
     ALLOWED_FLAG,
     COUNT_MASK,
     PROMPT_FLAG,
     STOP_FLAG,
     STOP_IDS_PER_CALL,
+    LogitBias,
+    load_logit_bias,
     load_token_history,
 )
 
@@ -338,3 +341,59 @@ def test_allowed_token_ids_mask_every_other_token_and_load_as_their_own_flag():
         sa.seeds[:] = np.stack([np.arange(S) + 5 * seed, np.full(S, seed)], 1)
         out, _ = _sample(logits * 0.1, sa, c)
         assert np.isin(out.tokens[only], allowed).all(), seed
+
+
+def test_logit_bias_is_added_before_the_penalties_only_on_rows_that_have_it():
+    """vLLM v1's order: logits + bias, then the repetition penalty; raw logprobs; a row
+    without has_bias ignores its slot's (stale) table; -1 pads and ids >= V do nothing; a
+    -100 bias bans a token and +100 forces one under sampling."""
+    rng = np.random.default_rng(21)
+    S = 4
+    logits = rng.standard_normal((S, V)).astype(np.float32) * 3
+    bias = LogitBias.zeros(N_SLOTS + 1)
+    load = jax.jit(load_logit_bias)
+    tables = {0: {int(np.argmax(logits[0])): -4.5, 7: 3.25, 40: 6.0},
+              1: {3: 50.0},  # stale: row 1 has no bias
+              2: {int(np.argmax(logits[2])): -100.0, 11: 2.5}}
+    for slot, b in tables.items():
+        ids = np.full(MAX_LOGIT_BIAS, -1, np.int32)
+        vals = np.full(MAX_LOGIT_BIAS, 9.0, np.float32)  # pads' values must not matter
+        ids[:len(b)], vals[:len(b)] = list(b), list(b.values())
+        ids[len(b)] = V + 3  # outside the vocabulary: ignored
+        bias = load(bias, jnp.int32(slot), jnp.asarray(ids), jnp.asarray(vals))
+    has = np.array([True, False, True, False])
+    counts = np.zeros((N_SLOTS + 1, V), np.int32)
+    counts[0, [7, 40]] = PROMPT_FLAG  # seen: the penalty applies to the biased logit
+    sa = _params(S, slots=np.arange(S), has_bias=has, temperature=np.zeros(S),
+                 repetition_penalty=np.array([1.5, 1.0, 1.0, 1.0], np.float32),
+                 want_logprobs=True)
+    out, _ = jax.tree.map(np.asarray, _run(jnp.asarray(logits),
+                                           SamplingArrays(*map(jnp.asarray, sa)),
+                                           jnp.asarray(counts), None, bias))
+    for i in range(S):
+        ref = logits[i].astype(np.float64)
+        if has[i]:
+            for t, v in tables[i].items():
+                ref[t] += v
+        if i == 0:
+            seen = [7, 40]
+            ref[seen] = np.where(ref[seen] > 0, ref[seen] / 1.5, ref[seen] * 1.5)
+        assert out.tokens[i] == np.argmax(ref), (i, out.tokens[i], np.argmax(ref))
+    plain = np.argmax(logits, -1)  # the biases move rows 0 and 2; row 1's stale table not
+    assert out.tokens[0] != plain[0] and out.tokens[2] != plain[2]
+    assert out.tokens[1] == plain[1] and out.tokens[3] == plain[3]
+    raw = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(out.top_logprobs[:, 0], raw.max(-1), rtol=1e-5, atol=1e-5)
+    banned, forced = int(np.argmax(logits[2])), 11
+    bias = load(bias, jnp.int32(3), jnp.asarray(np.r_[forced, np.full(MAX_LOGIT_BIAS - 1, -1)]
+                                                .astype(np.int32)),
+                jnp.asarray(np.r_[100.0, np.zeros(MAX_LOGIT_BIAS - 1)].astype(np.float32)))
+    sa.has_bias[:] = [False, False, True, True]
+    sa.want_logprobs[:] = False
+    for seed in range(20):  # sampled: row 2 never draws its banned token, row 3 always 11
+        sa.temperature[:] = 1.0
+        sa.seeds[:] = np.stack([np.arange(S) + 3 * seed, np.full(S, seed)], 1)
+        out, _ = _run(jnp.asarray(logits * 0.3), SamplingArrays(*map(jnp.asarray, sa)),
+                      jnp.asarray(counts), None, bias)
+        toks = np.asarray(out.tokens)
+        assert toks[2] != banned and toks[3] == forced, (seed, toks)

@@ -37,8 +37,8 @@ from jaxinfer.sampling_params import SamplingParams
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "dummy:tiny-llama"
 # Small bucket set: prefill T 16 x S {1, 2} x 4 pages (+ logits T 16), decode B {1, 2}, the
-# page-copy program of n > 1 requests, the penalty-history program, and the 5 sampler
-# variants for S {1, 2}.
+# page-copy program of n > 1 requests, the penalty-history and logit-bias programs, and the
+# sampler variants for S {1, 2}.
 # The synchronous engine, so that the programs a run loads are exactly counted below (async
 # scheduling, the default, also loads token-gather programs: its own test below).
 ENGINE = {"max_model_len": 64, "block_size": 16, "max_num_seqs": 2,
@@ -189,16 +189,16 @@ def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
     ec = EngineConfig(**ENGINE)
     kv = kv_pool_bytes(DUMMY_CONFIGS["tiny-llama"], ec, jnp.float32)
     assert f"= {kv:,} bytes" in out
-    assert (f"programs: {9 + 2 * NV} (prefill sample 2, prefill logits 1, decode sample 2, "
-            f"kv copy 1, history 1, gather 2, sampler {2 * NV})" in out)
+    assert (f"programs: {10 + 2 * NV} (prefill sample 2, prefill logits 1, decode sample 2, "
+            f"kv copy 1, history 1, bias 1, gather 2, sampler {2 * NV})" in out)
     assert ("sampling variants x rows: " + ", ".join(f"{v} [1, 2]" for v in SAMPLER_VARIANTS)
             in out)
     rows = [ln.split() for ln in out.splitlines()
-            if ln.startswith(("sample ", "logits ", "copy ", "history ", "sampler "))]
+            if ln.startswith(("sample ", "logits ", "copy ", "history ", "bias ", "sampler "))]
     assert sorted((r[0], r[1], int(r[2]), int(r[3])) for r in rows) == sorted(
         [("sample", "prefill", 16, 1), ("sample", "prefill", 16, 2),
          ("logits", "prefill", 16, 1), ("sample", "decode", 1, 1), ("sample", "decode", 2, 2),
-         ("copy", "kv", 2, 1), ("history", "history", 64, 1)]
+         ("copy", "kv", 2, 1), ("history", "history", 64, 1), ("bias", "bias", 300, 1)]
         + [("sampler", v, S, S) for v in SAMPLER_VARIANTS for S in (1, 2)])
     # the columns line up: every row's token count ends where the header's "tokens" does
     table = out[out.index("\nmode ") + 1:].splitlines()
@@ -268,7 +268,7 @@ def test_programs_from_jax_persistent_cache_are_never_stored():
 
 def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
     manifest = json.loads((cache_dir / "manifest.json").read_text())
-    assert len(manifest["programs"]) == 9 + 2 * NV  # with the token-gather programs of B 1, 2
+    assert len(manifest["programs"]) == 10 + 2 * NV  # with the gather programs of B 1, 2
     assert all(p["compile_seconds"] > 0 and (cache_dir / p["file"]).is_file()
                for p in manifest["programs"])
     fp = manifest["fingerprint"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import deque
 
 import numpy as np
@@ -649,6 +650,14 @@ def test_jaxinfer_generate_min_tokens_and_stop_token_ids(monkeypatch, capsys, ll
         cli.main(args[:-2] + ["-4", "1"])
     assert e.value.code == 2
     assert "token ids must be >= 0, got -4" in capsys.readouterr().err
+    bias = {plain.token_ids[1]: -50.0, 40: 3.5}  # --logit-bias: OpenAI's JSON form
+    want = llama_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6,
+                                                       ignore_eos=True, logit_bias=bias))
+    assert want[0].outputs[0].token_ids != plain.token_ids
+    assert cli.main(args[:6] + ["--max-tokens", "6", "--ignore-eos", "--logit-bias",
+                                json.dumps({str(k): v for k, v in bias.items()}),
+                                args[-1]]) == 0
+    assert capsys.readouterr().out.split() == [str(t) for t in want[0].outputs[0].token_ids]
 
 
 def test_cli_min_tokens_follow_the_default_max_tokens_and_bad_stop_ids_stop_chat(

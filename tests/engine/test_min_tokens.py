@@ -158,3 +158,44 @@ def test_allowed_token_ids_restrict_greedy_and_sampled_tokens():
         llm.generate([prompt], SamplingParams(allowed_token_ids=[1, 3], stop_token_ids=[3],
                                               min_tokens=2))
     assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("engine_kw", [dict(async_scheduling=False), dict(),
+                                       dict(num_scheduler_steps=4)],
+                         ids=["sync", "async", "multi-step"])
+def test_logit_bias_moves_greedy_tokens_as_the_reference(engine_kw):
+    """Greedy tokens equal the argmax of prompt_logits + the bias (and a repetition penalty
+    after it, as vLLM v1), batched with an unbiased request whose tokens do not change; a
+    slot reused without a bias is not biased; out-of-vocabulary ids and bad values are
+    refused by name."""
+    loaded = tiny_loaded("llama")
+    llm = LLM(loaded, **{**ENGINE, **engine_kw})
+    ref = LLM(loaded, **ENGINE).engine
+    prompt, other = PROMPTS[0], PROMPTS[2]
+    plain, plain_other = _plain(loaded, prompt), _plain(loaded, other)
+    bias = {plain[0]: -3.0, plain[1]: -2.5, 17: 1.75, 40: 2.0}
+    want: list[int] = []
+    for _ in range(8):
+        x = ref.prompt_logits(prompt + want)[-1].astype(np.float64)
+        for t, v in bias.items():
+            x[t] += v
+        seen = np.isin(np.arange(len(x)), prompt + want)
+        x[seen] = np.where(x[seen] > 0, x[seen] / 1.2, x[seen] * 1.2)
+        want.append(int(np.argmax(x)))
+    assert want != plain
+    sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logit_bias=bias,
+                        repetition_penalty=1.2)
+    free = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert _summary(llm.generate([prompt, other], [sp, free])) == [(want, "length"),
+                                                                   (plain_other, "length")]
+    assert _summary(llm.generate([prompt], free)) == [(plain, "length")]  # slots reused
+    with pytest.raises(RequestError, match=r"logit_bias \[200\] are not in the vocabulary"):
+        llm.generate([prompt], SamplingParams(logit_bias={3: 1.0, 200: -1.0}))
+    with pytest.raises(ValueError, match=r"logit_bias\[5\] must be finite"):
+        SamplingParams(logit_bias={5: float("nan")})
+    with pytest.raises(ValueError, match="logit_bias keys must be token ids"):
+        SamplingParams(logit_bias={"5": 1.0})
+    with pytest.raises(ValueError, match="logit_bias has 301 entries; at most 300"):
+        SamplingParams(logit_bias=dict.fromkeys(range(301), 1.0))
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    assert not llm.engine.has_unfinished_requests()

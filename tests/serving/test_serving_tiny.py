@@ -591,6 +591,16 @@ def test_client_cli(tiny_server, capsys):
     with pytest.raises(SystemExit):
         main(["client", "--address", st.target, "--stop-token-ids", "7,x", "hi"])
     assert "must be comma-separated integers, got '7,x'" in capsys.readouterr().err
+    assert main(["client", "--address", st.target, "--token-ids", "--show-ids",
+                 "--max-tokens", "3", "--ignore-eos", "--logit-bias", '{"15": 100}',
+                 " ".join(map(str, long_ids[:5]))]) == 0
+    shown = capsys.readouterr().out
+    assert json.loads(shown[shown.index('{'):])["token_ids"] == [15, 15, 15]
+    for bad, msg in (('{"x": 1}', "keys must be token ids"), ("[1]", "must be a JSON object"),
+                     ('{"3": "a"}', "the bias of token 3 must be a number")):
+        with pytest.raises(SystemExit):
+            main(["client", "--address", st.target, "--logit-bias", bad, "hi"])
+        assert msg in capsys.readouterr().err
 
 
 def test_build_request_fields_and_errors():
@@ -804,4 +814,27 @@ def test_allowed_token_ids_over_the_wire(tiny_server):
             c.generate(token_ids=prompts[0], max_tokens=2, allowed_token_ids=[4, 500])
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "allowed_token_ids [500] are not in the vocabulary" in e.value.details()
+    wait_until(lambda: _all_free(st))
+
+
+def test_logit_bias_over_the_wire(tiny_server):
+    """logit_bias reaches the engine as a map: +100 on one token makes every greedy token
+    that token, -100 on the unbiased greedy first token changes it; a key outside the
+    vocabulary and a non-finite bias are INVALID_ARGUMENT, named; the CLI client takes
+    OpenAI's JSON form."""
+    st, prompts = tiny_server[0], tiny_server[1]
+    with InferenceClient(st.target, timeout=60) as c:
+        plain = c.generate(token_ids=prompts[0], max_tokens=4, temperature=0, ignore_eos=True)
+        forced = c.generate(token_ids=prompts[0], max_tokens=4, temperature=0,
+                            ignore_eos=True, logit_bias={42: 100.0})
+        assert list(forced.token_ids) == [42] * 4
+        banned = c.generate(token_ids=prompts[0], max_tokens=1, temperature=0,
+                            ignore_eos=True, logit_bias={plain.token_ids[0]: -100.0})
+        assert banned.token_ids[0] != plain.token_ids[0]
+        for bias, msg in (({4: 1.0, 500: 2.0}, "logit_bias [500] are not in the vocabulary"),
+                          ({4: float("inf")}, "logit_bias[4] must be finite")):
+            with pytest.raises(grpc.RpcError) as e:
+                c.generate(token_ids=prompts[0], max_tokens=2, logit_bias=bias)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert msg in e.value.details()
     wait_until(lambda: _all_free(st))

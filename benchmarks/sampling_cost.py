@@ -9,7 +9,9 @@
 Times ``jaxinfer.sampling.sample_rows`` (the engine's sampler program, which runs on the model
 program's logits every sample step) for parameter mixes that take different paths: all greedy
 (argmax only), temperature, top-k /
-top-p, min-p, penalties (gather of [B, V] count rows), logprobs (log-softmax and top-20),
+top-p, min-p, penalties (gather of [B, V] count rows), logit_bias (a full 300-entry table
+per row, scattered into the logits; alone and with the penalties), logprobs (log-softmax and
+top-20),
 everything at once, and half greedy / half everything. The penalty state is donated as in the
 engine. Columns, per (mode, mix, batch):
 
@@ -87,6 +89,10 @@ MIXES: dict[str, dict] = {
     "top_p": dict(temperature=0.8, top_p=0.9),
     "min_p": dict(temperature=0.8, min_p=0.05),
     "penalties": dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.1),
+    # logit_bias: every row's slot holds a full table (300 ids; sampling_penalties.LogitBias)
+    "logit_bias": dict(has_bias=True),
+    "penalties_logit_bias": dict(repetition_penalty=1.1, presence_penalty=0.2,
+                                 frequency_penalty=0.1, has_bias=True),
     "logprobs": dict(want_logprobs=True),
     "all": ALL,
     "half_greedy_half_all": {k: ("half", v) for k, v in ALL.items()},
@@ -147,7 +153,15 @@ class Case:
         self.counts = jnp.zeros((B + 1, V), jnp.int32).at[:B, : V // 8].set(1)  # history
         # A fresh callable per case: jit's trace cache would not see the tunables. Programs
         # are compiled once per lowered text (a tunable that does not reach a mix adds none).
-        fn = functools.partial(sampler, **({} if needs is None else {"needs": needs}))
+        kw = {} if needs is None else {"needs": needs}
+        if "has_bias" in mix:  # (an older --sampler-file has no bias argument)
+            from jaxinfer.sampling_params import MAX_LOGIT_BIAS
+            from jaxinfer.sampling_penalties import LogitBias
+
+            ids = np.stack([rng.choice(V, MAX_LOGIT_BIAS, replace=False) for _ in range(B + 1)])
+            kw["bias"] = LogitBias(jnp.asarray(ids, jnp.int32), jnp.asarray(
+                rng.uniform(-5, 5, (B + 1, MAX_LOGIT_BIAS)), jnp.float32))
+        fn = functools.partial(sampler, **kw)
         lowered = jax.jit(fn, donate_argnums=(2,)).lower(self.logits, self.sas[0], self.counts)
         key = (mode, B, hash(lowered.as_text()))
         if key not in cache:

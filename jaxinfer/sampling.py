@@ -341,13 +341,16 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
         def when(name: str, f: Callable[[], Any], g: Callable[[], Any]) -> Any:
             return f() if getattr(needs, name) else g()
 
-    def biased() -> jax.Array:  # (in the penalties stage: has_bias turns it on)
-        return logits if bias is None else add_logit_bias(logits, bias, slots, sp.has_bias)
+    def penalized() -> jax.Array:  # the logit bias, then the penalties (vLLM v1's order)
+        kw = dict(repetition=sp.repetition_penalty, presence=sp.presence_penalty,
+                  frequency=sp.frequency_penalty,
+                  mask_stops=masks_stops(sp.sample_index, sp.min_tokens),
+                  allowed_only=sp.allowed_only)
+        out = apply_penalties(logits, counts[slots], **kw)
+        return out if bias is None else add_logit_bias(out, logits, counts, bias, slots,
+                                                        sp.has_bias, **kw)
 
-    proc = when("penalties", lambda: apply_penalties(
-        biased(), counts[slots], sp.repetition_penalty, sp.presence_penalty,
-        sp.frequency_penalty, masks_stops(sp.sample_index, sp.min_tokens), sp.allowed_only),
-        lambda: logits)
+    proc = when("penalties", penalized, lambda: logits)
     tokens = when("sampling", lambda: _draw(proc, sp, when),
                   lambda: row_argmax(proc, REDUCE_CHUNKS))
     K = min(MAX_LOGPROBS, V)

@@ -119,6 +119,7 @@ def _needs(xp: Any, sp: SamplingArrays, V: int) -> dict[str, Any]:
         "top_p_search": xp.any(rows["sampling"] & rows["p_on"]),
         "logprobs": xp.any(sp.want_logprobs),
         "full_search": xp.any(rows["cuts"] & ~rows["k_small"]),
+        "bias": xp.any(sp.has_bias),
     }
 
 
@@ -151,6 +152,10 @@ class SamplerNeeds(NamedTuple):
       full_search: some sampling row with top-k or top-p has no top-k of at most
         ``sampling_filters.BUFFER_TOP_K`` (its cut-offs are searched over the whole vocabulary;
         rows with such a top-k search a gathered buffer whatever the flags).
+      bias: some row has a ``logit_bias`` (in the penalties stage, so it needs ``penalties``
+        too). Its own flag because writing the biased entries over the penalized logits
+        materializes them instead of fusing them into the draw: +58 us a call at S = 256,
+        V = 128256 on an H100 (session 37), which batches without a bias should not pay.
     """
 
     penalties: bool = True
@@ -159,6 +164,7 @@ class SamplerNeeds(NamedTuple):
     top_p_search: bool = True
     logprobs: bool = True
     full_search: bool = True
+    bias: bool = True
 
     @classmethod
     def of(cls, sp: SamplingArrays, vocab_size: int) -> SamplerNeeds:
@@ -184,7 +190,8 @@ class SamplerNeeds(NamedTuple):
             p_on = rows & (a(sp.top_p) < 1.0)
             top_k, top_p = bool(nz(k_on)), bool(nz(p_on))
             full = bool(nz((k_on | p_on) & ~(k_on & (k <= sampling_filters.BUFFER_TOP_K))))
-        return cls(penalties, sampling, top_k, top_p, bool(nz(a(sp.want_logprobs))), full)
+        return cls(penalties, sampling, top_k, top_p, bool(nz(a(sp.want_logprobs))), full,
+                   bool(nz(a(sp.has_bias))))
 
 
 # The sampler programs the runner compiles for each row count S, cheapest first. A step runs
@@ -204,20 +211,23 @@ class SamplerNeeds(NamedTuple):
 # the chunked top_values), so that such a batch does not pay the vocabulary search of "full";
 # "logprobs" the same without the top-k / top-p searches (a greedy or temperature-only batch
 # that asked for logprobs paid the buffered search in "top_k_top_p_logprobs": 1,140 us at
-# B=256 on the H200, session 5).
+# B=256 on the H200, session 5). A logit_bias takes "temperature_bias" (greedy or temperature
+# rows) or "top_k_top_p_full_bias" (any top-k / top-p), or "full" with logprobs.
 _F, _T = False, True
 SAMPLER_VARIANTS: dict[str, SamplerNeeds] = {
-    "greedy": SamplerNeeds(_F, _F, _F, _F, _F, _F),
-    "temperature": SamplerNeeds(_T, _T, _F, _F, _F, _F),
-    "top_k_top_p": SamplerNeeds(_T, _T, _T, _T, _F, _F),
-    "top_p": SamplerNeeds(_T, _T, _F, _T, _F, _T),
-    "top_k_top_p_full": SamplerNeeds(_T, _T, _T, _T, _F, _T),
-    "logprobs": SamplerNeeds(_T, _T, _F, _F, _T, _F),
-    "top_k_top_p_logprobs": SamplerNeeds(_T, _T, _T, _T, _T, _F),
+    "greedy": SamplerNeeds(_F, _F, _F, _F, _F, _F, _F),
+    "temperature": SamplerNeeds(_T, _T, _F, _F, _F, _F, _F),
+    "top_k_top_p": SamplerNeeds(_T, _T, _T, _T, _F, _F, _F),
+    "top_p": SamplerNeeds(_T, _T, _F, _T, _F, _T, _F),
+    "top_k_top_p_full": SamplerNeeds(_T, _T, _T, _T, _F, _T, _F),
+    "logprobs": SamplerNeeds(_T, _T, _F, _F, _T, _F, _F),
+    "top_k_top_p_logprobs": SamplerNeeds(_T, _T, _T, _T, _T, _F, _F),
+    "temperature_bias": SamplerNeeds(_T, _T, _F, _F, _F, _F, _T),
+    "top_k_top_p_full_bias": SamplerNeeds(_T, _T, _T, _T, _F, _T, _T),
     "full": SamplerNeeds(),
 }
 _NFLAGS = len(SamplerNeeds._fields)
-# Every flag combination -> the first variant covering it (64 entries).
+# Every flag combination -> the first variant covering it (128 entries).
 _COVER = {SamplerNeeds(*(bool(i >> b & 1) for b in range(_NFLAGS))): next(
     name for name, v in SAMPLER_VARIANTS.items()
     if all(have or not (i >> b & 1) for b, have in enumerate(v)))
@@ -347,8 +357,10 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
                   mask_stops=masks_stops(sp.sample_index, sp.min_tokens),
                   allowed_only=sp.allowed_only)
         out = apply_penalties(logits, counts[slots], **kw)
-        return out if bias is None else add_logit_bias(out, logits, counts, bias, slots,
-                                                        sp.has_bias, **kw)
+        if bias is None:
+            return out
+        return when("bias", lambda: add_logit_bias(out, logits, counts, bias, slots,
+                                                   sp.has_bias, **kw), lambda: out)
 
     proc = when("penalties", penalized, lambda: logits)
     tokens = when("sampling", lambda: _draw(proc, sp, when),

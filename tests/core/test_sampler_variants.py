@@ -61,7 +61,7 @@ def _row_needs(sa: SamplingArrays, i: int) -> set[str]:
     if sa.allowed_only[i]:
         need.add("penalties")  # so does the allowed_token_ids mask
     if sa.has_bias[i]:
-        need.add("penalties")  # and the logit_bias
+        need |= {"penalties", "bias"}  # the logit_bias: in that stage, its own flag
     if sa.temperature[i] > 0:
         need.add("sampling")
         if 0 < sa.top_k[i] < V:

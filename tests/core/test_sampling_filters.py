@@ -146,9 +146,9 @@ def test_host_flags_device_conds_and_one_program_give_the_same_rows():
 def test_needs_of_a_batch():
     V = 1000
     sa = SamplingArrays.neutral(4)
-    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 6)
+    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * len(SamplerNeeds._fields))
     sa.top_p[:], sa.top_k[:] = 0.5, 3  # greedy rows: their filters do not count
-    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * 6)
+    assert SamplerNeeds.of(sa, V) == SamplerNeeds(*[False] * len(SamplerNeeds._fields))
     sa.top_k[:] = 0
     sa.temperature[1] = 1.0
     n = SamplerNeeds.of(sa, V)

@@ -8,6 +8,7 @@ block_size=..., max_num_seqs=..., dtype=...)``, ``engine.add_request(prompt, Sam
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import numbers
@@ -41,7 +42,7 @@ from jaxinfer.outputs import (
 from jaxinfer.prompts import PromptTooLongError, RequestError
 from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.runner_multi import MultiStepPrograms
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import ParameterError, SamplingParams
 from jaxinfer.scheduler import (
     QueueFullError,
     RequestTooLongError,
@@ -200,6 +201,11 @@ class LLMEngine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be SamplingParams, got {type(params)}")
+        try:  # the request's own copy, checked again (as vLLM v1 clones them): a caller that
+            # edits its SamplingParams later changes neither this request nor its checks
+            params = dataclasses.replace(params)
+        except (ParameterError, TypeError) as e:
+            raise RequestError(f"sampling params: {e}") from e
         ids = (prompt_token_ids if prompt_token_ids is not None
                else self.encode_prompt(prompt, params.truncate_prompt_tokens))
         if params.stop_strings and self.tokenizer is None:

@@ -19,6 +19,10 @@ MAX_SAMPLES = 64
 # Most ``logit_bias`` entries of a request (OpenAI's limit): the width of the per-slot bias
 # table on the device (``sampling_penalties.LogitBias``).
 MAX_LOGIT_BIAS = 300
+# Largest |logit_bias| value. OpenAI's API takes [-100, 100]; larger values are refused
+# because the sampler's float32 loses them: near 1e30 biased logits tie (the Gumbel noise
+# no longer separates them) and past ~3e32 / temperature they overflow to inf (NaN in min-p).
+MAX_ABS_LOGIT_BIAS = 1e4
 
 
 class ParameterError(ValueError):
@@ -35,7 +39,12 @@ def _number(name: str, v: object, integer: bool = False) -> Any:
                              f"got {v!r}")
     if integer:
         return int(v)  # type: ignore[call-overload]
-    if not math.isfinite(v):  # type: ignore[arg-type]
+    try:
+        v = float(v)  # type: ignore[arg-type]
+    except OverflowError:  # an int past float64 (10**400)
+        raise ParameterError(f"{name} must fit float32 (|x| <= {_F32_MAX:.4g}), got an int "
+                             f"of {len(str(v))} digits") from None
+    if not math.isfinite(v):
         raise ParameterError(f"{name} must be finite, got {v!r}")
     if abs(v) > _F32_MAX:  # the sampler's float32 would make it inf (e.g. temperature 1e300)
         raise ParameterError(f"{name} must fit float32 (|x| <= {_F32_MAX:.4g}), got {v!r}")
@@ -89,7 +98,11 @@ def _logit_bias(bias: object) -> dict[int, float] | None:
     for t, v in bias.items():
         if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral) or t < 0:
             raise ParameterError(f"logit_bias keys must be token ids (ints >= 0), got {t!r}")
-        out[int(t)] = _number(f"logit_bias[{t}]", v)
+        out[int(t)] = b = _number(f"logit_bias[{t}]", v)
+        if abs(b) > MAX_ABS_LOGIT_BIAS:
+            raise ParameterError(f"logit_bias[{t}] must be in [-{MAX_ABS_LOGIT_BIAS:g}, "
+                                 f"{MAX_ABS_LOGIT_BIAS:g}] (OpenAI's range is [-100, 100]: "
+                                 f"-100 all but bans a token), got {b:g}")
     return out or None
 
 
@@ -145,8 +158,9 @@ class SamplingParams:
       logit_bias: {token id: bias} added to those tokens' logits before the penalties and
         the other processing (OpenAI's / vLLM v1's ``LogitBiasLogitsProcessor``; logprobs
         stay raw); None or {} = none. Keys ints >= 0 (the engine checks them against the
-        vocabulary), values finite float32s (OpenAI's API takes [-100, 100]: -100 all but
-        bans a token, +100 all but forces it), at most 300 entries (OpenAI's limit).
+        vocabulary), values in [-1e4, 1e4] (OpenAI's API takes [-100, 100]: -100 all but
+        bans a token, +100 all but forces it; larger ones would tie or overflow in the
+        sampler's float32), at most 300 entries (OpenAI's limit).
       include_stop_str_in_output: keep the matched stop string in the text, and the text of
         the token that ended the sequence (EOS or a stop token id), as vLLM v1.
       ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).

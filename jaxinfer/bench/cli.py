@@ -62,6 +62,8 @@ def logit_bias_json(text: str) -> dict[int, float]:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise argparse.ArgumentTypeError(f"the bias of token {k} must be a number, got "
                                              f"{v!r}")
+        if int(k) in out:  # "13" and "013" (JSON keeps both)
+            raise argparse.ArgumentTypeError(f"token {int(k)} is given twice")
         out[int(k)] = float(v)
     return out
 

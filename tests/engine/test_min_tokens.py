@@ -198,4 +198,36 @@ def test_logit_bias_moves_greedy_tokens_as_the_reference(engine_kw):
     with pytest.raises(ValueError, match="logit_bias has 301 entries; at most 300"):
         SamplingParams(logit_bias=dict.fromkeys(range(301), 1.0))
     assert SamplingParams(logit_bias={}).logit_bias is None
+    with pytest.raises(ValueError, match=r"logit_bias\[5\] must be in \[-10000, 10000\]"):
+        SamplingParams(logit_bias={5: 3e38})  # would tie / overflow in the float32 sampler
+    with pytest.raises(ValueError, match=r"logit_bias\[5\] must fit float32"):
+        SamplingParams(logit_bias={5: 10**400})  # (an OverflowError before)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_a_request_keeps_its_own_checked_copy_of_the_sampling_params():
+    """Editing a SamplingParams after add_request changes neither that request nor skips the
+    checks of the next one (the engine kept the caller's object: the first request came out
+    with the second's bias; a bad value set on the object reached step())."""
+    llm = LLM(tiny_loaded("llama"), **ENGINE)
+    eng, prompt = llm.engine, PROMPTS[0]
+    plain = _plain(tiny_loaded("llama"), prompt, 5)
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True,
+                        logit_bias={plain[0]: 100.0})
+    first = eng.add_request(prompt, sp)
+    sp.logit_bias[plain[0]] = -100.0  # the caller reuses its object
+    sp.logit_bias[40] = 100.0
+    second = eng.add_request(prompt, sp)
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o.outputs[0].token_ids
+    assert outs[first] == [plain[0]] * 5 and outs[second] == [40] * 5
+    sp.logit_bias = {-5: 1.0}
+    with pytest.raises(RequestError, match="logit_bias keys must be token ids"):
+        eng.add_request(prompt, sp)
+    sp.logit_bias = {3: float("nan")}
+    with pytest.raises(RequestError, match=r"logit_bias\[3\] must be finite"):
+        eng.add_request(prompt, sp)
+    assert not eng.has_unfinished_requests()

@@ -597,6 +597,7 @@ def test_client_cli(tiny_server, capsys):
     shown = capsys.readouterr().out
     assert json.loads(shown[shown.index('{'):])["token_ids"] == [15, 15, 15]
     for bad, msg in (('{"x": 1}', "keys must be token ids"), ("[1]", "must be a JSON object"),
+                     ('{"13": 1, "013": 2}', "token 13 is given twice"),
                      ('{"3": "a"}', "the bias of token 3 must be a number")):
         with pytest.raises(SystemExit):
             main(["client", "--address", st.target, "--logit-bias", bad, "hi"])

@@ -105,7 +105,7 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
                 for B in ec.decode_buckets for P in ec.page_buckets]
         out.append(Program("copy", Bucket("kv", max(1, ec.max_num_seqs), 1, 0)))
         out.append(Program("history", Bucket("history", ec.max_model_len, 1, 0)))
-        from jaxinfer.runner import BIAS, BIAS_BUCKET
+        from jaxinfer.runner_slots import BIAS, BIAS_BUCKET
         out.append(Program(BIAS, BIAS_BUCKET))
         from jaxinfer.runner import SAMPLER
         from jaxinfer.sampling import SAMPLER_VARIANTS, sampler_bucket

@@ -83,9 +83,10 @@ def test_eos_is_masked_unless_ignore_eos_and_stale_flags_do_nothing():
 
 
 def test_more_stop_ids_than_one_history_call_flags(monkeypatch):
-    from jaxinfer import runner
+    from jaxinfer import runner, runner_slots
 
-    monkeypatch.setattr(runner, "STOP_IDS_PER_CALL", 16)  # (128: more ids than tiny's vocab)
+    for module in (runner, runner_slots):  # the program's shape and the loader's chunks
+        monkeypatch.setattr(module, "STOP_IDS_PER_CALL", 16)  # (128: > tiny's vocab)
     loaded = tiny_loaded("llama")
     prompt = PROMPTS[2]
     plain = _plain(loaded, prompt)

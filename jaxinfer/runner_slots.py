@@ -1,0 +1,82 @@
+"""The runner's loaders of per-slot sampling state (a mixin of ``runner.ModelRunner``): the
+penalty-count row of a sequence (``load_history``: its tokens, stop and allowed token flags)
+and its ``logit_bias`` table (``load_logit_bias``), each by a small compiled program of its
+own mode (HISTORY, BIAS), run when the engine admits a sequence that needs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxinfer.batch import Bucket
+from jaxinfer.sampling_params import MAX_LOGIT_BIAS
+from jaxinfer.sampling_penalties import ALLOWED_FLAG, STOP_FLAG, STOP_IDS_PER_CALL
+
+# HISTORY is not a step: it loads one slot of the penalty state (``load_history``); its
+# bucket is Bucket("history", L, 1, 0). BIAS loads one slot's ``logit_bias`` table
+# (``load_logit_bias``); its bucket is ``BIAS_BUCKET``.
+HISTORY, BIAS = "history", "bias"
+BIAS_BUCKET = Bucket(BIAS, MAX_LOGIT_BIAS, 1, 0)
+
+
+class SlotStateLoaders:
+    """``load_history`` and ``load_logit_bias`` of ``ModelRunner`` (which provides
+    ``num_slots``, ``counts``, ``logit_bias`` and ``executable``)."""
+
+    num_slots: int
+    counts: Any
+    logit_bias: Any
+
+    def executable(self, bucket: Bucket, mode: str = ...) -> Any:  # ModelRunner's
+        raise NotImplementedError
+
+    def load_history(self, slot: int, token_ids: np.ndarray, num_prompt: int,
+                     stop_ids: Sequence[int] = (), allowed_ids: Sequence[int] = ()) -> None:
+        """Overwrite penalty-state row ``slot`` with the counts of one sequence's tokens and
+        the flags of its stop tokens (masked while it has fewer than ``min_tokens`` outputs)
+        and of its allowed tokens (``allowed_token_ids``: the others are masked).
+
+        Args:
+          slot: row in [0, num_slots).  token_ids: [L] int32 prompt then output tokens, -1
+            padding; L fixes the program's bucket (the engine always pads to max_model_len).
+          num_prompt: how many leading tokens are the prompt.
+          stop_ids: token ids to flag (EOS unless ``ignore_eos``, ``stop_token_ids``);
+          allowed_ids: the request's ``allowed_token_ids``. One call of the program per
+            ``STOP_IDS_PER_CALL`` of each (at least one call).
+        Raises:
+          ValueError: slot out of range.
+        """
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is not in [0, {self.num_slots})")
+        exe = self.executable(Bucket(HISTORY, int(token_ids.shape[0]), 1, 0), HISTORY)
+        n = STOP_IDS_PER_CALL
+        calls = []  # (flag, chunk of ids)
+        for flag, given in ((STOP_FLAG, stop_ids), (ALLOWED_FLAG, allowed_ids)):
+            ids = np.asarray(list(given), np.int64)
+            calls += [(flag, ids[i:i + n]) for i in range(0, len(ids), n)]
+        for j, (flag, chunk) in enumerate(calls or [(STOP_FLAG, np.zeros(0, np.int64))]):
+            part = np.full(n, -1, np.int32)
+            part[:len(chunk)] = np.where((chunk >= 0) & (chunk < 2**31), chunk, -1)
+            toks = token_ids if j == 0 else np.full(token_ids.shape, -1, np.int32)
+            self.counts = exe(self.counts, np.int32(slot), np.asarray(toks, np.int32),
+                              np.int32(num_prompt), part, np.bool_(j > 0), np.int32(flag))
+
+    def load_logit_bias(self, slot: int, logit_bias: dict[int, float]) -> None:
+        """Overwrite slot ``slot``'s ``logit_bias`` table with ``logit_bias`` (token id ->
+        bias, at most ``MAX_LOGIT_BIAS`` entries; the engine checks the ids against the
+        vocabulary). Raises ValueError for a slot out of range or too many entries."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is not in [0, {self.num_slots})")
+        if len(logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has {len(logit_bias)} entries; at most "
+                             f"{MAX_LOGIT_BIAS}")
+        ids = np.full(MAX_LOGIT_BIAS, -1, np.int32)
+        values = np.zeros(MAX_LOGIT_BIAS, np.float32)
+        ids[:len(logit_bias)] = list(logit_bias)
+        values[:len(logit_bias)] = list(logit_bias.values())
+        exe = self.executable(BIAS_BUCKET, BIAS)
+        self.logit_bias = exe(self.logit_bias, np.int32(slot), ids, values)
+

@@ -13,6 +13,7 @@ Errors arrive as ``grpc.RpcError`` with the server's status code and message.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, Self
@@ -22,6 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
+
+_F32_MAX = 3.4028234663852886e38  # float32's largest finite value (protobuf float fields)
 
 
 def _fill_chat(chat: pb.ChatMessages, messages: Sequence[dict[str, str]],
@@ -67,6 +70,11 @@ def build_request(prompt: str | None = None, *, token_ids: Sequence[int] | None 
         raise ValueError("give exactly one of prompt, token_ids, messages")
     if chat_options and messages is None:
         raise ValueError("chat_options apply to messages only")
+    for t, v in (sampling.get("logit_bias") or {}).items():  # a float field: protobuf would
+        # send a finite value past float32's range as inf, and the server would name inf
+        if isinstance(v, (int, float)) and math.isfinite(v) and abs(v) > _F32_MAX:
+            raise ValueError(f"sampling parameter logit_bias[{t}]={v!r} does not fit the "
+                             f"request: it is past float32's range (|x| <= {_F32_MAX:.4g})")
     try:
         params = pb.SamplingParameters(**sampling)
     except (TypeError, ValueError):  # protobuf's message names no field: find the keyword

@@ -616,6 +616,11 @@ def test_build_request_fields_and_errors():
         build_request("hi", stop_token_ids=[-1])
     with pytest.raises(ValueError, match="exactly one of prompt, token_ids, messages"):
         build_request("hi", token_ids=[1])
+    r = build_request("hi", logit_bias={5: -100.0, 7: 2.5})  # a map field
+    assert dict(r.sampling.logit_bias) == {5: -100.0, 7: 2.5}
+    with pytest.raises(ValueError, match=r"logit_bias\[5\]=1e\+39 does not fit the request: "
+                                         r"it is past float32's range"):
+        build_request("hi", logit_bias={5: 1e39})  # (protobuf would send inf)
 
 
 def test_health_is_not_serving_during_warmup(monkeypatch):

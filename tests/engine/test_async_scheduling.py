@@ -14,12 +14,13 @@ ENGINE = dict(max_model_len=64, block_size=4, max_num_seqs=6, max_num_batched_to
               max_prefill_seqs=4, decode_buckets=(1, 2, 4, 8))
 
 
-def _workload(seed: int, num: int = 10, min_tokens: float = 0.3, allowed: float = 0.15
-              ) -> tuple[list[list[int]], list[SamplingParams]]:
+def _workload(seed: int, num: int = 10, min_tokens: float = 0.3, allowed: float = 0.15,
+              bias: float = 0.2) -> tuple[list[list[int]], list[SamplingParams]]:
     """Mixed prompt lengths, max_tokens, greedy and seeded sampling, stop ids, ignore_eos,
-    n > 1, logprobs, penalties, min_tokens and allowed_token_ids (on those shares of the
-    requests), shared prefixes (prefix caching)."""
+    n > 1, logprobs, penalties, min_tokens, allowed_token_ids and logit_bias (on those
+    shares of the requests), shared prefixes (prefix caching)."""
     rng, mrng = np.random.default_rng(seed), np.random.default_rng(seed + 1000)
+    brng = np.random.default_rng(seed + 2000)  # (own generator: the rest unchanged)
     shared = rng.integers(2, 96, 9).tolist()
     prompts, params = [], []
     for i in range(num):
@@ -44,6 +45,10 @@ def _workload(seed: int, num: int = 10, min_tokens: float = 0.3, allowed: float 
             kw["min_tokens"] = int(mrng.integers(1, kw["max_tokens"] + 1))  # rest unchanged)
         if mrng.random() < allowed:  # a few ids, EOS (1) among them or not
             kw["allowed_token_ids"] = sorted({int(t) for t in mrng.integers(1, 96, 12)})
+        if brng.random() < bias:  # a few ids pushed up or down enough to change tokens
+            ids = brng.choice(np.arange(1, 96), int(brng.integers(1, 9)), replace=False)
+            kw["logit_bias"] = {int(t): float(v) for t, v in zip(ids, brng.uniform(-6, 6,
+                                                                                  len(ids)))}
         params.append(SamplingParams(**kw))
     return prompts, params
 
@@ -147,8 +152,8 @@ def test_waiting_queue_pipelines_with_outputs_equal_sync(seed, num, pages):
     stop there by EOS or a stop token (async admits the waiting request one step late), and
     every request's outputs equal the synchronous engine's."""
     loaded = tiny_loaded("llama")
-    prompts, params = _workload(seed, num, min_tokens=0.0, allowed=0.0)  # early stops are
-    # the point here
+    prompts, params = _workload(seed, num, min_tokens=0.0, allowed=0.0, bias=0.0)  # early stops
+    # are the point here
     extra = {"max_num_seqs": 4} | ({} if pages is None else {"num_kv_pages": pages})
     _, sync = _run(loaded, prompts, params, async_scheduling=False, **extra)
     llm = LLM(loaded, **{**ENGINE, **extra}, async_scheduling=True)

@@ -20,14 +20,14 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 def _engine_args(ns: argparse.Namespace) -> dict:
-    args = {"block_size": ns.block_size, "max_num_seqs": ns.max_num_seqs, "dtype": ns.dtype,
+    args = {"block_size": ns.block_size, "dtype": ns.dtype,
             "attention_backend": ns.attention_backend, "seed": ns.seed}
     if ns.max_model_len is not None:
         args["max_model_len"] = ns.max_model_len
-    for name in ("max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages", "decode_buckets",
-                 "prefill_buckets", "page_buckets", "prefill_seq_buckets", "quantization",
-                 "kv_cache_dtype", "matmul_backend", "gpu_memory_utilization",
-                 "num_scheduler_steps"):  # None: default
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "num_kv_pages",
+                 "decode_buckets", "prefill_buckets", "page_buckets", "prefill_seq_buckets",
+                 "quantization", "kv_cache_dtype", "matmul_backend", "gpu_memory_utilization",
+                 "num_scheduler_steps"):  # None: the engine's default (engine_config_for)
         if getattr(ns, name) is not None:
             args[name] = getattr(ns, name)
     if getattr(ns, "async_scheduling", None) is not None:
@@ -70,7 +70,8 @@ def _add_engine_options(p: argparse.ArgumentParser, compile_cmd: bool = False) -
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output in tokens (default: min(2048, model's))")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV page")
-    p.add_argument("--max-num-seqs", type=int, default=8, help="sequences running at once")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="sequences running at once (default: 256 on a GPU, 8 on the CPU)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="weights, activations and KV cache (auto: float32 on CPU, else bf16)")
     p.add_argument("--attention-backend", default="auto",
@@ -102,8 +103,10 @@ def _add_engine_options(p: argparse.ArgumentParser, compile_cmd: bool = False) -
                         "decodes (vLLM's multi-step scheduling: host cost paid once per K "
                         "tokens; outputs unchanged, streamed K tokens at a time; default 1)")
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
-    b.add_argument("--max-num-batched-tokens", type=int, help="most tokens in a prefill step")
-    b.add_argument("--max-prefill-seqs", type=int, help="most sequences in a prefill step")
+    b.add_argument("--max-num-batched-tokens", type=int,
+                   help="most tokens in a prefill step (default: 8192 on a GPU, 512 on the CPU)")
+    b.add_argument("--max-prefill-seqs", type=int,
+                   help="most sequences in a prefill step (default: 64 on a GPU, 8 on the CPU)")
     b.add_argument("--gpu-memory-utilization", type=float,
                    help="fraction (0, 1] of XLA's device memory limit (CPU: available RAM) "
                         "for weights, activations and the KV pool when --num-kv-pages is "

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import pickle
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,29 +57,56 @@ class CompileCacheWarning(UserWarning):
 # jax records "/jax/core/compile/backend_compile_duration" around every backend compile request
 # (jax._src.dispatch.BACKEND_COMPILE_EVENT), including requests answered by JAX's persistent
 # compilation cache, which also records ".../cache_hits". Their difference is the number of
-# programs XLA actually compiled in this process.
+# programs XLA actually compiled in this process. jax fires both in the thread that asked for
+# the compile, so a per-thread count tells one thread's compiles from its neighbours' when
+# programs are built in parallel (serving/server.py's warm-up).
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _counts = {"requests": 0, "hits": 0}
+_counts_lock = threading.Lock()
+_thread_counts = threading.local()
+
+
+def _count(key: str) -> None:
+    with _counts_lock:
+        _counts[key] += 1
+    setattr(_thread_counts, key, getattr(_thread_counts, key, 0) + 1)
 
 
 def _on_duration(event: str, duration_secs: float, **_: str | int) -> None:
     if event == _BACKEND_COMPILE:
-        _counts["requests"] += 1
+        _count("requests")
 
 
 def _on_event(event: str, **_: str | int) -> None:
     if event == _CACHE_HIT:
-        _counts["hits"] += 1
+        _count("hits")
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
 jax.monitoring.register_event_listener(_on_event)
 
 
-def xla_compilations() -> int:
-    """Programs compiled by XLA in this process so far (persistent-cache hits excluded)."""
+def xla_compilations(this_thread: bool = False) -> int:
+    """Programs compiled by XLA in this process so far (persistent-cache hits excluded);
+    ``this_thread``: only those compiled at the request of the calling thread."""
+    if this_thread:
+        return (getattr(_thread_counts, "requests", 0) - getattr(_thread_counts, "hits", 0))
     return _counts["requests"] - _counts["hits"]
+
+
+class KeyLocks:
+    """One lock per key, made on first use: threads that build the same program at the same
+    time (a parallel warm-up beside the first request) build it once, others wait for it;
+    different keys build in parallel."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._locks: dict[Any, threading.Lock] = {}
+
+    def __call__(self, key: Any) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(key, threading.Lock())
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,42 @@ def check_engine_args(model: Any, engine_args: dict[str, Any]) -> None:
             raise ConfigError(f"unknown engine option {key!r}{hint}", field=key)
 
 
+# Batch limits where JAX's default backend is a GPU, for options not given: vLLM's
+# max_num_seqs (256; vllm/engine/arg_utils.py, raised to 1024 on 70 GB-class cards) and its
+# server's prefill budget on those cards (8192 tokens a step); prefill rows cost nothing
+# extra with the Pallas kernels (one row count is compiled). EngineConfig's own defaults
+# (8 sequences, 512 tokens, 8 prefill rows) stay the CPU's: a laptop's memory and compile
+# time. More buckets mean more programs: a server builds the decode ones in its warm-up
+# (warmup.py), prefill ones compile on first use unless `jaxinfer compile` built them.
+GPU_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_prefill_seqs": 64}
+
+
+def _ints_given(buckets: Any) -> bool:
+    """A non-empty sequence of ints (bad bucket lists are EngineConfig's to refuse)."""
+    return (isinstance(buckets, (list, tuple)) and len(buckets) > 0
+            and all(isinstance(b, int) and not isinstance(b, bool) for b in buckets))
+
+
 def engine_config_for(model_config: ModelConfig, engine_args: dict[str, Any]) -> EngineConfig:
-    """The EngineConfig the engine runs ``model_config`` with (max_model_len defaults to
-    min(2048, the model's context)). Raises ConfigError for bad or too-large values."""
+    """The EngineConfig the engine runs ``model_config`` with: max_model_len defaults to
+    min(2048, the model's context), and on a GPU backend the batch limits not given to
+    :data:`GPU_DEFAULTS`, each capped by the largest bucket given for it (``decode_buckets``
+    1..32 alone means 32 sequences) and the prefill rows by max_num_seqs. Raises
+    ConfigError for bad or too-large values."""
     args = dict(engine_args)
     args.setdefault("max_model_len", min(2048, model_config.max_position_embeddings))
+    gpu = jax.default_backend() != "cpu"
+    for name, buckets in (("max_num_seqs", "decode_buckets"),
+                          ("max_num_batched_tokens", "prefill_buckets"),
+                          ("max_prefill_seqs", "prefill_seq_buckets")):
+        if args.get(name) is None:  # not given, or None: the default
+            args.pop(name, None)
+            if gpu:
+                given = args.get(buckets)
+                caps = [GPU_DEFAULTS[name]] + ([max(given)] if _ints_given(given) else [])
+                if name == "max_prefill_seqs" and isinstance(args["max_num_seqs"], int):
+                    caps.append(args["max_num_seqs"])
+                args[name] = max(1, min(caps))
     ec = EngineConfig(**args)
     if resolve_backend_name(ec.attention_backend) in ("pallas", "pallas_mgpu"):  # paged kernels
         # The Pallas kernels read only each sequence's own pages and rows, so block-table

@@ -29,6 +29,7 @@ the copy-on-write of forked ``n > 1`` samples (``layers/page_copy.py``).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, NamedTuple
 
@@ -38,7 +39,7 @@ import numpy as np
 from flax import nnx
 
 from jaxinfer.batch import Bucket, SamplingArrays, StepInputs
-from jaxinfer.compile_cache import xla_compilations
+from jaxinfer.compile_cache import KeyLocks, xla_compilations
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, allocate_kv_cache
 from jaxinfer.layers.page_copy import copy_pages
 from jaxinfer.models.transformer import CausalLM
@@ -186,6 +187,8 @@ class ModelRunner(SlotStateLoaders):
         self.program_store: Any = None  # a compile_cache.ProgramStore, set by the engine
         self.compile_seconds: dict[tuple[str, Bucket], float] = {}
         self._executables: dict[tuple[str, Bucket], Any] = {}
+        self._build_locks = KeyLocks()  # executable(): one build per program across threads
+        self._count_lock = threading.Lock()  # num_compilations / num_loaded
         self._samplers: dict[tuple[int, str], Any] = {}  # (S, variant) -> program, per step
         # The model programs close over this model's graph and attention backend: per runner.
         self._jitted = {SAMPLE: self._make_step(SAMPLE), LOGITS: self._make_step(LOGITS),
@@ -258,32 +261,44 @@ class ModelRunner(SlotStateLoaders):
     def executable(self, bucket: Bucket, mode: str = SAMPLE):
         """The program for ``bucket``: loaded from ``program_store`` if it has it, else
         compiled now (once; later calls return the same program). The first call for a
-        SAMPLE bucket of S rows also builds every sampler variant of S (``sampler``)."""
+        SAMPLE bucket of S rows also builds every sampler variant of S (``sampler``).
+        Thread-safe: threads asking for one program at once build it once (the others wait
+        for it), different programs compile in parallel (XLA releases the GIL)."""
         key = (mode, bucket)
         exe = self._executables.get(key)
         if exe is None:
-            t0 = time.perf_counter()
-            # jaxinfer compile builds neither the history, copy, gather nor bias program
-            # without --modes sample (nor those added since a store was built): load them
-            # only if present.
-            if self.program_store is not None and (
-                    mode not in (HISTORY, COPY, GATHER, BIAS)
-                    or (mode, bucket) in self.program_store.entries):
-                exe = self.program_store.load(mode, bucket)
-            compiled = 0
-            if exe is None:
-                before = xla_compilations()
-                exe = self.lower(bucket, mode).compile(compiler_options=COMPILER_OPTIONS)
-                compiled = xla_compilations() - before
+            with self._build_locks(key):
+                exe = self._executables.get(key)
+                if exe is None:
+                    exe = self._build(bucket, mode)
+        return exe
+
+    def _build(self, bucket: Bucket, mode: str):
+        key = (mode, bucket)
+        t0 = time.perf_counter()
+        # jaxinfer compile builds neither the history, copy, gather nor bias program
+        # without --modes sample (nor those added since a store was built): load them
+        # only if present.
+        exe = None
+        if self.program_store is not None and (
+                mode not in (HISTORY, COPY, GATHER, BIAS)
+                or (mode, bucket) in self.program_store.entries):
+            exe = self.program_store.load(mode, bucket)
+        compiled = 0
+        if exe is None:
+            before = xla_compilations(this_thread=True)
+            exe = self.lower(bucket, mode).compile(compiler_options=COMPILER_OPTIONS)
+            compiled = xla_compilations(this_thread=True) - before
+        with self._count_lock:
             self.num_compilations += compiled
             self.num_loaded += compiled == 0  # program store or JAX's persistent cache
-            self.compile_seconds[key] = time.perf_counter() - t0
-            log.info("%s %s %s in %.2f s", "compiled" if compiled else "loaded", mode, bucket,
-                     self.compile_seconds[key])
-            self._executables[key] = exe
-            if mode == SAMPLE:
-                for name in SAMPLER_VARIANTS:
-                    self.executable(sampler_bucket(bucket.num_seqs, name), SAMPLER)
+        self.compile_seconds[key] = time.perf_counter() - t0
+        log.info("%s %s %s in %.2f s", "compiled" if compiled else "loaded", mode, bucket,
+                 self.compile_seconds[key])
+        self._executables[key] = exe
+        if mode == SAMPLE:
+            for name in SAMPLER_VARIANTS:
+                self.executable(sampler_bucket(bucket.num_seqs, name), SAMPLER)
         return exe
 
     def sampler(self, num_seqs: int, variant: str):

@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from jaxinfer.batch import Bucket, SamplingArrays, StepInputs
-from jaxinfer.compile_cache import xla_compilations
+from jaxinfer.compile_cache import KeyLocks, xla_compilations
 from jaxinfer.runner import COMPILER_OPTIONS, ModelRunner, _metadata
 from jaxinfer.sampling import SAMPLER_VARIANTS, SamplerNeeds, sample_rows, sampler_variant
 
@@ -104,6 +104,7 @@ class MultiStepPrograms:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self._programs: dict[tuple[Bucket, str, int], Any] = {}
+        self._build_locks = KeyLocks()
 
     def lower(self, bucket: Bucket, variant: str, k: int) -> jax.stages.Lowered:
         """Trace and lower the ``k``-step program of decode ``bucket`` with ``variant`` from
@@ -127,21 +128,28 @@ class MultiStepPrograms:
         key = (bucket, variant, k)
         exe = self._programs.get(key)
         if exe is None:
-            r = self.runner
-            t0, before = time.perf_counter(), xla_compilations()
-            cached = multi_step_bucket(bucket, variant, k)
-            store = r.program_store
-            if store is not None and (MULTI_STEP, cached) in store.entries:
-                exe = store.load(MULTI_STEP, cached)
-            if exe is None:
-                exe = self.lower(bucket, variant, k).compile(compiler_options=COMPILER_OPTIONS)
-            compiled = xla_compilations() - before
+            with self._build_locks(key):  # thread-safe as ModelRunner.executable
+                exe = self._programs.get(key)
+                if exe is None:
+                    exe = self._programs[key] = self._build(bucket, variant, k)
+        return exe
+
+    def _build(self, bucket: Bucket, variant: str, k: int) -> Any:
+        r = self.runner
+        t0, before = time.perf_counter(), xla_compilations(this_thread=True)
+        cached = multi_step_bucket(bucket, variant, k)
+        store, exe = r.program_store, None
+        if store is not None and (MULTI_STEP, cached) in store.entries:
+            exe = store.load(MULTI_STEP, cached)
+        if exe is None:
+            exe = self.lower(bucket, variant, k).compile(compiler_options=COMPILER_OPTIONS)
+        compiled = xla_compilations(this_thread=True) - before
+        with r._count_lock:
             r.num_compilations += compiled
             r.num_loaded += compiled == 0
-            r.compile_seconds[MULTI_STEP, cached] = time.perf_counter() - t0
-            log.info("%s %d-step decode %s (%s) in %.2f s", "compiled" if compiled else "loaded",
-                     k, bucket, variant, r.compile_seconds[MULTI_STEP, cached])
-            self._programs[key] = exe
+        r.compile_seconds[MULTI_STEP, cached] = time.perf_counter() - t0
+        log.info("%s %d-step decode %s (%s) in %.2f s", "compiled" if compiled else "loaded",
+                 k, bucket, variant, r.compile_seconds[MULTI_STEP, cached])
         return exe
 
     def launch(self, inputs: StepInputs, k: int,

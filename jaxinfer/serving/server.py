@@ -16,7 +16,6 @@ import logging
 import signal
 import socket
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -24,12 +23,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from jaxinfer.config import ConfigError
-from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.serving import DEFAULT_PORT
 from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving.engine_thread import EngineThread
 from jaxinfer.serving.metrics import ServingMetrics
 from jaxinfer.serving.servicer import InferenceServicer, add_to_server
+from jaxinfer.warmup import warm_up
 
 if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
@@ -78,49 +77,6 @@ def set_max_queue_len(engine: LLMEngine, max_queue_len: int | None) -> None:
     """
     sched = engine.scheduler
     sched.cfg = dataclasses.replace(sched.cfg, max_queue_len=max_queue_len)
-
-
-
-
-def warm_up(engine: LLMEngine, decode_buckets: bool = True) -> float:
-    """Compile what every request needs before health says SERVING; returns seconds spent.
-
-    Runs one 8-token greedy request to its second token (the smallest prefill bucket and the
-    B=1 decode program), then, with ``decode_buckets``, compiles the decode program of every
-    batch bucket at the narrowest block table and the page-copy program of ``n > 1``
-    requests. Each sample program comes with the sampler programs of its row count, every
-    variant (runner.py), so no sampling parameters compile anything later. With a compile
-    cache every precompiled program is loaded first; otherwise
-    prefill programs of other token counts compile on first use (``runner.num_compilations``
-    counts them). With ``num_scheduler_steps`` k > 1 it also compiles, per batch bucket, the
-    k-step programs of the greedy and temperature-only samplers (``MULTI_STEP_WARM_VARIANTS``;
-    other variants' compile at their first window, runner_multi.py).
-    """
-    from jaxinfer.batch import Bucket
-    from jaxinfer.compile import preload
-    from jaxinfer.runner import COPY
-    from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS
-
-    t0 = time.perf_counter()
-    # With a compile cache (`serve --cache-dir`), load the whole precompiled set now so no
-    # request waits for a program later.
-    preload(engine)
-    ec, V = engine.config, engine.model_config.vocab_size
-    n = max(1, min(8, ec.max_model_len - 2))
-    rid = engine.add_request([(i + 1) % V for i in range(n)],
-                             SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
-    while engine.scheduler.get(rid) is not None:
-        engine.step()
-    if decode_buckets:
-        for b in ec.decode_buckets:
-            bucket = Bucket("decode", b, b, ec.page_buckets[0])
-            engine.runner.executable(bucket)
-            if ec.num_scheduler_steps > 1:  # the common sampler variants' k-step programs
-                for variant in MULTI_STEP_WARM_VARIANTS:
-                    engine.multi_step_programs.executable(bucket, variant,
-                                                          ec.num_scheduler_steps)
-        engine.runner.executable(engine.runner.copy_bucket, COPY)
-    return time.perf_counter() - t0
 
 
 class InferenceServer:

@@ -1,0 +1,99 @@
+"""Warm-up: build the programs every request needs before a server says SERVING.
+
+:func:`warm_up` runs one short greedy request and builds the decode program of every batch
+bucket (with its sampler variants), the page-copy program and, under multi-step scheduling,
+the common k-step programs. The decode programs are built by a pool of threads while the
+request runs in the calling thread: tracing and lowering are Python and take turns on the
+GIL, but XLA's compile releases it, so on a GPU host several programs compile at once (the
+runner builds each program once, also when two threads ask for it; runner.py). This is how
+vLLM's start-up captures a CUDA graph per batch size before serving, and what
+``jaxinfer compile`` does ahead of time with worker processes (compile.py).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from jaxinfer.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from jaxinfer.engine import LLMEngine
+
+
+def default_warmup_jobs() -> int:
+    """Threads that build programs in :func:`warm_up`: 1 on the CPU (XLA:CPU already spreads
+    one compile over the cores, and a laptop's memory is the limit), else half the cores,
+    1 to 8 (``compile_pool.default_jobs``, as ``jaxinfer compile --jobs``)."""
+    from jaxinfer.compile_pool import default_jobs
+
+    return 1 if jax.default_backend() == "cpu" else default_jobs()
+
+
+def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True) -> list[Any]:
+    """The builds :func:`warm_up` runs beside its request, as zero-argument callables: the
+    decode program of every batch bucket at the narrowest block table (each with its row
+    count's sampler variants), its token-gather program under async scheduling, the k-step
+    programs of ``MULTI_STEP_WARM_VARIANTS`` when ``num_scheduler_steps`` > 1, and the
+    page-copy program of ``n > 1`` requests. Empty without ``decode_buckets``."""
+    from functools import partial
+
+    from jaxinfer.batch import Bucket
+    from jaxinfer.runner import COPY, GATHER, gather_bucket
+    from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS
+
+    if not decode_buckets:
+        return []
+    ec, runner = engine.config, engine.runner
+    builds: list[Any] = []
+    for b in sorted(ec.decode_buckets, reverse=True):  # the largest (slowest) first
+        bucket = Bucket("decode", b, b, ec.page_buckets[0])
+        builds.append(partial(runner.executable, bucket))
+        if ec.async_scheduling:  # a pipelined step's input tokens (engine_async.py)
+            builds.append(partial(runner.executable, gather_bucket(b), GATHER))
+        if ec.num_scheduler_steps > 1:
+            builds += [partial(engine.multi_step_programs.executable, bucket, v,
+                               ec.num_scheduler_steps) for v in MULTI_STEP_WARM_VARIANTS]
+    builds.append(partial(runner.executable, runner.copy_bucket, COPY))
+    return builds
+
+
+def warm_up(engine: LLMEngine, decode_buckets: bool = True, jobs: int | None = None) -> float:
+    """Build what every request needs; returns the seconds spent.
+
+    With a compile cache (``serve --cache-dir``) every precompiled program is loaded first.
+    Then one 8-token greedy request runs to its second token (the smallest prefill bucket
+    and the B=1 decode program) while ``jobs`` threads (default
+    :func:`default_warmup_jobs`) build :func:`warm_up_builds`. Each sample program comes
+    with the sampler programs of its row count, every variant (runner.py), so no sampling
+    parameters compile anything later; prefill programs of other token counts compile on
+    first use (``runner.num_compilations`` counts them), as do the k-step programs of other
+    sampler variants (runner_multi.py). Raises ValueError for ``jobs`` < 1; a build's error
+    (out of memory, say) is raised once the request and the other builds are done.
+    """
+    from jaxinfer.compile import preload
+
+    jobs = default_warmup_jobs() if jobs is None else jobs
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"warm-up jobs must be an integer >= 1, got {jobs!r}")
+    t0 = time.perf_counter()
+    preload(engine)  # with a compile cache: no request waits for a program later
+    builds = warm_up_builds(engine, decode_buckets)
+    ec, V = engine.config, engine.model_config.vocab_size
+    n = max(1, min(8, ec.max_model_len - 2))
+    with ThreadPoolExecutor(max(1, min(jobs, len(builds))),
+                            thread_name_prefix="jaxinfer-warmup") as pool:
+        pending = [pool.submit(build) for build in builds] if jobs > 1 else []
+        rid = engine.add_request([(i + 1) % V for i in range(n)],
+                                 SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+        while engine.scheduler.get(rid) is not None:
+            engine.step()
+        for f in pending:
+            f.result()
+    if jobs == 1:
+        for build in builds:
+            build()
+    return time.perf_counter() - t0

@@ -61,7 +61,8 @@ def child(model: str, jobs: int, quantization: str | None) -> dict:
     batch_s = time.perf_counter() - t1
     new = sorted({f"{m}:{b.kind}:{b.num_tokens}x{b.num_seqs}"
                   for m, b in set(r._executables) - keys_after_warm})
-    return {"jobs": jobs, "engine_s": t_engine, "warm_up_s": warm_s,
+    return {"jobs": jobs, "engine_s": t_engine, "engine_phases_s": engine.start_seconds,
+            "warm_up_s": warm_s,
             "compiled": warm[0], "loaded": warm[1], "programs": len(keys_after_warm),
             "slowest_build_s": builds[:3], "max_num_seqs": ec.max_num_seqs,
             "max_num_batched_tokens": ec.max_num_batched_tokens,

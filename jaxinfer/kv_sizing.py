@@ -291,9 +291,9 @@ def profile_activation_bytes(net: Any, ec: EngineConfig, dtype: Any) -> int:
     decode buckets of ``ec`` (max of the two), compiled against a 2-page pool of ``ec``'s KV
     dtype (``dtype``: the model's): the model program's temporaries plus the [S, V] float32
     logits it hands to the sampler, or the all-True sampler program's temporaries plus those
-    logits, whichever is larger (see runner.py). Costs three compilations; called only when
-    the pool is sized from device memory."""
-    return max(compile_probes(lower_probes(net, ec, dtype)).values())
+    logits, whichever is larger (see runner.py). Costs three compilations, run at once
+    (XLA compiles outside the GIL); called only when the pool is sized from device memory."""
+    return max(compile_probes(lower_probes(net, ec, dtype), threads=3).values())
 
 
 def size_for_engine(net: Any, model_config: ModelConfig, ec: EngineConfig, dtype: Any

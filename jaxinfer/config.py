@@ -203,7 +203,9 @@ class EngineConfig:
         engine may use, weights and activations included (vLLM's name).
       max_num_seqs: most sequences running at once (also the largest decode bucket).
       max_num_batched_tokens: most tokens in one prefill step (largest prefill bucket).
-      max_prefill_seqs: most sequences packed into one prefill step.
+      max_prefill_seqs: most sequences packed into one prefill step. The defaults of these
+        three (8, 512, 8) are the CPU's; an engine on a GPU that is not given them uses
+        256, 8192 and 64 (``engine_config.GPU_DEFAULTS``).
       decode_buckets / prefill_buckets: compiled batch sizes / packed token counts; derived
         from the limits above when empty (powers of two up to the limit).
       page_buckets: compiled block-table widths in pages (powers of two from 16 pages up to

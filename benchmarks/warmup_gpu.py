@@ -10,8 +10,9 @@ weights at ``--model``'s shape and the engine's own defaults for the batch limit
 ``jaxinfer.warmup.warm_up(engine, jobs=J)`` as ``jaxinfer serve`` runs it before it says
 SERVING: the seconds, the programs compiled / loaded, the largest per-program build time.
 Then, as a check that the threads built the right programs, 64 greedy requests of 96 prompt
-tokens / 24 new tokens: the programs built after warm-up (prefill buckets only may compile)
-and the first tokens of request 0 (equal across ``--jobs`` values: same weights, seed 0).
+tokens / 24 new tokens: the programs built after warm-up (none where the warm-up built the
+prefill programs too; else the prefill buckets of the batch) and the first tokens of
+request 0 (equal across ``--jobs`` values: same weights, seed 0).
 
 Prints a table; writes one JSON record per number into ``--out`` (benchmarks/common.record).
 """
@@ -37,7 +38,7 @@ def child(model: str, jobs: int, quantization: str | None) -> dict:
 
     from jaxinfer.engine import LLMEngine
     from jaxinfer.sampling_params import SamplingParams
-    from jaxinfer.warmup import warm_up
+    from jaxinfer.warmup import one_prefill_program_per_token_count, warm_up
 
     engine = LLMEngine(f"dummy:{model}", quantization=quantization)
     t_engine = time.perf_counter() - t0
@@ -61,7 +62,8 @@ def child(model: str, jobs: int, quantization: str | None) -> dict:
     batch_s = time.perf_counter() - t1
     new = sorted({f"{m}:{b.kind}:{b.num_tokens}x{b.num_seqs}"
                   for m, b in set(r._executables) - keys_after_warm})
-    return {"jobs": jobs, "engine_s": t_engine, "engine_phases_s": engine.start_seconds,
+    return {"jobs": jobs, "prefill_warmed": one_prefill_program_per_token_count(engine),
+            "engine_s": t_engine, "engine_phases_s": engine.start_seconds,
             "warm_up_s": warm_s,
             "compiled": warm[0], "loaded": warm[1], "programs": len(keys_after_warm),
             "slowest_build_s": builds[:3], "max_num_seqs": ec.max_num_seqs,

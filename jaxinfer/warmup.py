@@ -33,22 +33,41 @@ def default_warmup_jobs() -> int:
     return 1 if jax.default_backend() == "cpu" else default_jobs()
 
 
-def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True) -> list[Any]:
-    """The builds :func:`warm_up` runs beside its request, as zero-argument callables: the
-    decode program of every batch bucket at the narrowest block table (each with its row
-    count's sampler variants), its token-gather program under async scheduling, the k-step
-    programs of ``MULTI_STEP_WARM_VARIANTS`` when ``num_scheduler_steps`` > 1, and the
-    page-copy program of ``n > 1`` requests. Empty without ``decode_buckets``."""
+def one_prefill_program_per_token_count(engine: LLMEngine) -> bool:
+    """Whether the engine compiles one prefill program per token bucket (the Pallas
+    kernels' single row count and table width: 10 programs at the GPU defaults), rather
+    than a grid of row counts x table widths (the jnp reference: 95 for SmolLM2's CPU
+    defaults), which a warm-up should not build in full."""
+    ec = engine.config
+    return len(ec.prefill_seq_buckets) == 1 and len(ec.page_buckets) == 1
+
+
+def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
+                   prefill_buckets: bool = False) -> list[Any]:
+    """The builds :func:`warm_up` runs beside its request, as zero-argument callables: with
+    ``decode_buckets`` the decode program of every batch bucket at the narrowest block
+    table (each with its row count's sampler variants), its token-gather program under
+    async scheduling, the k-step programs of ``MULTI_STEP_WARM_VARIANTS`` when
+    ``num_scheduler_steps`` > 1, and the page-copy program of ``n > 1`` requests; with
+    ``prefill_buckets`` every reachable prefill program of the sample mode
+    (``compile.enumerate_programs``; prompt_logprobs' logits programs stay on first use).
+    The largest programs (the slowest to compile) come first."""
     from functools import partial
 
     from jaxinfer.batch import Bucket
-    from jaxinfer.runner import COPY, GATHER, gather_bucket
+    from jaxinfer.compile import enumerate_programs
+    from jaxinfer.runner import COPY, GATHER, SAMPLE, gather_bucket
     from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS
 
-    if not decode_buckets:
-        return []
     ec, runner = engine.config, engine.runner
     builds: list[Any] = []
+    if prefill_buckets:
+        prefills = [p.bucket for p in enumerate_programs(ec, ["sample"])
+                    if p.bucket.kind == "prefill"]
+        builds += [partial(runner.executable, b, SAMPLE)
+                   for b in sorted(prefills, key=lambda b: -b.num_tokens)]
+    if not decode_buckets:
+        return builds
     for b in sorted(ec.decode_buckets, reverse=True):  # the largest (slowest) first
         bucket = Bucket("decode", b, b, ec.page_buckets[0])
         builds.append(partial(runner.executable, bucket))
@@ -61,27 +80,35 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True) -> list[Any]:
     return builds
 
 
-def warm_up(engine: LLMEngine, decode_buckets: bool = True, jobs: int | None = None) -> float:
-    """Build what every request needs; returns the seconds spent.
+def warm_up(engine: LLMEngine, decode_buckets: bool = True, jobs: int | None = None,
+            prefill_buckets: bool | None = None) -> float:
+    """Build what requests need before serving; returns the seconds spent.
 
     With a compile cache (``serve --cache-dir``) every precompiled program is loaded first.
     Then one 8-token greedy request runs to its second token (the smallest prefill bucket
     and the B=1 decode program) while ``jobs`` threads (default
-    :func:`default_warmup_jobs`) build :func:`warm_up_builds`. Each sample program comes
-    with the sampler programs of its row count, every variant (runner.py), so no sampling
-    parameters compile anything later; prefill programs of other token counts compile on
-    first use (``runner.num_compilations`` counts them), as do the k-step programs of other
-    sampler variants (runner_multi.py). Raises ValueError for ``jobs`` < 1; a build's error
-    (out of memory, say) is raised once the request and the other builds are done.
+    :func:`default_warmup_jobs`) build :func:`warm_up_builds`: the decode programs and,
+    with ``prefill_buckets`` (default: when the engine compiles one prefill program per
+    token count, :func:`one_prefill_program_per_token_count`), every prefill program, so
+    that no prompt later stalls the running streams while its bucket compiles. Each sample
+    program comes with the sampler programs of its row count, every variant (runner.py),
+    so no sampling parameters compile anything later; what is left compiles on first use
+    (``runner.num_compilations`` counts it): on the jnp reference path the prefill
+    programs of other token counts, prompt_logprobs' logits programs, the k-step programs
+    of other sampler variants (runner_multi.py). Raises ValueError for ``jobs`` < 1; a
+    build's error (out of memory, say) is raised once the request and the other builds
+    are done.
     """
     from jaxinfer.compile import preload
 
     jobs = default_warmup_jobs() if jobs is None else jobs
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"warm-up jobs must be an integer >= 1, got {jobs!r}")
+    if prefill_buckets is None:
+        prefill_buckets = one_prefill_program_per_token_count(engine)
     t0 = time.perf_counter()
     preload(engine)  # with a compile cache: no request waits for a program later
-    builds = warm_up_builds(engine, decode_buckets)
+    builds = warm_up_builds(engine, decode_buckets, prefill_buckets)
     ec, V = engine.config, engine.model_config.vocab_size
     n = max(1, min(8, ec.max_model_len - 2))
     with ThreadPoolExecutor(max(1, min(jobs, len(builds))),

@@ -15,7 +15,7 @@ from jaxinfer.llm import LLM
 from jaxinfer.runner import COPY, SAMPLE
 from jaxinfer.sampling import SAMPLER_VARIANTS
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.warmup import warm_up, warm_up_builds
+from jaxinfer.warmup import one_prefill_program_per_token_count, warm_up, warm_up_builds
 from tests.conftest import tiny_config, tiny_loaded
 from tests.engine.test_async_scheduling import ENGINE
 
@@ -106,6 +106,38 @@ def test_warm_up_builds_largest_bucket_first_and_none_without_decode_buckets():
     assert builds[-1].args == (eng.runner.copy_bucket, COPY)
     sync = LLM(tiny_loaded("llama"), **ENGINE, async_scheduling=False).engine
     assert [f.args[0].kind for f in warm_up_builds(sync)[:-1]] == ["decode"] * len(rows)
+
+
+def test_warm_up_with_prefill_buckets_leaves_nothing_to_compile():
+    """prefill_buckets=True builds every reachable prefill program of the sample mode too
+    (compile.enumerate_programs' set, here the jnp reference's grid of rows x widths), so a
+    workload of mixed prompt lengths and batch sizes builds nothing afterwards."""
+    from jaxinfer.compile import enumerate_programs
+
+    llm = LLM(tiny_loaded("llama"), **ENGINE, attention_backend="reference")
+    eng = llm.engine
+    assert not one_prefill_program_per_token_count(eng)  # the default leaves them out
+    warm_up(eng, jobs=2, prefill_buckets=True)
+    r = eng.runner
+    want = {(p.mode, p.bucket) for p in enumerate_programs(eng.config, ["sample"])
+            if p.bucket.kind == "prefill"}
+    assert want and want <= set(r._executables)
+    n = r.num_compilations + r.num_loaded
+    prompts = [[(7 * i + j) % 50 + 1 for j in range(L)] for i, L in enumerate(
+        (3, 17, 30, 5, 9, 44, 2, 12, 25))]
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=6, temperature=0.7 * (i % 2),
+                                                 seed=i, ignore_eos=True)
+                                  for i in range(len(prompts))])
+    assert all(len(o.outputs[0].token_ids) == 6 for o in outs)
+    assert r.num_compilations + r.num_loaded == n, set(r._executables)
+
+
+def test_one_prefill_program_per_token_count_follows_the_buckets():
+    narrow = LLM(tiny_loaded("llama"), **{**ENGINE, "page_buckets": (16,),
+                                           "prefill_seq_buckets": (4,)}).engine
+    assert one_prefill_program_per_token_count(narrow)
+    builds = warm_up_builds(narrow, decode_buckets=False, prefill_buckets=True)
+    assert [(f.args[0].num_tokens, f.args[0].num_seqs) for f in builds] == [(32, 4), (16, 4)]
 
 
 # ---------------------------------------------------------------- GPU defaults

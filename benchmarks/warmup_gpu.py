@@ -12,7 +12,9 @@ SERVING: the seconds, the programs compiled / loaded, the largest per-program bu
 Then, as a check that the threads built the right programs, 64 greedy requests of 96 prompt
 tokens / 24 new tokens: the programs built after warm-up (none where the warm-up built the
 prefill programs too; else the prefill buckets of the batch) and the first tokens of
-request 0 (equal across ``--jobs`` values: same weights, seed 0).
+request 0 (equal across ``--jobs`` values: same weights, seed 0). Last, the largest decode
+and prefill programs are compiled again alone and their optimized HLO compared with the
+warm-up's (autotuning beside other compiles could pick other GEMM algorithms).
 
 Prints a table; writes one JSON record per number into ``--out`` (benchmarks/common.record).
 """
@@ -29,6 +31,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import record  # noqa: E402
+
+
+def same_as_alone(r, ec) -> dict:
+    """Whether the largest decode and prefill programs the warm-up built (compiled beside
+    others, their GEMM autotuning sharing the GPU) equal the same programs compiled again
+    alone on the idle GPU: {program: True or the count of differing lines of the optimized
+    HLO} (autotuning picks are in its backend configs)."""
+    from jaxinfer.batch import Bucket
+    from jaxinfer.runner import COMPILER_OPTIONS, SAMPLE
+
+    keys = [(SAMPLE, Bucket("decode", ec.decode_buckets[-1], ec.decode_buckets[-1],
+                            ec.page_buckets[0]))]
+    keys += [k for k in r._executables if k[0] == SAMPLE and k[1].kind == "prefill"
+             and k[1].num_tokens == ec.prefill_buckets[-1]][:1]
+    out = {}
+    for mode, b in keys:
+        built = r._executables[mode, b].as_text()
+        alone = r.lower(b, mode).compile(compiler_options=COMPILER_OPTIONS).as_text()
+        diff = sum(x != y for x, y in zip(built.splitlines(), alone.splitlines()))
+        diff += abs(len(built.splitlines()) - len(alone.splitlines()))
+        out[f"{b.kind}:{b.num_tokens}x{b.num_seqs}"] = True if built == alone else diff
+    return out
 
 
 def child(model: str, jobs: int, quantization: str | None) -> dict:
@@ -62,6 +86,7 @@ def child(model: str, jobs: int, quantization: str | None) -> dict:
     batch_s = time.perf_counter() - t1
     new = sorted({f"{m}:{b.kind}:{b.num_tokens}x{b.num_seqs}"
                   for m, b in set(r._executables) - keys_after_warm})
+    same_code = same_as_alone(r, ec)
     return {"jobs": jobs, "prefill_warmed": one_prefill_program_per_token_count(engine),
             "engine_s": t_engine, "engine_phases_s": engine.start_seconds,
             "warm_up_s": warm_s,
@@ -71,7 +96,8 @@ def child(model: str, jobs: int, quantization: str | None) -> dict:
             "decode_buckets": list(ec.decode_buckets),
             "prefill_buckets": list(ec.prefill_buckets), "num_kv_pages": r.num_pages,
             "batch_64x96x24_s": batch_s, "built_after_warm_up": new,
-            "first_tokens_req0": first_tokens, "device": str(jax.devices()[0].device_kind),
+            "first_tokens_req0": first_tokens, "same_code_as_alone": same_code,
+            "device": str(jax.devices()[0].device_kind),
             "jax": jax.__version__}
 
 
@@ -119,6 +145,9 @@ def main() -> int:
               f"{x['slowest_build_s'][0]:>9.1f} {x['engine_s']:>8.1f} "
               f"{x['batch_64x96x24_s']:>7.1f}  {x['built_after_warm_up']} "
               f"{x['first_tokens_req0']}")
+    for x in rows:
+        print(f"jobs {x['jobs']}: programs equal to the same compiled alone: "
+              f"{x['same_code_as_alone']}")
     same = len({tuple(x["first_tokens_req0"]) for x in rows}) <= 1
     print(f"first tokens equal across jobs: {same}")
     return 0 if rows and same else 1

@@ -1,14 +1,15 @@
 """A server's warm-up at the engine's default batch limits, serial vs a pool of threads.
 
     PYTHONPATH=. python3 benchmarks/warmup_gpu.py --out $OUT [--model llama-3.1-8b]
-        [--jobs 1,8] [--quantization fp8] [--child-timeout 280]
+        [--jobs 1,8] [--quantization fp8] [--child-timeout 280] [--prefill]
 
 Each ``--jobs`` value runs in a fresh process (XLA keeps autotuning results in memory, so a
 second warm-up in one process would be faster for the wrong reason): an engine with random
 weights at ``--model``'s shape and the engine's own defaults for the batch limits (on a GPU
 256 sequences, 8192 prefill tokens; engine_config.GPU_DEFAULTS), then
 ``jaxinfer.warmup.warm_up(engine, jobs=J)`` as ``jaxinfer serve`` runs it before it says
-SERVING: the seconds, the programs compiled / loaded, the largest per-program build time.
+SERVING (``--prefill``: as ``serve --warmup-prefill`` runs it): the seconds, the programs
+compiled / loaded, the largest per-program build time.
 Then, as a check that the threads built the right programs, 64 greedy requests of 96 prompt
 tokens / 24 new tokens: the programs built after warm-up (none where the warm-up built the
 prefill programs too; else the prefill buckets of the batch) and the first tokens of
@@ -55,19 +56,19 @@ def same_as_alone(r, ec) -> dict:
     return out
 
 
-def child(model: str, jobs: int, quantization: str | None) -> dict:
+def child(model: str, jobs: int, quantization: str | None, prefill: bool) -> dict:
     """One process: engine, warm-up with ``jobs`` threads, a greedy batch after it."""
     t0 = time.perf_counter()
     import jax
 
     from jaxinfer.engine import LLMEngine
     from jaxinfer.sampling_params import SamplingParams
-    from jaxinfer.warmup import one_prefill_program_per_token_count, warm_up
+    from jaxinfer.warmup import warm_up
 
     engine = LLMEngine(f"dummy:{model}", quantization=quantization)
     t_engine = time.perf_counter() - t0
     ec, r = engine.config, engine.runner
-    warm_s = warm_up(engine, jobs=jobs)
+    warm_s = warm_up(engine, jobs=jobs, prefill_buckets=prefill)
     warm = (r.num_compilations, r.num_loaded)
     builds = sorted(r.compile_seconds.values(), reverse=True)
     keys_after_warm = set(r._executables)
@@ -87,7 +88,7 @@ def child(model: str, jobs: int, quantization: str | None) -> dict:
     new = sorted({f"{m}:{b.kind}:{b.num_tokens}x{b.num_seqs}"
                   for m, b in set(r._executables) - keys_after_warm})
     same_code = same_as_alone(r, ec)
-    return {"jobs": jobs, "prefill_warmed": one_prefill_program_per_token_count(engine),
+    return {"jobs": jobs, "prefill_warmed": prefill,
             "engine_s": t_engine, "engine_phases_s": engine.start_seconds,
             "warm_up_s": warm_s,
             "compiled": warm[0], "loaded": warm[1], "programs": len(keys_after_warm),
@@ -108,10 +109,13 @@ def main() -> int:
     ap.add_argument("--jobs", default="1,8")
     ap.add_argument("--quantization", choices=["fp8"], default=None)
     ap.add_argument("--child-timeout", type=float, default=280)
+    ap.add_argument("--prefill", action="store_true",
+                    help="the warm-up builds every prefill program too (serve --warmup-prefill)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
-        print("RESULT " + json.dumps(child(a.model, a.child, a.quantization)), flush=True)
+        print("RESULT " + json.dumps(child(a.model, a.child, a.quantization, a.prefill)),
+              flush=True)
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -120,6 +124,8 @@ def main() -> int:
         cmd = [sys.executable, __file__, "--out", a.out, "--model", a.model, "--child", str(jobs)]
         if a.quantization:
             cmd += ["--quantization", a.quantization]
+        if a.prefill:
+            cmd.append("--prefill")
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.child_timeout)

@@ -33,15 +33,6 @@ def default_warmup_jobs() -> int:
     return 1 if jax.default_backend() == "cpu" else default_jobs()
 
 
-def one_prefill_program_per_token_count(engine: LLMEngine) -> bool:
-    """Whether the engine compiles one prefill program per token bucket (the Pallas
-    kernels' single row count and table width: 10 programs at the GPU defaults), rather
-    than a grid of row counts x table widths (the jnp reference: 95 for SmolLM2's CPU
-    defaults), which a warm-up should not build in full."""
-    ec = engine.config
-    return len(ec.prefill_seq_buckets) == 1 and len(ec.page_buckets) == 1
-
-
 def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
                    prefill_buckets: bool = False) -> list[Any]:
     """The builds :func:`warm_up` runs beside its request, as zero-argument callables: with
@@ -81,31 +72,29 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
 
 
 def warm_up(engine: LLMEngine, decode_buckets: bool = True, jobs: int | None = None,
-            prefill_buckets: bool | None = None) -> float:
+            prefill_buckets: bool = False) -> float:
     """Build what requests need before serving; returns the seconds spent.
 
     With a compile cache (``serve --cache-dir``) every precompiled program is loaded first.
     Then one 8-token greedy request runs to its second token (the smallest prefill bucket
     and the B=1 decode program) while ``jobs`` threads (default
     :func:`default_warmup_jobs`) build :func:`warm_up_builds`: the decode programs and,
-    with ``prefill_buckets`` (default: when the engine compiles one prefill program per
-    token count, :func:`one_prefill_program_per_token_count`), every prefill program, so
-    that no prompt later stalls the running streams while its bucket compiles. Each sample
-    program comes with the sampler programs of its row count, every variant (runner.py),
-    so no sampling parameters compile anything later; what is left compiles on first use
-    (``runner.num_compilations`` counts it): on the jnp reference path the prefill
-    programs of other token counts, prompt_logprobs' logits programs, the k-step programs
-    of other sampler variants (runner_multi.py). Raises ValueError for ``jobs`` < 1; a
-    build's error (out of memory, say) is raised once the request and the other builds
-    are done.
+    with ``prefill_buckets`` (``serve --warmup-prefill``), every prefill program, so that no
+    prompt later stalls the running streams while its bucket compiles (10 programs at the
+    GPU defaults with the Pallas kernels; the jnp reference's grid of rows x widths is
+    larger: 95 for SmolLM2's CPU defaults). Each sample program comes with the sampler
+    programs of its row count, every variant (runner.py), so no sampling parameters compile
+    anything later; what is left compiles on first use (``runner.num_compilations`` counts
+    it): prefill programs of other token counts, prompt_logprobs' logits programs, the
+    k-step programs of other sampler variants (runner_multi.py). Raises ValueError for
+    ``jobs`` < 1; a build's error (out of memory, say) is raised once the request and the
+    other builds are done.
     """
     from jaxinfer.compile import preload
 
     jobs = default_warmup_jobs() if jobs is None else jobs
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"warm-up jobs must be an integer >= 1, got {jobs!r}")
-    if prefill_buckets is None:
-        prefill_buckets = one_prefill_program_per_token_count(engine)
     t0 = time.perf_counter()
     preload(engine)  # with a compile cache: no request waits for a program later
     builds = warm_up_builds(engine, decode_buckets, prefill_buckets)

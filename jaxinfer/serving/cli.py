@@ -54,6 +54,10 @@ def add_serve_parser(sub: Any) -> None:
                     help="most waiting requests; more get RESOURCE_EXHAUSTED (default: none)")
     p.add_argument("--drain-timeout", type=non_negative_float, default=30.0,
                    help="seconds (>= 0) in-flight streams may run after SIGTERM")
+    p.add_argument("--warmup-prefill", action="store_true",
+                   help="the warm-up also builds every prefill program (one per token bucket "
+                        "with the GPU's Pallas kernels), so no prompt stalls running streams "
+                        "while its bucket compiles; start-up takes longer")
     p.add_argument("--no-warmup", action="store_true",
                    help="report SERVING without compiling the common programs first")
     p.set_defaults(func=cmd_serve)
@@ -76,7 +80,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             check_port_free(ns.host, ns.metrics_port, "serve metrics")
         engine = LLMEngine(ns.model, **args)
         return asyncio.run(serve(engine, ns.host, ns.port, ns.metrics_port, ns.max_queue_len,
-                                 ns.drain_timeout, warmup=not ns.no_warmup))
+                                 ns.drain_timeout,
+                                 warmup=(False if ns.no_warmup
+                                         else "prefill" if ns.warmup_prefill else True)))
     except ServerError as e:
         print(f"jaxinfer: error: {e}", file=sys.stderr)
         return 2

@@ -88,14 +88,17 @@ class InferenceServer:
       metrics_port: Prometheus ``/metrics`` port on ``host`` (None: no HTTP endpoint; 0: any).
       max_queue_len: most waiting requests before RESOURCE_EXHAUSTED (None: the engine's
         own ``SchedulerConfig.max_queue_len``, unbounded by default).
-      warmup: compile the common programs before reporting SERVING (see :func:`warm_up`).
+      warmup: compile the common programs before reporting SERVING (see :func:`warm_up`);
+        ``"prefill"``: every prefill program too (``warm_up(prefill_buckets=True)``).
     Raises:
       ConfigError: bad max_queue_len. ServerError (from ``start``): the port cannot be bound.
     """
 
     def __init__(self, engine: LLMEngine, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  metrics_port: int | None = None, max_queue_len: int | None = None,
-                 warmup: bool = True) -> None:
+                 warmup: bool | str = True) -> None:
+        if warmup not in (True, False, "prefill"):
+            raise ConfigError(f"warmup must be True, False or 'prefill', got {warmup!r}")
         self.engine = engine
         self.host = host
         self.port = port
@@ -142,7 +145,8 @@ class InferenceServer:
                                   f"{host_port(self.host, self.metrics_port)}: "
                                   f"{e.strerror or e}") from e
         if self.warmup:  # health answers NOT_SERVING meanwhile
-            self.warmup_seconds = await loop.run_in_executor(None, warm_up, self.engine)
+            self.warmup_seconds = await loop.run_in_executor(
+                None, lambda: warm_up(self.engine, prefill_buckets=self.warmup == "prefill"))
             log.info("warm-up: %.1f s, %d programs compiled", self.warmup_seconds,
                      self.engine.runner.num_compilations)
         self.metrics.on_step(self.engine)
@@ -168,7 +172,7 @@ class InferenceServer:
 
 async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | None = None,
                 max_queue_len: int | None = None, drain_timeout: float = 30.0,
-                warmup: bool = True, ready: Any = None) -> int:
+                warmup: bool | str = True, ready: Any = None) -> int:
     """Serve until SIGTERM / SIGINT, then drain for up to ``drain_timeout`` s (a second
     signal cancels what is in flight and stops at once, as vLLM's server does); returns 0."""
     server = InferenceServer(engine, host, port, metrics_port, max_queue_len, warmup)

@@ -15,7 +15,7 @@ from jaxinfer.llm import LLM
 from jaxinfer.runner import COPY, SAMPLE
 from jaxinfer.sampling import SAMPLER_VARIANTS
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.warmup import one_prefill_program_per_token_count, warm_up, warm_up_builds
+from jaxinfer.warmup import warm_up, warm_up_builds
 from tests.conftest import tiny_config, tiny_loaded
 from tests.engine.test_async_scheduling import ENGINE
 
@@ -116,7 +116,6 @@ def test_warm_up_with_prefill_buckets_leaves_nothing_to_compile():
 
     llm = LLM(tiny_loaded("llama"), **ENGINE, attention_backend="reference")
     eng = llm.engine
-    assert not one_prefill_program_per_token_count(eng)  # the default leaves them out
     warm_up(eng, jobs=2, prefill_buckets=True)
     r = eng.runner
     want = {(p.mode, p.bucket) for p in enumerate_programs(eng.config, ["sample"])
@@ -132,12 +131,14 @@ def test_warm_up_with_prefill_buckets_leaves_nothing_to_compile():
     assert r.num_compilations + r.num_loaded == n, set(r._executables)
 
 
-def test_one_prefill_program_per_token_count_follows_the_buckets():
+def test_prefill_builds_follow_the_buckets_largest_first():
+    """With one row count and table width (the Pallas kernels' set) one prefill program per
+    token bucket, the largest first; none unless asked for."""
     narrow = LLM(tiny_loaded("llama"), **{**ENGINE, "page_buckets": (16,),
                                            "prefill_seq_buckets": (4,)}).engine
-    assert one_prefill_program_per_token_count(narrow)
     builds = warm_up_builds(narrow, decode_buckets=False, prefill_buckets=True)
     assert [(f.args[0].num_tokens, f.args[0].num_seqs) for f in builds] == [(32, 4), (16, 4)]
+    assert all(f.args[0].kind != "prefill" for f in warm_up_builds(narrow))
 
 
 # ---------------------------------------------------------------- GPU defaults

@@ -844,3 +844,40 @@ def test_logit_bias_over_the_wire(tiny_server):
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert msg in e.value.details()
     wait_until(lambda: _all_free(st))
+
+
+def test_warmup_prefill_builds_every_prefill_program_before_serving():
+    """``serve --warmup-prefill`` (InferenceServer warmup="prefill"): every reachable prefill
+    program is built before SERVING, so requests of several prompt lengths then build none;
+    a warmup value other than True / False / "prefill" is refused by name."""
+    from jaxinfer.compile import enumerate_programs
+    from jaxinfer.config import ConfigError
+    from jaxinfer.engine import LLMEngine
+    from jaxinfer.serving.cli import add_serve_parser
+    from jaxinfer.serving.server import InferenceServer
+    from tests.conftest import tiny_loaded
+    from tests.serving.conftest import TINY_ARGS, ServerThread
+
+    engine = LLMEngine(tiny_loaded("llama"), **{**TINY_ARGS, "prefill_buckets": (16, 64)})
+    with pytest.raises(ConfigError, match="warmup must be True, False or 'prefill'"):
+        InferenceServer(engine, port=0, warmup="yes")
+    st = ServerThread(engine, warmup="prefill").start()
+    try:
+        r = engine.runner
+        prefills = {(p.mode, p.bucket) for p in enumerate_programs(engine.config, ["sample"])
+                    if p.bucket.kind == "prefill"}
+        assert len(prefills) > 2 and prefills <= set(r._executables)
+        n = r.num_compilations + r.num_loaded
+        with InferenceClient(st.target, timeout=60) as c:
+            for length in (3, 20, 50):
+                out = c.generate(token_ids=list(range(1, length + 1)), max_tokens=3,
+                                 ignore_eos=True)
+                assert len(out.token_ids) == 3
+        assert r.num_compilations + r.num_loaded == n
+    finally:
+        st.stop()
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_serve_parser(p.add_subparsers())
+    assert p.parse_args(["serve", "--warmup-prefill"]).warmup_prefill is True

@@ -59,7 +59,7 @@ class CompileCacheWarning(UserWarning):
 # compilation cache, which also records ".../cache_hits". Their difference is the number of
 # programs XLA actually compiled in this process. jax fires both in the thread that asked for
 # the compile, so a per-thread count tells one thread's compiles from its neighbours' when
-# programs are built in parallel (serving/server.py's warm-up).
+# programs are built in parallel (the server's warm-up, warmup.py).
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _counts = {"requests": 0, "hits": 0}

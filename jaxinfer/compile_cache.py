@@ -30,6 +30,7 @@ import os
 import pickle
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,17 @@ class KeyLocks:
     def __call__(self, key: Any) -> threading.Lock:
         with self._lock:
             return self._locks.setdefault(key, threading.Lock())
+
+    def get_or_build(self, cache: dict, key: Any, build: Callable[[], Any]) -> Any:
+        """``cache[key]``, made by ``build()`` under ``key``'s lock if absent (the lock-free
+        lookup first: the step loop asks for a built program every step)."""
+        value = cache.get(key)
+        if value is None:
+            with self(key):
+                value = cache.get(key)
+                if value is None:
+                    value = cache[key] = build()
+        return value
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -264,41 +265,44 @@ class ModelRunner(SlotStateLoaders):
         SAMPLE bucket of S rows also builds every sampler variant of S (``sampler``).
         Thread-safe: threads asking for one program at once build it once (the others wait
         for it), different programs compile in parallel (XLA releases the GIL)."""
-        key = (mode, bucket)
-        exe = self._executables.get(key)
-        if exe is None:
-            with self._build_locks(key):
-                exe = self._executables.get(key)
-                if exe is None:
-                    exe = self._build(bucket, mode)
-        return exe
+        exe = self._executables.get((mode, bucket))  # every step: no lock, no closure
+        return exe if exe is not None else self._build_locks.get_or_build(
+            self._executables, (mode, bucket), lambda: self._build(bucket, mode))
 
     def _build(self, bucket: Bucket, mode: str):
-        key = (mode, bucket)
-        t0 = time.perf_counter()
         # jaxinfer compile builds neither the history, copy, gather nor bias program
         # without --modes sample (nor those added since a store was built): load them
         # only if present.
-        exe = None
-        if self.program_store is not None and (
-                mode not in (HISTORY, COPY, GATHER, BIAS)
-                or (mode, bucket) in self.program_store.entries):
-            exe = self.program_store.load(mode, bucket)
+        exe = self.load_or_compile(mode, bucket, lambda: self.lower(bucket, mode),
+                                   stored=mode not in (HISTORY, COPY, GATHER, BIAS),
+                                   what=f"{mode} {bucket}")
+        if mode == SAMPLE:
+            for name in SAMPLER_VARIANTS:
+                self.executable(sampler_bucket(bucket.num_seqs, name), SAMPLER)
+        return exe
+
+    def load_or_compile(self, mode: str, bucket: Bucket,
+                        lower: Callable[[], jax.stages.Lowered], stored: bool,
+                        what: str) -> Any:
+        """Program ``(mode, bucket)`` from ``program_store`` (asked for it when ``stored``,
+        i.e. every store holds such programs, else only if it has it), else ``lower()``
+        compiled now; counted in ``num_compilations`` / ``num_loaded`` (the calling thread's
+        compiles only, under a lock: threads build programs at once), timed in
+        ``compile_seconds`` and logged as ``what``."""
+        t0, store, exe = time.perf_counter(), self.program_store, None
+        if store is not None and (stored or (mode, bucket) in store.entries):
+            exe = store.load(mode, bucket)
         compiled = 0
         if exe is None:
             before = xla_compilations(this_thread=True)
-            exe = self.lower(bucket, mode).compile(compiler_options=COMPILER_OPTIONS)
+            exe = lower().compile(compiler_options=COMPILER_OPTIONS)
             compiled = xla_compilations(this_thread=True) - before
         with self._count_lock:
             self.num_compilations += compiled
             self.num_loaded += compiled == 0  # program store or JAX's persistent cache
-        self.compile_seconds[key] = time.perf_counter() - t0
-        log.info("%s %s %s in %.2f s", "compiled" if compiled else "loaded", mode, bucket,
-                 self.compile_seconds[key])
-        self._executables[key] = exe
-        if mode == SAMPLE:
-            for name in SAMPLER_VARIANTS:
-                self.executable(sampler_bucket(bucket.num_seqs, name), SAMPLER)
+        self.compile_seconds[mode, bucket] = time.perf_counter() - t0
+        log.info("%s %s in %.2f s", "compiled" if compiled else "loaded", what,
+                 self.compile_seconds[mode, bucket])
         return exe
 
     def sampler(self, num_seqs: int, variant: str):

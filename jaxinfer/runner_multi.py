@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
 from typing import Any
 
 import jax
@@ -34,8 +33,8 @@ import numpy as np
 from flax import nnx
 
 from jaxinfer.batch import Bucket, SamplingArrays, StepInputs
-from jaxinfer.compile_cache import KeyLocks, xla_compilations
-from jaxinfer.runner import COMPILER_OPTIONS, ModelRunner, _metadata
+from jaxinfer.compile_cache import KeyLocks
+from jaxinfer.runner import ModelRunner, _metadata
 from jaxinfer.sampling import SAMPLER_VARIANTS, SamplerNeeds, sample_rows, sampler_variant
 
 log = logging.getLogger(__name__)
@@ -125,32 +124,12 @@ class MultiStepPrograms:
         """The program of ``k`` steps of decode ``bucket`` sampling with ``variant``: loaded
         from the runner's compile cache (``program_store``) if it holds it, else compiled now
         (counted in the runner's ``num_compilations``); once per key."""
-        key = (bucket, variant, k)
-        exe = self._programs.get(key)
-        if exe is None:
-            with self._build_locks(key):  # thread-safe as ModelRunner.executable
-                exe = self._programs.get(key)
-                if exe is None:
-                    exe = self._programs[key] = self._build(bucket, variant, k)
-        return exe
-
-    def _build(self, bucket: Bucket, variant: str, k: int) -> Any:
-        r = self.runner
-        t0, before = time.perf_counter(), xla_compilations(this_thread=True)
-        cached = multi_step_bucket(bucket, variant, k)
-        store, exe = r.program_store, None
-        if store is not None and (MULTI_STEP, cached) in store.entries:
-            exe = store.load(MULTI_STEP, cached)
-        if exe is None:
-            exe = self.lower(bucket, variant, k).compile(compiler_options=COMPILER_OPTIONS)
-        compiled = xla_compilations(this_thread=True) - before
-        with r._count_lock:
-            r.num_compilations += compiled
-            r.num_loaded += compiled == 0
-        r.compile_seconds[MULTI_STEP, cached] = time.perf_counter() - t0
-        log.info("%s %d-step decode %s (%s) in %.2f s", "compiled" if compiled else "loaded",
-                 k, bucket, variant, r.compile_seconds[MULTI_STEP, cached])
-        return exe
+        exe = self._programs.get((bucket, variant, k))  # every window: no lock, no closure
+        return exe if exe is not None else self._build_locks.get_or_build(
+            self._programs, (bucket, variant, k), lambda: self.runner.load_or_compile(
+                MULTI_STEP, multi_step_bucket(bucket, variant, k),
+                lambda: self.lower(bucket, variant, k), stored=False,
+                what=f"{k}-step decode {bucket} ({variant})"))
 
     def launch(self, inputs: StepInputs, k: int,
                token_ids: Any = None) -> tuple[jax.Array, jax.Array]:

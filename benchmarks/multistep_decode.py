@@ -59,7 +59,7 @@ def build_multistep(runner, n: int):
         def body(i, carry):
             cache, counts, toks, md, out = carry
             hidden, cache = model(toks, cache, md, attention)
-            so, counts = sample_rows(model.logits(hidden[md.logits_indices]), sa, counts, needs)
+            so, counts, _ = sample_rows(model.logits(hidden[md.logits_indices]), sa, counts, needs)
             pos = md.positions + 1
             slot = md.block_tables[rows, pos // ps] * ps + pos % ps
             md = dataclasses.replace(md, positions=pos, slot_mapping=slot,

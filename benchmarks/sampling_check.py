@@ -170,7 +170,7 @@ def check_distribution(rng, V: int, n: int) -> list[tuple[str, bool, str]]:
     out = []
     for draw, select in (("threefry", "topk"), ("hash", "sort")):
         set_methods(draw, select, floor=draw == "hash")
-        res, _ = sampler()(logits, SamplingArrays(*map(jnp.asarray, sa)), counts)
+        res, *_ = sampler()(logits, SamplingArrays(*map(jnp.asarray, sa)), counts)
         toks = np.asarray(res.tokens)
         for i, (mix, kw) in enumerate(MIXES.items()):
             got = np.bincount(toks[i * n:(i + 1) * n], minlength=V)
@@ -217,9 +217,9 @@ def check_invariance(rng, V: int) -> list[tuple[str, bool, str]]:
             lg[100] = row
             cnt = np.zeros((257, V), np.int32)
             cnt[100, :64] = 1
-            a, _ = run(jnp.asarray(row[None]), SamplingArrays_(alone),
+            a, *_ = run(jnp.asarray(row[None]), SamplingArrays_(alone),
                        jnp.asarray(cnt[100:102]))  # its slot's row, then scratch
-            b, _ = run(jnp.asarray(lg), SamplingArrays_(big), jnp.asarray(cnt))
+            b, *_ = run(jnp.asarray(lg), SamplingArrays_(big), jnp.asarray(cnt))
             bad += not (int(a.tokens[0]) == int(b.tokens[100])
                         and np.asarray(a.logprobs)[0] == np.asarray(b.logprobs)[100]
                         and np.array_equal(np.asarray(a.top_ids)[0],

@@ -159,8 +159,9 @@ class Case:
             from jaxinfer.sampling_penalties import LogitBias
 
             ids = np.stack([rng.choice(V, MAX_LOGIT_BIAS, replace=False) for _ in range(B + 1)])
-            kw["bias"] = LogitBias(jnp.asarray(ids, jnp.int32), jnp.asarray(
-                rng.uniform(-5, 5, (B + 1, MAX_LOGIT_BIAS)), jnp.float32))
+            kw["bias"] = LogitBias.zeros(B + 1)._replace(
+                ids=jnp.asarray(ids, jnp.int32),
+                values=jnp.asarray(rng.uniform(-5, 5, (B + 1, MAX_LOGIT_BIAS)), jnp.float32))
         fn = functools.partial(sampler, **kw)
         lowered = jax.jit(fn, donate_argnums=(2,)).lower(self.logits, self.sas[0], self.counts)
         key = (mode, B, hash(lowered.as_text()))
@@ -172,7 +173,7 @@ class Case:
         self.exe, self.sorts, self.conds, self.hlo_hash = cache[key]
 
     def call(self, i: int):
-        out, self.counts = self.exe(self.logits, self.sas[i % len(self.sas)], self.counts)
+        out, self.counts, *_ = self.exe(self.logits, self.sas[i % len(self.sas)], self.counts)
         return out
 
 

@@ -67,8 +67,9 @@ class SamplingArrays(NamedTuple):
         the row's stop tokens (flagged in its slot's penalty state) are masked; 0 = off.
       allowed_only: bool, the request has ``allowed_token_ids`` (flagged in its slot's
         penalty state): every other token is masked.
-      has_bias: bool, the request has a ``logit_bias`` (loaded in its slot's
-        ``sampling_penalties.LogitBias`` row): it is added to the row's logits.
+      has_bias: bool, the request has a ``logit_bias`` or ``bad_words`` (loaded in its
+        slot's ``sampling_penalties.LogitBias`` row): the bias is added to the row's logits,
+        the bad words' tokens masked.
     All-zero arrays are valid input too (greedy rows, no penalties, slot 0, no logprobs).
     """
 
@@ -252,4 +253,5 @@ def _fill_row(sa: SamplingArrays, row: int, seq: Any, end: int, seed: int, slot:
     sa.want_logprobs[row] = sp.logprobs is not None
     sa.min_tokens[row] = sp.min_tokens if slot >= 0 else 0  # its stop flags live in the slot
     sa.allowed_only[row] = bool(sp.allowed_token_ids) and slot >= 0  # (so do these)
-    sa.has_bias[row] = bool(sp.logit_bias) and slot >= 0  # its table lives in the slot too
+    sa.has_bias[row] = (bool(sp.logit_bias) or bool(sp.bad_words)) and slot >= 0  # (tables
+    #                                                         in the slot too)

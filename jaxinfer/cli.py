@@ -150,7 +150,7 @@ def _sampling(ns: argparse.Namespace):
                                       else ns.default_max_tokens),
                           seed=ns.sample_seed, min_tokens=ns.min_tokens,
                           ignore_eos=ns.ignore_eos, stop_token_ids=ns.stop_token_ids,
-                          logit_bias=ns.logit_bias)
+                          logit_bias=ns.logit_bias, bad_words=ns.bad_words)
 
 
 def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_len: int):
@@ -181,6 +181,8 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
                    help="comma-separated token ids that end the output")
     p.add_argument("--logit-bias", type=logit_bias_json, default=None,
                    help='JSON token id -> bias added to its logit, e.g. \'{"13": -100}\'')
+    p.add_argument("--bad-words", action="append", default=None, metavar="WORD",
+                   help="a word never generated (vLLM's bad_words; repeat the flag for more)")
 
 
 def _token_ids(text: str) -> list[int]:
@@ -245,6 +247,10 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         if bad := [t for t in ids if t >= V]:  # (else every turn is dropped)
             raise ValueError(f"{flag} {bad} are not in the vocabulary: ids must be in "
                              f"[0, {V})")
+    if params.bad_words:  # (the same: refused now, not at every turn)
+        from jaxinfer.sampling_bad_words import encode_bad_words
+
+        encode_bad_words(engine.tokenizer, params.bad_words, V)
     history: list[dict[str, str]] = []
     if ns.system:
         history.append({"role": "system", "content": ns.system})

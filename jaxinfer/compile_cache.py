@@ -145,7 +145,7 @@ _NOT_IN_PROGRAMS = ("eos_token_ids", "bos_token_id", "name")
 PROGRAM_SOURCES = ("jaxinfer/batch.py", "jaxinfer/config.py", "jaxinfer/layers", "jaxinfer/models",
                    "jaxinfer/order_keys.py", "jaxinfer/quantization.py", "jaxinfer/row_reduce.py",
                    "jaxinfer/runner.py", "jaxinfer/runner_multi.py", "jaxinfer/runner_slots.py",
-                   "jaxinfer/sampling.py",
+                   "jaxinfer/sampling.py", "jaxinfer/sampling_bad_words.py",
                    "jaxinfer/sampling_filters.py", "jaxinfer/sampling_noise.py",
                    "jaxinfer/sampling_params.py", "jaxinfer/sampling_penalties.py",
                    "jaxinfer/sampling_topk.py", "pallas_kernels")

@@ -42,6 +42,7 @@ from jaxinfer.outputs import (
 from jaxinfer.prompts import PromptTooLongError, RequestError
 from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.runner_multi import MultiStepPrograms
+from jaxinfer.sampling_bad_words import BadWordsError, encode_bad_words
 from jaxinfer.sampling_params import ParameterError, SamplingParams
 from jaxinfer.scheduler import (
     QueueFullError,
@@ -211,6 +212,12 @@ class LLMEngine:
         if params.stop_strings and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer; this model has none "
                                "(use stop_token_ids)")
+        if params.bad_words:
+            try:
+                params.bad_words_token_ids = encode_bad_words(
+                    self.tokenizer, params.bad_words, self.model_config.vocab_size)
+            except BadWordsError as e:
+                raise RequestError(str(e)) from e
         V = self.model_config.vocab_size
         for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):
             if outside := [t for t in getattr(params, name) or () if t >= V]:
@@ -310,7 +317,8 @@ class LLMEngine:
         it; a penalty-state slot for every sequence of the step (preempted ones lose theirs),
         loaded from its tokens, stop tokens and allowed tokens for a newly (re)admitted
         sequence with penalties, ``min_tokens`` (its stop tokens are masked until then) or
-        ``allowed_token_ids`` (the others are masked); and its ``logit_bias`` table."""
+        ``allowed_token_ids`` (the others are masked); and its ``logit_bias`` and
+        ``bad_words`` tables (matching from the outputs it has)."""
         if out.page_copies:
             self.runner.copy_pages(out.page_copies)
         for seq in out.preempted:
@@ -329,8 +337,9 @@ class LLMEngine:
                 self.runner.load_history(slot, toks, seq.num_prompt_tokens,
                                          sorted(self._masked_stops(sp)),
                                          sorted(set(sp.allowed_token_ids or ())))
-            if sp.logit_bias:
-                self.runner.load_logit_bias(slot, sp.logit_bias)
+            if sp.logit_bias or sp.bad_words:
+                self.runner.load_logit_bias(slot, sp.logit_bias, sp.bad_words_token_ids or (),
+                                            seq.output_token_ids)
 
     def _masked_stops(self, sp: SamplingParams) -> set[int]:
         """The token ids masked before ``sp.min_tokens`` outputs: what

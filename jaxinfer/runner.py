@@ -21,8 +21,9 @@ nothing that an earlier step of the same bucket did not, whatever its parameters
 Besides the KV pool the runner holds the sampling penalty state, ``counts`` [num_slots + 1, V]
 int32 (see ``sampling.py``), donated to every sampler program like the pool to the model
 program, a small "history" program that loads one slot's row from a sequence's tokens, the
-per-slot ``logit_bias`` tables (``sampling_penalties.LogitBias``, read by the sampler) and a
-"bias" program that loads one slot's table, and a "copy" program that copies KV pages for
+per-slot ``logit_bias`` and ``bad_words`` tables (``sampling_penalties.LogitBias``, donated to
+the sampler, which appends each token of a row with a table to its slot's last outputs) and a
+"bias" program that loads one slot's tables, and a "copy" program that copies KV pages for
 the copy-on-write of forked ``n > 1`` samples (``layers/page_copy.py``).
 """
 
@@ -110,13 +111,14 @@ COMPILER_OPTIONS = {"xla_gpu_memory_limit_slop_factor": 1000}
 
 def _make_sampler(needs: SamplerNeeds):
     """The jitted sampler program of static ``needs``: (logits, *SamplingArrays fields,
-    counts, logit_bias) -> (SampleOutput, counts), counts donated."""
+    counts, logit_bias) -> (SampleOutput, counts, logit_bias), both tables donated."""
 
     def run(logits, *rest):
         *sa, counts, bias = rest
         return sample_rows(logits, SamplingArrays(*sa), counts, needs, bias)
 
-    return jax.jit(run, donate_argnums=(1 + len(SamplingArrays._fields),))
+    n = len(SamplingArrays._fields)
+    return jax.jit(run, donate_argnums=(1 + n, 2 + n))
 
 
 # The programs that do not depend on the model (sampler variants, penalty history, page copy,
@@ -232,8 +234,10 @@ class ModelRunner(SlotStateLoaders):
             #                                          logit_bias)
             sp = (sds(a.shape, a.dtype) for a in SamplingArrays.neutral(S))
             return (sds((S, self.model_config.vocab_size), f32), *sp, counts, bias)
-        if bucket.kind == BIAS:  # load_logit_bias(logit_bias, slot, ids [K], values [K])
-            return (bias, sds((), i32), sds((T,), i32), sds((T,), f32))
+        if bucket.kind == BIAS:  # load_logit_bias(logit_bias, slot, ids [K], values [K],
+            #                                        bad_ids [W, L], recent [L - 1])
+            return (bias, sds((), i32), sds((T,), i32), sds((T,), f32),
+                    *(sds(a.shape[1:], a.dtype) for a in bias[2:]))
         if bucket.kind == HISTORY:  # load_token_history(counts, slot, token_ids, num_prompt,
             #                                            ids, keep, flag)
             return (counts, sds((), i32), sds((T,), i32), sds((), i32),
@@ -309,7 +313,8 @@ class ModelRunner(SlotStateLoaders):
         """The sampler program of ``variant`` (a key of ``sampling.SAMPLER_VARIANTS``) for
         ``num_seqs`` rows, built as ``executable`` builds programs. Called as
         ``exe(logits [S, V] float32, *SamplingArrays fields, counts, logit_bias)`` (counts
-        donated); it returns (SampleOutput, counts). Raises KeyError for an unknown variant."""
+        and logit_bias donated); it returns (SampleOutput, counts, logit_bias). Raises
+        KeyError for an unknown variant."""
         exe = self._samplers.get((num_seqs, variant))
         if exe is None:
             exe = self._samplers[num_seqs, variant] = self.executable(
@@ -389,8 +394,8 @@ class ModelRunner(SlotStateLoaders):
         """
         if variant is None:
             variant = sampler_variant(sa, self.model_config.vocab_size)
-        out, self.counts = self.sampler(len(sa.temperature), variant)(logits, *sa, self.counts,
-                                                                      self.logit_bias)
+        out, self.counts, self.logit_bias = self.sampler(len(sa.temperature), variant)(
+            logits, *sa, self.counts, self.logit_bias)
         return out
 
     def copy_pages(self, copies: Any) -> None:

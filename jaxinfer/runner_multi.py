@@ -74,27 +74,27 @@ def split_multi_step_bucket(bucket: Bucket) -> tuple[Bucket, str, int]:
 
 def _multi_step(weights, cache, counts, bias, token_ids, md, *sa, graphdef, tree, attention,
                 page_size: int, needs: SamplerNeeds, k: int):
-    """k decode steps: -> ((tokens [k, S] int32, the last step's [S]), cache, counts); see
-    the module docstring."""
+    """k decode steps: -> ((tokens [k, S] int32, the last step's [S]), cache, counts, bias);
+    see the module docstring."""
     model = nnx.merge(graphdef, jax.tree.unflatten(tree, weights))
     sa = SamplingArrays(*sa)
     rows = jnp.arange(token_ids.shape[0])
 
     def body(i, carry):
-        cache, counts, toks, md, index, out = carry
+        cache, counts, bias, toks, md, index, out = carry
         hidden, cache = model(toks, cache, md, attention)
-        so, counts = sample_rows(model.logits(hidden[md.logits_indices]),
-                                 sa._replace(sample_index=index), counts, needs, bias)
+        so, counts, bias = sample_rows(model.logits(hidden[md.logits_indices]),
+                                       sa._replace(sample_index=index), counts, needs, bias)
         pos = md.positions + 1
         md = dataclasses.replace(
             md, positions=pos, seq_lens=md.seq_lens + 1,
             slot_mapping=md.block_tables[rows, pos // page_size] * page_size + pos % page_size)
-        return cache, counts, so.tokens, md, index + 1, out.at[i].set(so.tokens)
+        return cache, counts, bias, so.tokens, md, index + 1, out.at[i].set(so.tokens)
 
     out = jnp.zeros((k, token_ids.shape[0]), jnp.int32)
-    cache, counts, last, _, _, out = jax.lax.fori_loop(
-        0, k, body, (cache, counts, token_ids, md, sa.sample_index, out))
-    return (out, last), cache, counts
+    cache, counts, bias, last, _, _, out = jax.lax.fori_loop(
+        0, k, body, (cache, counts, bias, token_ids, md, sa.sample_index, out))
+    return (out, last), cache, counts, bias
 
 
 class MultiStepPrograms:
@@ -112,7 +112,7 @@ class MultiStepPrograms:
         fn = jax.jit(functools.partial(
             _multi_step, graphdef=r.graphdef, tree=r.weights_tree, attention=r.attention,
             page_size=r.page_size, needs=SAMPLER_VARIANTS[variant], k=k),
-            donate_argnums=(1, 2))
+            donate_argnums=(1, 2, 3))
         weights, cache, token_ids, md = r.abstract_args(bucket)
         sds = jax.ShapeDtypeStruct
         sa = [sds(a.shape, a.dtype) for a in SamplingArrays.neutral(bucket.num_seqs)]
@@ -152,7 +152,7 @@ class MultiStepPrograms:
         r = self.runner
         variant = sampler_variant(inputs.sampling, r.model_config.vocab_size)
         exe = self.executable(inputs.bucket, variant, k)
-        out, r.cache, r.counts = exe(
+        out, r.cache, r.counts, r.logit_bias = exe(
             r.weights, r.cache, r.counts, r.logit_bias,
             inputs.token_ids if token_ids is None else token_ids, _metadata(inputs),
             *inputs.sampling)

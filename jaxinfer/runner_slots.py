@@ -1,7 +1,8 @@
 """The runner's loaders of per-slot sampling state (a mixin of ``runner.ModelRunner``): the
 penalty-count row of a sequence (``load_history``: its tokens, stop and allowed token flags)
-and its ``logit_bias`` table (``load_logit_bias``), each by a small compiled program of its
-own mode (HISTORY, BIAS), run when the engine admits a sequence that needs them.
+and its ``logit_bias`` and ``bad_words`` tables (``load_logit_bias``), each by a small
+compiled program of its own mode (HISTORY, BIAS), run when the engine admits a sequence that
+needs them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from jaxinfer.batch import Bucket
+from jaxinfer.sampling_bad_words import table_rows
 from jaxinfer.sampling_params import MAX_LOGIT_BIAS
 from jaxinfer.sampling_penalties import ALLOWED_FLAG, STOP_FLAG, STOP_IDS_PER_CALL
 
@@ -64,12 +66,17 @@ class SlotStateLoaders:
             self.counts = exe(self.counts, np.int32(slot), np.asarray(toks, np.int32),
                               np.int32(num_prompt), part, np.bool_(j > 0), np.int32(flag))
 
-    def load_logit_bias(self, slot: int, logit_bias: dict[int, float]) -> None:
-        """Overwrite slot ``slot``'s ``logit_bias`` table with ``logit_bias`` (token id ->
-        bias, at most ``MAX_LOGIT_BIAS`` entries; the engine checks the ids against the
-        vocabulary). Raises ValueError for a slot out of range or too many entries."""
+    def load_logit_bias(self, slot: int, logit_bias: dict[int, float] | None,
+                        bad_words: Sequence[Sequence[int]] = (),
+                        outputs: Sequence[int] = ()) -> None:
+        """Overwrite slot ``slot``'s tables with ``logit_bias`` (token id -> bias, at most
+        ``MAX_LOGIT_BIAS`` entries; the engine checks the ids against the vocabulary) and
+        the ``bad_words`` token sequences (``SamplingParams.bad_words_token_ids``), whose
+        matching starts from the sequence's ``outputs`` so far (its output token ids).
+        Raises ValueError for a slot out of range or too many entries."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} is not in [0, {self.num_slots})")
+        logit_bias = logit_bias or {}
         if len(logit_bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias has {len(logit_bias)} entries; at most "
                              f"{MAX_LOGIT_BIAS}")
@@ -77,6 +84,7 @@ class SlotStateLoaders:
         values = np.zeros(MAX_LOGIT_BIAS, np.float32)
         ids[:len(logit_bias)] = list(logit_bias)
         values[:len(logit_bias)] = list(logit_bias.values())
+        bad_ids, recent = table_rows(bad_words, outputs)
         exe = self.executable(BIAS_BUCKET, BIAS)
-        self.logit_bias = exe(self.logit_bias, np.int32(slot), ids, values)
+        self.logit_bias = exe(self.logit_bias, np.int32(slot), ids, values, bad_ids, recent)
 

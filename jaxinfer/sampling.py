@@ -12,7 +12,8 @@ vLLM v1's ``Sampler``:
    in the same stage, the row's stop tokens (EOS, ``stop_token_ids``) get -inf while it has
    fewer than ``min_tokens`` outputs (vLLM v1's ``MinTokensLogitsProcessor``), and every
    token outside its ``allowed_token_ids`` (when it has them) gets -inf; a row's
-   ``logit_bias`` is added to its logits first (as vLLM v1 adds it before the penalties);
+   ``logit_bias`` is added to its logits first (as vLLM v1 adds it before the penalties),
+   and its ``bad_words`` tokens get -inf last (:mod:`jaxinfer.sampling_bad_words`);
 3. greedy rows take the argmax; the others divide by the temperature, drop tokens whose
    probability is below ``min_p`` times the best one's, keep the ``top_k`` best and the
    ``top_p`` nucleus of what is left (ties at a cut-off are kept, as in vLLM's threshold
@@ -66,6 +67,7 @@ import numpy as np
 from jaxinfer import sampling_filters, sampling_noise
 from jaxinfer.batch import Bucket, SamplingArrays
 from jaxinfer.row_reduce import row_argmax, row_max
+from jaxinfer.sampling_bad_words import mask_bad_words, push_recent
 from jaxinfer.sampling_filters import buffered_cutoffs, kth_largest, nucleus_cut
 from jaxinfer.sampling_params import MAX_LOGPROBS
 from jaxinfer.sampling_penalties import LogitBias, add_logit_bias, apply_penalties, masks_stops
@@ -152,10 +154,11 @@ class SamplerNeeds(NamedTuple):
       full_search: some sampling row with top-k or top-p has no top-k of at most
         ``sampling_filters.BUFFER_TOP_K`` (its cut-offs are searched over the whole vocabulary;
         rows with such a top-k search a gathered buffer whatever the flags).
-      bias: some row has a ``logit_bias`` (in the penalties stage, so it needs ``penalties``
-        too). Its own flag because writing the biased entries over the penalized logits
-        materializes them instead of fusing them into the draw: +58 us a call at S = 256,
-        V = 128256 on an H100 (session 37), which batches without a bias should not pay.
+      bias: some row has a ``logit_bias`` or ``bad_words`` (``sp.has_bias``; in the
+        penalties stage, so it needs ``penalties`` too). Its own flag because writing the
+        biased entries over the penalized logits materializes them instead of fusing them
+        into the draw: +58 us a call at S = 256, V = 128256 on an H100 (session 37), which
+        batches without a bias should not pay.
     """
 
     penalties: bool = True
@@ -333,10 +336,13 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
         variant of ``SAMPLER_VARIANTS`` covering it: what the runner passes), or None to
         decide on the device with ``lax.cond`` (module docstring: each one is a host sync on
         XLA:GPU). Every covering choice gives every row the same result.
-      bias: the per-slot ``logit_bias`` tables ([N + 1, MAX_LOGIT_BIAS], rows of ``counts``'
-        slots), added to rows with ``sp.has_bias``; None: no row has a bias.
+      bias: the per-slot ``logit_bias`` and ``bad_words`` tables (``LogitBias``, rows of
+        ``counts``' slots), applied to rows with ``sp.has_bias`` (the bias added, then the
+        penalties, then the bad words' tokens -inf); None: no row has either.
     Returns:
-      (SampleOutput, updated counts). Rows whose slot is < 0 or >= N use the scratch row.
+      (SampleOutput, updated counts, updated tables: each ``sp.has_bias`` row's token
+      appended to its slot's ``recent``; None when ``bias`` is None). Rows whose slot is
+      < 0 or >= N use the scratch row.
     """
     logits = logits.astype(jnp.float32)
     S, V = logits.shape
@@ -359,8 +365,9 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
         out = apply_penalties(logits, counts[slots], **kw)
         if bias is None:
             return out
-        return when("bias", lambda: add_logit_bias(out, logits, counts, bias, slots,
-                                                   sp.has_bias, **kw), lambda: out)
+        return when("bias", lambda: mask_bad_words(
+            add_logit_bias(out, logits, counts, bias, slots, sp.has_bias, **kw),
+            bias.bad_ids[slots], bias.recent[slots], sp.has_bias), lambda: out)
 
     proc = when("penalties", penalized, lambda: logits)
     tokens = when("sampling", lambda: _draw(proc, sp, when),
@@ -371,7 +378,10 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
         lambda: (jnp.zeros((S,), jnp.float32), jnp.zeros((S, K), jnp.int32),
                  jnp.zeros((S, K), jnp.float32)))
     counts = counts.at[slots, tokens].add((slots < N).astype(jnp.int32))
-    return SampleOutput(tokens, chosen, top_i, top_v), counts
+    if bias is not None:  # the bad words' view of the outputs (rows with a table)
+        bias = when("bias", lambda: bias._replace(recent=push_recent(
+            bias.recent, slots, tokens, sp.has_bias & (slots < N))), lambda: bias)
+    return SampleOutput(tokens, chosen, top_i, top_v), counts, bias
 
 
 def sample(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
@@ -395,5 +405,5 @@ def sample(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: j
                         sample_index=sample_index, slots=jnp.full((S,), -1, jnp.int32),
                         want_logprobs=jnp.zeros((S,), bool), min_tokens=jnp.zeros((S,), jnp.int32),
                         allowed_only=jnp.zeros((S,), bool), has_bias=jnp.zeros((S,), bool))
-    out, _ = sample_rows(logits, sp, jnp.zeros((1, V), jnp.int32))
+    out, _, _ = sample_rows(logits, sp, jnp.zeros((1, V), jnp.int32))
     return out.tokens

@@ -161,6 +161,12 @@ class SamplingParams:
         vocabulary), values in [-1e4, 1e4] (OpenAI's API takes [-100, 100]: -100 all but
         bans a token, +100 all but forces it; larger ones would tie or overflow in the
         sampler's float32), at most 300 entries (OpenAI's limit).
+      bad_words: words never generated (vLLM's): each is encoded with and without a leading
+        space, and a word's last token is banned (logit -inf) whenever the output so far
+        ends with its other tokens -- a one-token word is always banned
+        (:mod:`jaxinfer.sampling_bad_words`). A str is one word; else a list or tuple of
+        non-empty strs; None or [] = none. The engine encodes them (a model without a
+        tokenizer refuses them; at most 128 token sequences of at most 16 tokens).
       include_stop_str_in_output: keep the matched stop string in the text, and the text of
         the token that ended the sequence (EOS or a stop token id), as vLLM v1.
       ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).
@@ -212,7 +218,12 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
     logit_bias: dict[int, float] | None = None
+    bad_words: list[str] | None = None
     output_kind: str = "cumulative"
+    # The engine's encoding of ``bad_words`` (``sampling_bad_words.bad_words_token_ids``:
+    # list[list[int]]), set on its own copy when it accepts the request. Not a field (no
+    # annotation): not an argument, and ``dataclasses.replace`` copies start without it.
+    bad_words_token_ids = None
 
     def __post_init__(self) -> None:
         for name, integer, optional in _NUMERIC:  # np.int64(5) -> 5, 1 -> 1.0, ...
@@ -266,15 +277,8 @@ class SamplingParams:
                 raise ParameterError("allowed_token_ids is empty: no token could be sampled "
                                      "(None allows all)")
         self.logit_bias = _logit_bias(self.logit_bias)
-        stop = self.stop
-        if stop is not None and not isinstance(stop, (str, list, tuple)):
-            raise ParameterError(f"stop must be None, a string or a list of strings, "
-                                 f"got {_kind(stop)}")
-        stop = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-        for i, s in enumerate(stop):
-            if not isinstance(s, str) or not s:
-                raise ParameterError(f"stop must hold non-empty strings, got {s!r} at stop[{i}]")
-        self.stop = stop
+        self.stop = _strings("stop", self.stop)
+        self.bad_words = _strings("bad_words", self.bad_words) or None
 
     @property
     def greedy(self) -> bool:
@@ -291,6 +295,21 @@ class SamplingParams:
     def stop_strings(self) -> list[str]:
         """``stop`` as a list (``__post_init__`` normalizes it)."""
         return self.stop if isinstance(self.stop, list) else []
+
+
+def _strings(name: str, v: object) -> list[str]:
+    """``stop`` / ``bad_words`` as a list of non-empty strs (None -> [], a str -> [it]; a
+    bad word must hold more than spaces); raises ParameterError naming the field and the
+    bad entry."""
+    if v is not None and not isinstance(v, (str, list, tuple)):
+        raise ParameterError(f"{name} must be None, a string or a list of strings, "
+                             f"got {_kind(v)}")
+    out = [] if v is None else [v] if isinstance(v, str) else list(v)
+    for i, s in enumerate(out):
+        if not isinstance(s, str) or not (s.strip() if name == "bad_words" else s):
+            raise ParameterError(f"{name} must hold non-empty strings, got {s!r} at "
+                                 f"{name}[{i}]")
+    return out
 
 
 def with_output_kind(params: Sequence[SamplingParams], kind: str) -> list[SamplingParams]:

@@ -21,7 +21,8 @@ processing (every other token -inf). Raw logprobs are computed before both, as t
 :class:`LogitBias`, a sparse per-slot table: [N + 1, MAX_LOGIT_BIAS] token ids (-1 pads) and
 float32 biases, loaded by :func:`load_logit_bias` when a sequence with a bias is admitted and
 added to the row's logits (:func:`add_logit_bias`) before the penalties, as vLLM v1 adds it
-before ``apply_penalties``.
+before ``apply_penalties``. The same tables hold the slot's ``bad_words`` sequences and its
+last output tokens (:mod:`jaxinfer.sampling_bad_words`), loaded by the same call.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxinfer.sampling_bad_words import MAX_BAD_WORD_SEQS, MAX_BAD_WORD_TOKENS
 from jaxinfer.sampling_params import MAX_LOGIT_BIAS
 
 PROMPT_FLAG = 1 << 30  # bit of a counts entry: the token occurs in the prompt
@@ -41,25 +43,34 @@ STOP_IDS_PER_CALL = 128  # ids one load_token_history call flags ([128] int32, -
 
 
 class LogitBias(NamedTuple):
-    """Per-slot ``logit_bias`` tables on the device (read-only to the sampler).
+    """Per-slot ``logit_bias`` and ``bad_words`` tables on the device.
 
     Attributes:
       ids: [N + 1, MAX_LOGIT_BIAS] int32 token ids of slot n's biases; -1 pads.
       values: [N + 1, MAX_LOGIT_BIAS] float32 the biases, added to those tokens' logits.
+      bad_ids: [N + 1, MAX_BAD_WORD_SEQS, MAX_BAD_WORD_TOKENS] int32 slot n's bad-word token
+        sequences, right-aligned, -1 pads (:mod:`jaxinfer.sampling_bad_words`).
+      recent: [N + 1, MAX_BAD_WORD_TOKENS - 1] int32 slot n's last output tokens, oldest
+        first, -1 where it has fewer; the sampler appends each token it samples for a row
+        with a table (the only field it writes).
     Row N is the scratch row of padding rows (never loaded; rows that use it have no bias).
     """
 
     ids: Any
     values: Any
+    bad_ids: Any
+    recent: Any
 
     @classmethod
     def zeros(cls, num_rows: int, abstract: bool = False) -> LogitBias:
         """Empty tables of ``num_rows`` slots (``jax.ShapeDtypeStruct`` with ``abstract``)."""
-        shape = (num_rows, MAX_LOGIT_BIAS)
+        i32, f32 = jnp.int32, jnp.float32
+        shapes = ((num_rows, MAX_LOGIT_BIAS, i32), (num_rows, MAX_LOGIT_BIAS, f32),
+                  (num_rows, MAX_BAD_WORD_SEQS, MAX_BAD_WORD_TOKENS, i32),
+                  (num_rows, MAX_BAD_WORD_TOKENS - 1, i32))
         if abstract:
-            return cls(jax.ShapeDtypeStruct(shape, jnp.int32),
-                       jax.ShapeDtypeStruct(shape, jnp.float32))
-        return cls(jnp.full(shape, -1, jnp.int32), jnp.zeros(shape, jnp.float32))
+            return cls(*(jax.ShapeDtypeStruct(s[:-1], s[-1]) for s in shapes))
+        return cls(*(jnp.full(s[:-1], 0 if s[-1] == f32 else -1, s[-1]) for s in shapes))
 
 
 def masks_stops(sample_index, min_tokens):
@@ -175,16 +186,22 @@ def add_logit_bias(penalized: jax.Array, logits: jax.Array, counts: jax.Array,
     return penalized.at[jnp.arange(S)[:, None], jnp.where(ok, ids, V)].set(sub, mode="drop")
 
 
-def load_logit_bias(bias: LogitBias, slot: jax.Array, ids: jax.Array,
-                    values: jax.Array) -> LogitBias:
-    """Overwrite slot ``slot``'s table with one request's ``logit_bias``.
+def load_logit_bias(bias: LogitBias, slot: jax.Array, ids: jax.Array, values: jax.Array,
+                    bad_ids: jax.Array, recent: jax.Array) -> LogitBias:
+    """Overwrite slot ``slot``'s tables with one request's ``logit_bias`` and bad words.
 
     Args:
       bias: the per-slot tables.  slot: int32 scalar row.
       ids: [MAX_LOGIT_BIAS] int32 token ids, -1 pads (distinct, in the vocabulary: the
         engine checks).  values: [MAX_LOGIT_BIAS] float32 their biases.
+      bad_ids: [MAX_BAD_WORD_SEQS, MAX_BAD_WORD_TOKENS] int32 bad-word sequences, and
+      recent: [MAX_BAD_WORD_TOKENS - 1] int32 the last outputs so far
+        (``sampling_bad_words.table_rows``).
     Returns:
       the updated tables.
     """
-    return LogitBias(jax.lax.dynamic_update_slice(bias.ids, ids[None, :], (slot, 0)),
-                     jax.lax.dynamic_update_slice(bias.values, values[None, :], (slot, 0)))
+    def put(table: jax.Array, row: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_update_slice(table, row[None], (slot,) + (0,) * row.ndim)
+
+    return LogitBias(put(bias.ids, ids), put(bias.values, values), put(bias.bad_ids, bad_ids),
+                     put(bias.recent, recent))

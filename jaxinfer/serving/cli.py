@@ -112,6 +112,8 @@ def add_client_parser(sub: Any) -> None:
                    help="comma-separated token ids: sample only among these")
     p.add_argument("--logit-bias", type=logit_bias_json, default=None,
                    help='JSON token id -> bias added to its logit, e.g. \'{"13": -100}\'')
+    p.add_argument("--bad-words", action="append", default=None, metavar="WORD",
+                   help="a word never generated (repeat the flag for more)")
     p.add_argument("--truncate-prompt-tokens", type=int, default=None,
                    help="keep only the prompt's last k tokens (-1: max_model_len)")
     p.add_argument("--seed", type=int, default=None)
@@ -172,7 +174,8 @@ def cmd_client(ns: argparse.Namespace) -> int:
             sampling = {k: getattr(ns, k) for k in ("max_tokens", "temperature", "top_k",
                                                     "top_p", "min_tokens", "seed",
                                                     "stop_token_ids", "truncate_prompt_tokens",
-                                                    "allowed_token_ids", "logit_bias")
+                                                    "allowed_token_ids", "logit_bias",
+                                                    "bad_words")
                         if getattr(ns, k) is not None}
             if ns.ignore_eos:
                 sampling["ignore_eos"] = True

@@ -21,6 +21,7 @@ from jaxinfer.sampling import (
     sampler_bucket,
     sampler_variant,
 )
+from jaxinfer.sampling_bad_words import MAX_BAD_WORD_SEQS, MAX_BAD_WORD_TOKENS
 from jaxinfer.sampling_filters import BUFFER_TOP_K
 from jaxinfer.sampling_params import MAX_LOGIT_BIAS
 from jaxinfer.sampling_penalties import LogitBias
@@ -107,8 +108,18 @@ def test_variants_give_the_rows_they_serve_the_results_of_exact_and_all_flags():
     # Every slot's logit_bias table: 12 ids with biases that move the argmax.
     ids = np.full((S + 1, MAX_LOGIT_BIAS), -1, np.int32)
     ids[:, :12] = [rng.permutation(V)[:12] for _ in range(S + 1)]
-    bias = LogitBias(jnp.asarray(ids),
-                     jnp.asarray(rng.uniform(-6, 6, (S + 1, MAX_LOGIT_BIAS)), jnp.float32))
+    # ... and bad words: sequences of 1-3 tokens among the likely ones, whose prefixes the
+    # slots' last outputs (``recent``) match often.
+    bad = np.full((S + 1, MAX_BAD_WORD_SEQS, MAX_BAD_WORD_TOKENS), -1, np.int32)
+    for s_ in range(S + 1):
+        for j in range(10):
+            n = 1 + j % 3
+            bad[s_, j, -n:] = rng.integers(20, 30, n)
+    bias = LogitBias.zeros(S + 1)._replace(
+        ids=jnp.asarray(ids),
+        values=jnp.asarray(rng.uniform(-6, 6, (S + 1, MAX_LOGIT_BIAS)), jnp.float32),
+        bad_ids=jnp.asarray(bad),
+        recent=jnp.asarray(rng.integers(20, 30, (S + 1, MAX_BAD_WORD_TOKENS - 1)), jnp.int32))
     batches: dict[str, list[SamplingArrays]] = {name: [] for name in SAMPLER_VARIANTS}
     for _ in range(2000):
         sa = _random_params(rng, S)
@@ -124,13 +135,14 @@ def test_variants_give_the_rows_they_serve_the_results_of_exact_and_all_flags():
             counts[:S, 20:70] |= 1 << 28  # allowed tokens (the rest masked on allowed_only)
             args = (jnp.asarray(logits), SamplingArrays(*map(jnp.asarray, sa)),
                     jnp.asarray(counts))
-            got, got_counts = run(*args, SAMPLER_VARIANTS[name], bias)
+            got, got_counts, got_bias = run(*args, SAMPLER_VARIANTS[name], bias)
             asked = np.asarray(sa.want_logprobs)
             # The same as the flags the batch needs exactly, and as all flags on.
             for needs in (SamplerNeeds.of(sa, V), SamplerNeeds()):
-                want, want_counts = run(*args, needs, bias)
+                want, want_counts, want_bias = run(*args, needs, bias)
                 np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=name)
                 np.testing.assert_array_equal(got_counts, want_counts, err_msg=name)
+                np.testing.assert_array_equal(got_bias.recent, want_bias.recent, err_msg=name)
                 for a, b in zip(got[1:], want[1:]):  # logprobs, top ids, top logprobs
                     np.testing.assert_array_equal(np.asarray(a)[asked], np.asarray(b)[asked])
 

@@ -46,8 +46,8 @@ def _tokens(logits: np.ndarray, sa: SamplingArrays, counts=None) -> np.ndarray:
     key = (sampling.DRAW_METHOD, topk.SELECT_METHOD)
     if key not in _JITS:
         _JITS[key] = jax.jit(lambda *a: sampling.sample_rows(*a))
-    out, _ = _JITS[key](jnp.asarray(logits, jnp.float32), SamplingArrays(*map(jnp.asarray, sa)),
-                        jnp.asarray(counts))
+    out, *_ = _JITS[key](jnp.asarray(logits, jnp.float32), SamplingArrays(*map(jnp.asarray, sa)),
+                         jnp.asarray(counts))
     return np.asarray(out.tokens)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from jaxinfer.batch import SamplingArrays
 from jaxinfer.sampling import sample_rows
+from jaxinfer.sampling_bad_words import table_rows
 from jaxinfer.sampling_params import MAX_LOGIT_BIAS
 from jaxinfer.sampling_penalties import (
     ALLOWED_FLAG,
@@ -37,7 +38,7 @@ def _params(S: int, **kw) -> SamplingArrays:
 
 def _sample(logits, sa: SamplingArrays, counts=None):
     counts = np.zeros((N_SLOTS + 1, logits.shape[1]), np.int32) if counts is None else counts
-    out, new_counts = _run(jnp.asarray(logits, jnp.float32),
+    out, new_counts, _ = _run(jnp.asarray(logits, jnp.float32),
                            SamplingArrays(*map(jnp.asarray, sa)), jnp.asarray(counts))
     return jax.tree.map(np.asarray, out), np.asarray(new_counts)
 
@@ -360,14 +361,15 @@ def test_logit_bias_is_added_before_the_penalties_only_on_rows_that_have_it():
         vals = np.full(MAX_LOGIT_BIAS, 9.0, np.float32)  # pads' values must not matter
         ids[:len(b)], vals[:len(b)] = list(b), list(b.values())
         ids[len(b)] = V + 3  # outside the vocabulary: ignored
-        bias = load(bias, jnp.int32(slot), jnp.asarray(ids), jnp.asarray(vals))
+        bias = load(bias, jnp.int32(slot), jnp.asarray(ids), jnp.asarray(vals),
+                    *table_rows((), ()))
     has = np.array([True, False, True, False])
     counts = np.zeros((N_SLOTS + 1, V), np.int32)
     counts[0, [7, 40]] = PROMPT_FLAG  # seen: the penalty applies to the biased logit
     sa = _params(S, slots=np.arange(S), has_bias=has, temperature=np.zeros(S),
                  repetition_penalty=np.array([1.5, 1.0, 1.0, 1.0], np.float32),
                  want_logprobs=True)
-    out, _ = jax.tree.map(np.asarray, _run(jnp.asarray(logits),
+    out, *_ = jax.tree.map(np.asarray, _run(jnp.asarray(logits),
                                            SamplingArrays(*map(jnp.asarray, sa)),
                                            jnp.asarray(counts), None, bias))
     for i in range(S):
@@ -387,13 +389,14 @@ def test_logit_bias_is_added_before_the_penalties_only_on_rows_that_have_it():
     banned, forced = int(np.argmax(logits[2])), 11
     bias = load(bias, jnp.int32(3), jnp.asarray(np.r_[forced, np.full(MAX_LOGIT_BIAS - 1, -1)]
                                                 .astype(np.int32)),
-                jnp.asarray(np.r_[100.0, np.zeros(MAX_LOGIT_BIAS - 1)].astype(np.float32)))
+                jnp.asarray(np.r_[100.0, np.zeros(MAX_LOGIT_BIAS - 1)].astype(np.float32)),
+                *table_rows((), ()))
     sa.has_bias[:] = [False, False, True, True]
     sa.want_logprobs[:] = False
     for seed in range(20):  # sampled: row 2 never draws its banned token, row 3 always 11
         sa.temperature[:] = 1.0
         sa.seeds[:] = np.stack([np.arange(S) + 3 * seed, np.full(S, seed)], 1)
-        out, _ = _run(jnp.asarray(logits * 0.3), SamplingArrays(*map(jnp.asarray, sa)),
+        out, *_ = _run(jnp.asarray(logits * 0.3), SamplingArrays(*map(jnp.asarray, sa)),
                       jnp.asarray(counts), None, bias)
         toks = np.asarray(out.tokens)
         assert toks[2] != banned and toks[3] == forced, (seed, toks)

@@ -1,6 +1,6 @@
 """gRPC serving of the default real model (SmolLM2-135M-Instruct): text and chat prompts give the
 offline engine's tokens and text, also with stop strings, logprobs and special tokens kept;
-unary responses agree with streams; tokenizer RPCs round-trip."""
+unary responses agree with streams; bad words are banned; tokenizer RPCs round-trip."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ CASES = [
     ("special_kept_eos", {"messages": CHAT}, {"skip_special_tokens": False, "max_tokens": 48,
                                               "include_stop_str_in_output": True}),
     ("special_skipped", {"messages": CHAT}, {"max_tokens": 48}),
+    # Greedy says " Paris."; without Paris, " the capital of the French Republic."
+    ("bad_words", {"prompt": TEXTS[0]}, {"bad_words": ["Paris", "French Republic"],
+                                         "max_tokens": 16}),
 ]
 
 
@@ -197,6 +200,17 @@ def test_skip_special_tokens_false_keeps_special_tokens(served_cases):
         msgs, unary = got[name]
         assert "".join(m.text for m in msgs) == o.text == unary.text, name
         assert msgs[-1].WhichOneof("stop_reason") is None  # EOS is no stop string or id
+
+
+def test_bad_words_stream_equals_offline(served_cases):
+    """vLLM's bad_words: "Paris" (one token in either form) never comes; "French Republic"
+    (" French", " Republic") bans " Republic" only after " French", which still comes."""
+    got, cases = served_cases
+    o = cases["bad_words"].outputs[0]
+    msgs, unary = got["bad_words"]
+    text = "".join(m.text for m in msgs)
+    assert text == o.text == unary.text and [t for m in msgs for t in m.token_ids] == o.token_ids
+    assert "Paris" not in text and " French" in text and "French Republic" not in text, text
 
 
 def test_unary_agrees_with_stream(served_cases):

@@ -10,7 +10,8 @@ Times ``jaxinfer.sampling.sample_rows`` (the engine's sampler program, which run
 program's logits every sample step) for parameter mixes that take different paths: all greedy
 (argmax only), temperature, top-k /
 top-p, min-p, penalties (gather of [B, V] count rows), logit_bias (a full 300-entry table
-per row, scattered into the logits; alone and with the penalties), logprobs (log-softmax and
+per row, scattered into the logits; alone and with the penalties), bad_words (a full
+128 x 16-token table per row, matched against the row's last outputs), logprobs (log-softmax and
 top-20),
 everything at once, and half greedy / half everything. The penalty state is donated as in the
 engine. Columns, per (mode, mix, batch):
@@ -93,6 +94,9 @@ MIXES: dict[str, dict] = {
     "logit_bias": dict(has_bias=True),
     "penalties_logit_bias": dict(repetition_penalty=1.1, presence_penalty=0.2,
                                  frequency_penalty=0.1, has_bias=True),
+    # bad_words: every row's slot holds a full bad-words table (128 sequences of 16 tokens,
+    # sampling_bad_words) beside an empty logit_bias one
+    "bad_words": dict(has_bias=True, bad_words=True),
     "logprobs": dict(want_logprobs=True),
     "all": ALL,
     "half_greedy_half_all": {k: ("half", v) for k, v in ALL.items()},
@@ -107,6 +111,8 @@ def params(B: int, mix: dict):
     sa.seeds[:] = np.stack([np.arange(B), np.zeros(B)], 1)
     sa.slots[:] = np.arange(B)
     for name, v in mix.items():
+        if name == "bad_words":  # a table, not a SamplingArrays field (Case fills it)
+            continue
         arr = getattr(sa, name)
         if isinstance(v, tuple):  # ("half", value): the odd rows only
             arr[1::2] = v[1]
@@ -158,12 +164,29 @@ class Case:
             from jaxinfer.sampling_params import MAX_LOGIT_BIAS
             from jaxinfer.sampling_penalties import LogitBias
 
-            ids = np.stack([rng.choice(V, MAX_LOGIT_BIAS, replace=False) for _ in range(B + 1)])
-            kw["bias"] = LogitBias.zeros(B + 1)._replace(
-                ids=jnp.asarray(ids, jnp.int32),
-                values=jnp.asarray(rng.uniform(-5, 5, (B + 1, MAX_LOGIT_BIAS)), jnp.float32))
+            bias = LogitBias.zeros(B + 1)
+            if mix.get("bad_words"):
+                kw["bias"] = bias._replace(
+                    bad_ids=jnp.asarray(rng.integers(0, V, bias.bad_ids.shape), jnp.int32),
+                    recent=jnp.asarray(rng.integers(0, V, bias.recent.shape), jnp.int32))
+            else:
+                ids = np.stack([rng.choice(V, MAX_LOGIT_BIAS, replace=False)
+                                for _ in range(B + 1)])
+                kw["bias"] = bias._replace(
+                    ids=jnp.asarray(ids, jnp.int32),
+                    values=jnp.asarray(rng.uniform(-5, 5, (B + 1, MAX_LOGIT_BIAS)),
+                                       jnp.float32))
+        # The tables are an argument, donated as in the engine's sampler program when the
+        # sampler returns them (an older --sampler-file returns (out, counts) only).
+        self.bias = kw.pop("bias", None)
         fn = functools.partial(sampler, **kw)
-        lowered = jax.jit(fn, donate_argnums=(2,)).lower(self.logits, self.sas[0], self.counts)
+        args: tuple = (self.logits, self.sas[0], self.counts)
+        donate: tuple = (2,)
+        if self.bias is not None:
+            fn = functools.partial(lambda lg, sp, c, b, f: f(lg, sp, c, bias=b), f=fn)
+            args += (self.bias,)
+            donate += (3,) * (len(jax.eval_shape(fn, *args)) > 2)
+        lowered = jax.jit(fn, donate_argnums=donate).lower(*args)
         key = (mode, B, hash(lowered.as_text()))
         if key not in cache:
             exe = lowered.compile()
@@ -173,7 +196,11 @@ class Case:
         self.exe, self.sorts, self.conds, self.hlo_hash = cache[key]
 
     def call(self, i: int):
-        out, self.counts, *_ = self.exe(self.logits, self.sas[i % len(self.sas)], self.counts)
+        extra = () if self.bias is None else (self.bias,)
+        out, self.counts, *rest = self.exe(self.logits, self.sas[i % len(self.sas)],
+                                           self.counts, *extra)
+        if rest and rest[0] is not None:
+            self.bias = rest[0]  # (donated: the next call takes the returned tables)
         return out
 
 
@@ -298,9 +325,11 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
-    ap.add_argument("--modes", nargs="+", default=["variant"], choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=None, choices=MODES,
+                    help="default: variant (with --sampler-file: file, its device-side conds)")
     ap.add_argument("--sampler-file", type=Path, default=None,
-                    help="time sample_rows from this file (mode 'file') instead of modes")
+                    help="time sample_rows from this file (mode 'file', or 'file-<mode>' for "
+                         "each --modes given) instead of ours")
     ap.add_argument("--iters", type=int, default=20, help="wall-time calls per case")
     ap.add_argument("--trace-iters", type=int, default=10, help="profiled calls per case")
     ap.add_argument("--step-ms-b1", type=float, default=5.6,
@@ -364,7 +393,10 @@ def main() -> int:
     a.buffer_pivots = a.buffer_pivots or str(sf.BUFFER_PIVOTS)
     configs = search_configs(a)
     sampler = load_sampler(a.sampler_file)
-    modes = ["file"] if a.sampler_file else a.modes
+    # --sampler-file: mode "file" (device-side conds), or "file-<mode>" for each --modes
+    # given (its programs chosen as that mode's: an A/B against the same modes of ours).
+    modes = (a.modes or ["variant"]) if not a.sampler_file else (
+        [f"file-{m}" for m in a.modes] if a.modes else ["file"])
     step_ms = {1: a.step_ms_b1, 256: a.step_ms_b256}
     busy = busy_op()
     print(f"device {jax.devices()[0].device_kind} ({jax.default_backend()}), vocab {a.vocab}, "
@@ -388,7 +420,7 @@ def main() -> int:
             if not hasattr(mod, k):  # set on the module that reads it, never on a copy
                 raise SystemExit(f"{k} is not a tunable of {mod.__name__}")
             setattr(mod, k, v)
-        case = Case(sampler, "cond" if mode == "file" else mode, B, a.vocab,
+        case = Case(sampler, "cond" if mode == "file" else mode.removeprefix("file-"), B, a.vocab,
                     MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache,
                     tuple(sorted(cfg.items())))
         same = (mode, name, B, case.hlo_hash)

@@ -39,7 +39,8 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
     ``decode_buckets`` the decode program of every batch bucket at the narrowest block
     table (each with its row count's sampler variants), its token-gather program under
     async scheduling, the k-step programs of ``MULTI_STEP_WARM_VARIANTS`` when
-    ``num_scheduler_steps`` > 1, and the page-copy program of ``n > 1`` requests; with
+    ``num_scheduler_steps`` > 1, the page-copy program of ``n > 1`` requests and the
+    loaders of a slot's penalty history and logit_bias / bad_words tables; with
     ``prefill_buckets`` every reachable prefill program of the sample mode
     (``compile.enumerate_programs``; prompt_logprobs' logits programs stay on first use).
     The largest programs (the slowest to compile) come first."""
@@ -49,6 +50,7 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
     from jaxinfer.compile import enumerate_programs
     from jaxinfer.runner import COPY, GATHER, SAMPLE, gather_bucket
     from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS
+    from jaxinfer.runner_slots import BIAS, BIAS_BUCKET, HISTORY
 
     ec, runner = engine.config, engine.runner
     builds: list[Any] = []
@@ -68,6 +70,10 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
             builds += [partial(engine.multi_step_programs.executable, bucket, v,
                                ec.num_scheduler_steps) for v in MULTI_STEP_WARM_VARIANTS]
     builds.append(partial(runner.executable, runner.copy_bucket, COPY))
+    # The loaders of a slot's sampling state, run when a request with penalties, min_tokens,
+    # allowed_token_ids (history) or a logit_bias / bad_words (bias) is admitted.
+    builds += [partial(runner.executable, Bucket(HISTORY, ec.max_model_len, 1, 0), HISTORY),
+               partial(runner.executable, BIAS_BUCKET, BIAS)]
     return builds
 
 

@@ -13,6 +13,7 @@ from jaxinfer.compile_cache import xla_compilations
 from jaxinfer.config import ConfigError
 from jaxinfer.llm import LLM
 from jaxinfer.runner import COPY, SAMPLE
+from jaxinfer.runner_slots import BIAS, BIAS_BUCKET, HISTORY
 from jaxinfer.sampling import SAMPLER_VARIANTS
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.warmup import warm_up, warm_up_builds
@@ -101,17 +102,20 @@ def test_warm_up_builds_largest_bucket_first_and_none_without_decode_buckets():
     assert warm_up_builds(eng, decode_buckets=False) == []
     builds = warm_up_builds(eng)
     rows = sorted(ENGINE["decode_buckets"], reverse=True)
-    assert [(f.args[0].kind, f.args[0].num_seqs) for f in builds[:-1]] == [
+    assert [(f.args[0].kind, f.args[0].num_seqs) for f in builds[:-3]] == [
         (kind, b) for b in rows for kind in ("decode", "gather")]
-    assert builds[-1].args == (eng.runner.copy_bucket, COPY)
+    assert [f.args for f in builds[-3:]] == [
+        (eng.runner.copy_bucket, COPY),
+        (Bucket(HISTORY, ENGINE["max_model_len"], 1, 0), HISTORY), (BIAS_BUCKET, BIAS)]
     sync = LLM(tiny_loaded("llama"), **ENGINE, async_scheduling=False).engine
-    assert [f.args[0].kind for f in warm_up_builds(sync)[:-1]] == ["decode"] * len(rows)
+    assert [f.args[0].kind for f in warm_up_builds(sync)[:-3]] == ["decode"] * len(rows)
 
 
 def test_warm_up_with_prefill_buckets_leaves_nothing_to_compile():
     """prefill_buckets=True builds every reachable prefill program of the sample mode too
     (compile.enumerate_programs' set, here the jnp reference's grid of rows x widths), so a
-    workload of mixed prompt lengths and batch sizes builds nothing afterwards."""
+    workload of mixed prompt lengths, batch sizes and sampling parameters (penalties,
+    min_tokens, a logit_bias: the slot loaders are built too) builds nothing afterwards."""
     from jaxinfer.compile import enumerate_programs
 
     llm = LLM(tiny_loaded("llama"), **ENGINE, attention_backend="reference")
@@ -124,9 +128,10 @@ def test_warm_up_with_prefill_buckets_leaves_nothing_to_compile():
     n = r.num_compilations + r.num_loaded
     prompts = [[(7 * i + j) % 50 + 1 for j in range(L)] for i, L in enumerate(
         (3, 17, 30, 5, 9, 44, 2, 12, 25))]
-    outs = llm.generate(prompts, [SamplingParams(max_tokens=6, temperature=0.7 * (i % 2),
-                                                 seed=i, ignore_eos=True)
-                                  for i in range(len(prompts))])
+    outs = llm.generate(prompts, [SamplingParams(
+        max_tokens=6, temperature=0.7 * (i % 2), seed=i, ignore_eos=True,
+        repetition_penalty=1.0 + 0.1 * (i % 3 == 1), min_tokens=2 * (i % 4 == 3),
+        logit_bias={7: 2.0} if i % 3 == 2 else None) for i in range(len(prompts))])
     assert all(len(o.outputs[0].token_ids) == 6 for o in outs)
     assert r.num_compilations + r.num_loaded == n, set(r._executables)
 

@@ -114,7 +114,7 @@ def test_bad_words_survive_preemption(monkeypatch):
         params.append(SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
                                      bad_words=[f"w{j}"]))
     _words(monkeypatch, table)
-    for kw in (dict(async_scheduling=False), dict(num_scheduler_steps=4)):
+    for kw in (dict(async_scheduling=False), dict(), dict(num_scheduler_steps=4)):
         llm = LLM(loaded, **ENGINE, **kw, num_kv_pages=17)
         preempted = []
         schedule = llm.engine.scheduler.schedule

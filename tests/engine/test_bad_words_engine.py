@@ -91,6 +91,9 @@ def test_bad_words_ban_greedy_tokens_as_vllm(monkeypatch, engine_kw):
     sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, bad_words=["a", "b"])
     assert _tokens(llm.generate([prompt, other], [sp, free])) == [want, plain_other]
     assert _tokens(llm.generate([prompt], free)) == [plain]  # slots reused: no stale bans
+    two = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, n=2,
+                                                ignore_eos=True, bad_words=["a", "b"]))[0]
+    assert [s.token_ids for s in two.outputs] == [want, want]  # forked samples: own tables
     assert not llm.engine.has_unfinished_requests()
 
 

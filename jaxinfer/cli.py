@@ -254,7 +254,8 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     history: list[dict[str, str]] = []
     if ns.system:
         history.append({"role": "system", "content": ns.system})
-    print("jaxinfer chat — empty line or Ctrl-D to quit", file=sys.stderr)
+    print("jaxinfer chat — /new starts a new conversation; empty line or Ctrl-D quits",
+          file=sys.stderr)
     while True:
         try:
             line = input("> ").strip()
@@ -262,6 +263,10 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             break
         if not line:
             break
+        if line == "/new":  # the system prompt stays
+            del history[bool(ns.system):]
+            print("jaxinfer chat: new conversation", file=sys.stderr)
+            continue
         history.append({"role": "user", "content": line})
         try:  # a turn that cannot fit: say why, drop it, keep the conversation
             ids = engine.encode_chat(history)
@@ -271,8 +276,8 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             history.pop()
             turns = sum(m["role"] == "assistant" for m in history)
             hint = (f"; the conversation holds {turns} earlier turn{'s' * (turns > 1)} within "
-                    f"max_model_len {engine.config.max_model_len}: start a new chat (empty "
-                    f"line) for more room" if turns and isinstance(err, PromptTooLongError) else "")
+                    f"max_model_len {engine.config.max_model_len}: type /new to start a new "
+                    f"conversation" if turns and isinstance(err, PromptTooLongError) else "")
             print(f"jaxinfer chat: {err} (turn dropped{hint})", file=sys.stderr)
             continue
         shown = ""

@@ -104,7 +104,8 @@ def _why_unreadable(p: Path, size: int, err: Exception) -> str:
         extents = _HeaderReader(str(p)).extents
     except Exception:
         return (f"cannot read GGUF file {p} ({size} bytes): its header (metadata and tensor "
-                f"table) is truncated or corrupt: {detail}")
+                f"table) is truncated or corrupt; is it a whole GGUF file? (the gguf "
+                f"reader's error: {detail})")
     cut = sorted((start, name, end) for name, start, end in extents if end > size)
     if not cut:
         return f"cannot read GGUF file {p} (corrupt?): {detail}"

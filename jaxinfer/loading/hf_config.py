@@ -157,7 +157,8 @@ def config_from_hf(raw: dict[str, Any], source: str,
                           else _rope(rp, source, "rope_scaling", "rope_theta"))
         kw.update(family="llama", hidden_act=c.hidden_act, qk_norm=arch == "Qwen3ForCausalLM")
     vocab = getattr(c, "vocab_size", None)  # ids past it: an eos never stops a sequence
-    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 \
+        else None  # (a bad vocab_size: ModelConfig names it below)
     eos: list[int] = []
     for d, fname in ((raw, "config.json"), (generation_config or {}, "generation_config.json")):
         ids = d.get("eos_token_id")

@@ -136,6 +136,7 @@ def _set(path: str, value: Any):
     ("rope_parameters.factor", 0.0), ("rope_parameters.low_freq_factor", -1.0),
     ("rope_parameters.original_max_position_embeddings", 0),
     ("max_position_embeddings", -5), ("max_position_embeddings", 0),
+    ("vocab_size", -5), ("vocab_size", 0),  # (named, not an eos id "outside [0, -5)")
 ])
 def test_hf_nonsense_numbers_are_refused_by_name(tmp_path: Path, key: str, value: Any) -> None:
     d = hf_copy(tmp_path, edit=_set(key, value))

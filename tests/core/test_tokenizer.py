@@ -138,6 +138,27 @@ def test_malformed_chat_messages_are_tokenizer_errors(messages, needle: str) -> 
         tok.apply_chat_template(messages)
 
 
+def test_engine_chat_takes_openai_text_parts_joined_by_newlines() -> None:
+    """As vLLM's chat preprocessing for string-content templates: a content given as a list
+    of text parts is the parts joined with newlines; a part that is not text is refused by
+    position (the tokenizer's own apply_chat_template takes strings only, above)."""
+    from jaxinfer.prompts import encode_chat
+
+    tok = _tiny_tokenizer(_ROLE_TEMPLATE)
+    parts = [{"role": "system", "content": "hello"},
+             {"role": "user", "content": [{"type": "text", "text": "hello"},
+                                          {"type": "text", "text": "world"}]}]
+    joined = [parts[0], {"role": "user", "content": "hello\nworld"}]
+    assert encode_chat(tok, parts, 64) == encode_chat(tok, joined, 64) == \
+        tok.apply_chat_template(joined)
+    assert parts[1]["content"][0] == {"type": "text", "text": "hello"}  # not edited
+    bad = [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                        {"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(TokenizerError, match=r"messages\[0\]\.content\[1\] must be a text "
+                                             r"part .* \(only text is supported\)"):
+        encode_chat(tok, bad, 64)
+
+
 def test_a_template_refusing_a_conversation_is_a_tokenizer_error() -> None:
     # As Gemma's template does for roles that do not alternate.
     tok = _tiny_tokenizer("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first "

@@ -365,7 +365,7 @@ def test_jaxinfer_chat_says_when_a_reply_is_cut_and_when_the_conversation_is_ful
         monkeypatch, capsys, llama_llm):
     """A reply ended by max_tokens says so; a turn dropped for length after earlier turns
     says the conversation is what fills max_model_len (every later turn used to be dropped
-    with no hint)."""
+    with no hint) and that /new starts a new one, which it does (the system prompt kept)."""
     from jaxinfer import cli
     from jaxinfer import engine as engine_module
     from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
@@ -377,15 +377,25 @@ def test_jaxinfer_chat_says_when_a_reply_is_cut_and_when_the_conversation_is_ful
     monkeypatch.setattr(cli, "_sampling", lambda ns: dataclasses.replace(sampling(ns),
                                                                          ignore_eos=True))
     limit = engine.config.max_model_len
-    _type_lines(monkeypatch, ["hello world", "hello " * (limit * tok.max_token_chars)])
+    asked, encode_chat = [], engine.encode_chat
+
+    def spy(messages, *a, **kw):
+        asked.append([m["content"] for m in messages])
+        return encode_chat(messages, *a, **kw)
+
+    monkeypatch.setattr(engine, "encode_chat", spy)
+    _type_lines(monkeypatch, ["hello world", "hello " * (limit * tok.max_token_chars), "/new",
+                              "hello"])
     assert cli.main(["chat", "--model", "dummy:tiny-llama", "--max-tokens", "3",
-                     "--temperature", "0"]) == 0
+                     "--temperature", "0", "--system", "be brief"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert f"jaxinfer chat: reply cut at 3 tokens (max_tokens 3; max_model_len {limit})" in err
     dropped = [ln for ln in err if "turn dropped" in ln]
     assert len(dropped) == 1 and dropped[0].endswith(
         f"(turn dropped; the conversation holds 1 earlier turn within max_model_len {limit}: "
-        f"start a new chat (empty line) for more room)")
+        f"type /new to start a new conversation)")
+    assert "jaxinfer chat: new conversation" in err
+    assert asked[0] == ["be brief", "hello world"] and asked[-1] == ["be brief", "hello"]
     assert not engine.has_unfinished_requests()
 
 

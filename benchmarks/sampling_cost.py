@@ -267,7 +267,9 @@ def search_configs(a) -> list[dict]:
     from jaxinfer import sampling_filters as sf
     from jaxinfer import sampling_topk as topk
 
-    methods = [m for m in a.buffer_method.split(",") if m]
+    # Unset tunables take the module's value (the engine's configuration); a name is tagged
+    # with a tunable only where it differs from that.
+    methods = [m for m in (a.buffer_method or sf.BUFFER_METHOD).split(",") if m]
     for m in methods:
         if m not in sf.BUFFER_METHODS:
             raise SystemExit(f"--buffer-method {m!r}: one of {sf.BUFFER_METHODS}")
@@ -275,7 +277,7 @@ def search_configs(a) -> list[dict]:
     for m in impls:
         if m not in sf.SEARCH_IMPLS:
             raise SystemExit(f"--search-impl {m!r}: one of {sf.SEARCH_IMPLS}")
-    tag = len(methods) > 1 or methods != ["search"]  # names stay p7/b15 for the default
+    tag = methods != [sf.BUFFER_METHOD]  # names stay p7/b15 / pallas for the default
     search_pivots, buffer_pivots = _ints(a.search_pivots), _ints(a.buffer_pivots)
     pallas_pivots = [p or None for p in _ints(a.pallas_pivots or "0")]  # 0: kernel default
     gpu = jax.default_backend() == "gpu"
@@ -292,18 +294,21 @@ def search_configs(a) -> list[dict]:
                          BUFFER_PIVOTS=b, BUFFER_METHOD=m, PALLAS_PIVOTS=None, **base)
                     for m in methods for p in search_pivots
                     for b in (buffer_pivots if m == "search" else buffer_pivots[:1])]
-    draws, selects = a.draw_method.split(","), a.select_method.split(",")
+    draws = (a.draw_method or sampling.DRAW_METHOD).split(",")
+    selects = (a.select_method or topk.SELECT_METHOD).split(",")
     for m in draws:
         if m not in sampling.DRAW_METHODS:
             raise SystemExit(f"--draw-method {m!r}: one of {sampling.DRAW_METHODS}")
     for m in selects:
         if m not in topk.SELECT_METHODS:
             raise SystemExit(f"--select-method {m!r}: one of {topk.SELECT_METHODS}")
-    floors = [bool(int(v)) for v in a.nucleus_floor.split(",")]
-    chunks = [int(v) for v in a.reduce_chunks.split(",")]
-    configs = [dict(c, name=c["name"] + (f"/{d}" if draws != ["threefry"] else "")
-                    + (f"/{m}" if selects != ["topk"] else "") + ("/floor" if f else "")
-                    + (f"/rc{r}" if r else ""),
+    floors = ([bool(int(v)) for v in a.nucleus_floor.split(",")] if a.nucleus_floor
+              else [sf.NUCLEUS_FLOOR])
+    chunks = _ints(a.reduce_chunks) if a.reduce_chunks else [sampling.REDUCE_CHUNKS]
+    configs = [dict(c, name=c["name"] + (f"/{d}" if draws != [sampling.DRAW_METHOD] else "")
+                    + (f"/{m}" if selects != [topk.SELECT_METHOD] else "")
+                    + (f"/floor{int(f)}" if floors != [sf.NUCLEUS_FLOOR] else "")
+                    + (f"/rc{r}" if chunks != [sampling.REDUCE_CHUNKS] else ""),
                     DRAW_METHOD=d, SELECT_METHOD=m, NUCLEUS_FLOOR=f, REDUCE_CHUNKS=r)
                for c in configs for d in draws for m in selects for f in floors
                for r in chunks]
@@ -347,7 +352,7 @@ def main() -> int:
     ap.add_argument("--buffer-pivots", default=None,
                     help="comma list: thresholds per pass in the small-top-k buffer "
                          "(default: sampling_filters.BUFFER_PIVOTS)")
-    ap.add_argument("--buffer-method", default="search",
+    ap.add_argument("--buffer-method", default=None,
                     help="comma list of sampling_filters.BUFFER_METHOD values to time: "
                          "search (threshold search), sort (one sort of the buffer), topk "
                          "(TOPK_FAST-sized top_k stages over the buffer)")
@@ -358,13 +363,16 @@ def main() -> int:
     ap.add_argument("--pallas-pivots", default=None,
                     help="comma list: the kernel's thresholds per pass (0, the default: its "
                          "default_pivots by batch)")
-    ap.add_argument("--draw-method", default="threefry",
-                    help="comma list of sampling.DRAW_METHOD values: threefry, hash")
-    ap.add_argument("--select-method", default="topk",
-                    help="comma list of sampling_topk.SELECT_METHOD values: topk, sort")
-    ap.add_argument("--nucleus-floor", default="0",
-                    help="comma list of sampling_filters.NUCLEUS_FLOOR values: 0, 1")
-    ap.add_argument("--reduce-chunks", default="0",
+    ap.add_argument("--draw-method", default=None,
+                    help="comma list of sampling.DRAW_METHOD values: threefry, hash "
+                         "(default: the module's)")
+    ap.add_argument("--select-method", default=None,
+                    help="comma list of sampling_topk.SELECT_METHOD values: topk, sort "
+                         "(default: the module's)")
+    ap.add_argument("--nucleus-floor", default=None,
+                    help="comma list of sampling_filters.NUCLEUS_FLOOR values: 0, 1 "
+                         "(default: the module's)")
+    ap.add_argument("--reduce-chunks", default=None,
                     help="comma list of sampling.REDUCE_CHUNKS values: 0 (one-stage row "
                          "reductions), e.g. 128 (two stages, jaxinfer.row_reduce)")
     ap.add_argument("--compact", default=None,
@@ -420,6 +428,8 @@ def main() -> int:
             if not hasattr(mod, k):  # set on the module that reads it, never on a copy
                 raise SystemExit(f"{k} is not a tunable of {mod.__name__}")
             setattr(mod, k, v)
+            if mod is sampling and k in sampler.__globals__:  # a --sampler-file's own copy
+                sampler.__globals__[k] = v
         case = Case(sampler, "cond" if mode == "file" else mode.removeprefix("file-"), B, a.vocab,
                     MIXES[name], a.dtype, max(a.iters, a.trace_iters), cache,
                     tuple(sorted(cfg.items())))

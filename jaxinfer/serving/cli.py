@@ -54,13 +54,29 @@ def add_serve_parser(sub: Any) -> None:
                     help="most waiting requests; more get RESOURCE_EXHAUSTED (default: none)")
     p.add_argument("--drain-timeout", type=non_negative_float, default=30.0,
                    help="seconds (>= 0) in-flight streams may run after SIGTERM")
-    p.add_argument("--warmup-prefill", action="store_true",
+    p.add_argument("--warmup-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="the warm-up also builds every prefill program (one per token bucket "
                         "with the GPU's Pallas kernels), so no prompt stalls running streams "
-                        "while its bucket compiles; start-up takes longer")
+                        "while its bucket compiles; start-up takes longer (default: on a GPU, "
+                        "not on the CPU, where the reference attention has many more)")
     p.add_argument("--no-warmup", action="store_true",
                    help="report SERVING without compiling the common programs first")
     p.set_defaults(func=cmd_serve)
+
+
+def _warmup_mode(ns: argparse.Namespace) -> bool | str:
+    """InferenceServer's ``warmup``: False (--no-warmup), "prefill" (--warmup-prefill, the
+    default on a GPU backend: 8B at the GPU defaults on an H100, 121 programs in 120 s with 8
+    threads vs 85 s without the prefill ones, benchmarks/RESULTS.md "Start-up (H100, session
+    39)") or True (the decode programs only)."""
+    if ns.no_warmup:
+        return False
+    prefill = ns.warmup_prefill
+    if prefill is None:
+        import jax
+
+        prefill = jax.default_backend() != "cpu"
+    return "prefill" if prefill else True
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
@@ -81,8 +97,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         engine = LLMEngine(ns.model, **args)
         return asyncio.run(serve(engine, ns.host, ns.port, ns.metrics_port, ns.max_queue_len,
                                  ns.drain_timeout,
-                                 warmup=(False if ns.no_warmup
-                                         else "prefill" if ns.warmup_prefill else True)))
+                                 warmup=_warmup_mode(ns)))
     except ServerError as e:
         print(f"jaxinfer: error: {e}", file=sys.stderr)
         return 2

@@ -885,3 +885,20 @@ def test_warmup_prefill_builds_every_prefill_program_before_serving():
     p = argparse.ArgumentParser()
     add_serve_parser(p.add_subparsers())
     assert p.parse_args(["serve", "--warmup-prefill"]).warmup_prefill is True
+
+
+@pytest.mark.parametrize("argv, backend, want", [
+    ([], "cpu", True), ([], "gpu", "prefill"), (["--warmup-prefill"], "cpu", "prefill"),
+    (["--no-warmup-prefill"], "gpu", True), (["--no-warmup"], "gpu", False),
+    (["--no-warmup", "--warmup-prefill"], "cpu", False)])
+def test_serve_warms_the_prefill_programs_by_default_on_a_gpu(monkeypatch, argv, backend, want):
+    import argparse
+
+    import jax
+
+    from jaxinfer.serving.cli import _warmup_mode, add_serve_parser
+
+    p = argparse.ArgumentParser()
+    add_serve_parser(p.add_subparsers())
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert _warmup_mode(p.parse_args(["serve", *argv])) == want

@@ -223,12 +223,8 @@ class LLMEngine:
             if outside := [t for t in getattr(params, name) or () if t >= V]:
                 raise RequestError(f"{name} {outside[:8]} are not in the vocabulary: ids must "
                                    f"be in [0, {V}) (vocab size {V})")
-        if params.min_tokens > 0:
-            stops, allowed = self._masked_stops(params), params.allowed_token_ids
-            if len(stops) >= V or (allowed and stops.issuperset(allowed)):
-                what = "allowed_token_ids" if allowed else f"the whole vocabulary ({V} ids)"
-                raise RequestError(f"min_tokens {params.min_tokens}: EOS and stop_token_ids "
-                                   f"cover {what}, so no token could be sampled before then")
+        if (why := self._no_token_left(params)) is not None:
+            raise RequestError(why)
         limit = self.config.max_model_len
         if len(ids) >= limit:
             raise prompts.no_room_error(len(ids), limit, params.truncate_prompt_tokens)
@@ -340,6 +336,23 @@ class LLMEngine:
             if sp.logit_bias or sp.bad_words:
                 self.runner.load_logit_bias(slot, sp.logit_bias, sp.bad_words_token_ids or (),
                                             seq.output_token_ids)
+
+    def _no_token_left(self, sp: SamplingParams) -> str | None:
+        """Why every token would be masked (so argmax would pick a -inf token), or None: the
+        always-banned one-token ``bad_words`` cover ``allowed_token_ids`` (or the
+        vocabulary), or do so with EOS and the stop ids before ``min_tokens``."""
+        V, allowed = self.model_config.vocab_size, sp.allowed_token_ids
+        banned = {s[0] for s in sp.bad_words_token_ids or () if len(s) == 1}
+        stops = self._masked_stops(sp)
+        what = "allowed_token_ids" if allowed else f"the whole vocabulary ({V} ids)"
+        for masked, cause, when in (
+                (banned, "bad_words ban", ""),
+                (stops | banned, f"min_tokens {sp.min_tokens}: EOS and stop_token_ids"
+                 f"{' and bad_words' if banned else ''} cover", " before then")):
+            if masked and (len(masked) >= V or (
+                    allowed and masked.issuperset(allowed))):
+                return f"{cause} {what}, so no token could be sampled{when}"
+        return None
 
     def _masked_stops(self, sp: SamplingParams) -> set[int]:
         """The token ids masked before ``sp.min_tokens`` outputs: what

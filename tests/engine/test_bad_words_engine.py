@@ -132,6 +132,29 @@ def test_bad_words_survive_preemption(monkeypatch):
         assert preempted, kw
 
 
+def test_bad_words_covering_the_allowed_tokens_are_refused(monkeypatch):
+    """One-token bad words that ban every allowed token (alone, or with the stop tokens
+    masked before min_tokens) leave nothing to sample: refused at admission, by name."""
+    llm = LLM(tiny_loaded("llama"), **ENGINE)
+    _words(monkeypatch, {"a": [[7], [9]], "b": [[7, 9]]})
+    with pytest.raises(RequestError, match=r"^prompt 0 of the batch: bad_words ban "
+                                           r"allowed_token_ids, so no token "
+                                           r"could be sampled$"):
+        llm.generate([PROMPTS[0]], SamplingParams(bad_words=["a"], allowed_token_ids=[9, 7]))
+    with pytest.raises(RequestError, match=r"^prompt 0 of the batch: min_tokens 2: EOS and "
+                                           r"stop_token_ids and "
+                                           r"bad_words cover allowed_token_ids, so no token "
+                                           r"could be sampled before then$"):
+        llm.generate([PROMPTS[0]], SamplingParams(bad_words=["a"], allowed_token_ids=[7, 11],
+                                                  stop_token_ids=[11], min_tokens=2))
+    # A two-token word bans its last token only after its first: 9 stays possible.
+    out = llm.generate([PROMPTS[0]], SamplingParams(bad_words=["b"], allowed_token_ids=[7, 9],
+                                                    temperature=0.0, max_tokens=6))[0]
+    ids = out.outputs[0].token_ids
+    assert set(ids) <= {7, 9} and all(ids[i:i + 2] != [7, 9] for i in range(len(ids)))
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_bad_words_need_a_tokenizer_and_fitting_words():
     llm = LLM(tiny_loaded("llama"), **ENGINE)
     with pytest.raises(RequestError, match="bad_words need a tokenizer"):

@@ -325,6 +325,23 @@ def search_configs(a) -> list[dict]:
     return configs
 
 
+# The tunables timed as a cross product: (flag, module value it sets, its values).
+_TUNABLE_FLAGS = (
+    ("--buffer-method", "sampling_filters.BUFFER_METHOD", "search (threshold search), sort "
+     "(one sort of the buffer), topk (TOPK_FAST-sized top_k stages over the buffer)"),
+    ("--search-impl", "sampling_filters.SEARCH_IMPL",
+     "jnp, pallas (the Pallas kernel; interpreted off a GPU), auto"),
+    ("--draw-method", "sampling.DRAW_METHOD", "threefry, hash"),
+    ("--select-method", "sampling_topk.SELECT_METHOD", "topk, sort"),
+    ("--nucleus-floor", "sampling_filters.NUCLEUS_FLOOR", "0, 1"),
+    ("--reduce-chunks", "sampling.REDUCE_CHUNKS",
+     "0 (one-stage row reductions), e.g. 128 (two stages, jaxinfer.row_reduce)"),
+    ("--compact", "threshold_search.COMPACT",
+     "0 (the nucleus kernel reads the row every pass), 1 (it finishes on a copy of its "
+     "bracket)"),
+)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=128256)
@@ -352,32 +369,12 @@ def main() -> int:
     ap.add_argument("--buffer-pivots", default=None,
                     help="comma list: thresholds per pass in the small-top-k buffer "
                          "(default: sampling_filters.BUFFER_PIVOTS)")
-    ap.add_argument("--buffer-method", default=None,
-                    help="comma list of sampling_filters.BUFFER_METHOD values to time: "
-                         "search (threshold search), sort (one sort of the buffer), topk "
-                         "(TOPK_FAST-sized top_k stages over the buffer)")
-    ap.add_argument("--search-impl", default=None,
-                    help="comma list of sampling_filters.SEARCH_IMPL values to time: jnp, "
-                         "pallas (the Pallas kernel; interpreted off a GPU), auto "
-                         "(default: the module's)")
+    for flag, name, values in _TUNABLE_FLAGS:
+        ap.add_argument(flag, default=None, help=f"comma list of {name} values to time: "
+                                                 f"{values} (default: the module's)")
     ap.add_argument("--pallas-pivots", default=None,
                     help="comma list: the kernel's thresholds per pass (0, the default: its "
                          "default_pivots by batch)")
-    ap.add_argument("--draw-method", default=None,
-                    help="comma list of sampling.DRAW_METHOD values: threefry, hash "
-                         "(default: the module's)")
-    ap.add_argument("--select-method", default=None,
-                    help="comma list of sampling_topk.SELECT_METHOD values: topk, sort "
-                         "(default: the module's)")
-    ap.add_argument("--nucleus-floor", default=None,
-                    help="comma list of sampling_filters.NUCLEUS_FLOOR values: 0, 1 "
-                         "(default: the module's)")
-    ap.add_argument("--reduce-chunks", default=None,
-                    help="comma list of sampling.REDUCE_CHUNKS values: 0 (one-stage row "
-                         "reductions), e.g. 128 (two stages, jaxinfer.row_reduce)")
-    ap.add_argument("--compact", default=None,
-                    help="comma list of threshold_search.COMPACT values (0: the nucleus "
-                         "kernel reads the row every pass; default: the module's)")
     ap.add_argument("--configs", default=None,
                     help="comma list: time only the configurations of the cross product whose "
                          "names end so (e.g. threefry/topk,hash/sort)")

@@ -140,7 +140,8 @@ class RequestState:
       params: the request's SamplingParams.
       prompt_token_ids: the prompt (the detokenizer's left context).
       tokenizer: the model's tokenizer, or None (then text stays "" and stop strings are
-        not allowed: the engine rejects them).
+        not allowed: the engine rejects them); text stays "" with ``params.detokenize``
+        False too.
     """
 
     def __init__(self, params: SamplingParams, prompt_token_ids: Seq[int],
@@ -150,7 +151,7 @@ class RequestState:
         self.params = params
         self.detok = (IncrementalDetokenizer(tokenizer, prompt_token_ids,
                                              params.skip_special_tokens)
-                      if tokenizer is not None else None)
+                      if tokenizer is not None and params.detokenize else None)
         self.stops = params.stop_strings
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.num_tokens = 0

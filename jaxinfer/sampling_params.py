@@ -176,6 +176,9 @@ class SamplingParams:
       prompt_logprobs: None = off; k in [0, 20]: the same for every prompt token after
         the first (each position scored given the tokens before it).
       skip_special_tokens: drop special tokens (EOS, turn markers) from the text.
+      detokenize: build the text (vLLM's); False leaves ``text`` empty and saves the
+        detokenizer's host time (token ids and logprobs are unchanged); stop strings need
+        it.
       truncate_prompt_tokens: keep only the last k tokens of the prompt (left truncation,
         as vLLM); -1 means max_model_len; None keeps it whole. A text prompt keeps the
         special tokens the tokenizer adds (BOS) and loses text tokens from its start, as a
@@ -215,6 +218,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    detokenize: bool = True
     truncate_prompt_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
     logit_bias: dict[int, float] | None = None
@@ -230,7 +234,8 @@ class SamplingParams:
             v = getattr(self, name)
             if not (optional and v is None):
                 setattr(self, name, _number(name, v, integer))
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                     "detokenize"):
             _flag(name, getattr(self, name))
             setattr(self, name, bool(getattr(self, name)))
         if not 1 <= self.n <= MAX_SAMPLES:
@@ -278,6 +283,9 @@ class SamplingParams:
                                      "(None allows all)")
         self.logit_bias = _logit_bias(self.logit_bias)
         self.stop = _strings("stop", self.stop)
+        if self.stop and not self.detokenize:
+            raise ParameterError("stop strings need detokenize=True (they are matched in the "
+                                 "text); use stop_token_ids")
         self.bad_words = _strings("bad_words", self.bad_words) or None
 
     @property

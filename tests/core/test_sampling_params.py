@@ -25,6 +25,8 @@ from jaxinfer.sampling_params import ParameterError, SamplingParams
     (dict(temperature=1e300), r"temperature must fit float32 \(\|x\| <= 3\.403e\+38\), "
                               r"got 1e\+300"),
     (dict(repetition_penalty=1e39), r"repetition_penalty must fit float32"),
+    (dict(detokenize="no"), r"detokenize"),
+    (dict(stop="x", detokenize=False), r"stop strings need detokenize=True"),
 ])
 def test_wrong_types_are_parameter_errors_naming_the_field(kw: dict, needle: str) -> None:
     with pytest.raises(ParameterError, match=needle):

@@ -300,6 +300,13 @@ def test_real_model_stop_string_and_logprobs():
     assert (out.text, out.finish_reason, out.stop_reason) == (" Paris", "stop", ".")
     assert out.token_ids == full.token_ids[:len(out.token_ids)]
     assert len(out.logprobs) == len(out.token_ids) and out.cumulative_logprob < 0
+    # detokenize=False (vLLM's): the same tokens and logprobs, no text; stop strings refused.
+    lp = llm.generate(["The capital of France is"], _with(greedy, logprobs=2))[0].outputs[0]
+    bare = llm.generate(["The capital of France is"],
+                        _with(greedy, logprobs=2, detokenize=False))[0].outputs[0]
+    assert (bare.text, bare.token_ids, bare.logprobs) == ("", full.token_ids, lp.logprobs)
+    with pytest.raises(ParameterError, match="stop strings need detokenize=True"):
+        _with(greedy, stop=["."], detokenize=False)
 
 
 @pytest.mark.parametrize("penalty", [1e-38, 1e-45, 5e-324, -1e-300])

@@ -15,7 +15,7 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from jaxinfer.tokenizer import Tokenizer, TokenizerError, check_messages, utf8_problem
+from jaxinfer.tokenizer import Tokenizer, check_messages, text_contents, utf8_problem
 
 
 class RequestError(ValueError):
@@ -126,36 +126,11 @@ def no_room_error(num_prompt: int, max_model_len: int,
                               f"{max_model_len} (at least one token must be generated){hint}")
 
 
-def text_contents(messages: Any) -> Any:
-    """``messages`` with each content given as OpenAI's list of text parts
-    (``[{"type": "text", "text": "..."}, ...]``) joined into one string with newlines, as
-    vLLM's chat preprocessing does for a template that takes string contents; other
-    messages unchanged (``check_messages`` judges them). Raises TokenizerError for a part
-    that is not text (images and audio are not supported), naming it."""
-    if not isinstance(messages, (list, tuple)):
-        return messages
-    out = []
-    for i, m in enumerate(messages):
-        parts = m.get("content") if isinstance(m, dict) else None
-        if isinstance(parts, (list, tuple)):
-            texts = []
-            for j, p in enumerate(parts):
-                kind = p.get("type") if isinstance(p, dict) else None
-                if kind != "text" or not isinstance(p.get("text"), str):
-                    raise TokenizerError(f"messages[{i}].content[{j}] must be a text part "
-                                         f"{{'type': 'text', 'text': str}} (only text is "
-                                         f"supported), got {p!r:.60}")
-                texts.append(p["text"])
-            m = {**m, "content": "\n".join(texts)}
-        out.append(m)
-    return out
-
-
 def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
                 add_generation_prompt: bool = True, truncate: int | None = None,
                 **template: Any) -> list[int]:
     """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``; a content may
-    also be a list of text parts, :func:`text_contents`) rendered with the model's chat
+    also be a list of text parts, ``tokenizer.text_contents``) rendered with the model's chat
     template (``Tokenizer.apply_chat_template``, which takes the
     ``template`` keywords: chat_template, continue_final_message, chat_template_kwargs);
     with ``truncate`` (a :func:`truncation` result), only the last ``truncate`` ids.

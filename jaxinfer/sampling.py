@@ -67,7 +67,13 @@ import numpy as np
 from jaxinfer import sampling_filters, sampling_noise
 from jaxinfer.batch import Bucket, SamplingArrays
 from jaxinfer.row_reduce import row_argmax, row_max
-from jaxinfer.sampling_bad_words import mask_bad_words, push_recent
+from jaxinfer.sampling_bad_words import (
+    MAX_BAD_WORD_SEQS,
+    bad_word_bans,
+    fallback_tokens,
+    mask_bad_words,
+    push_recent,
+)
 from jaxinfer.sampling_filters import buffered_cutoffs, kth_largest, nucleus_cut
 from jaxinfer.sampling_params import MAX_LOGPROBS
 from jaxinfer.sampling_penalties import LogitBias, add_logit_bias, apply_penalties, masks_stops
@@ -357,21 +363,33 @@ def sample_rows(logits: jax.Array, sp: SamplingArrays, counts: jax.Array,
         def when(name: str, f: Callable[[], Any], g: Callable[[], Any]) -> Any:
             return f() if getattr(needs, name) else g()
 
-    def penalized() -> jax.Array:  # the logit bias, then the penalties (vLLM v1's order)
+    no_bans = (jnp.full((S, MAX_BAD_WORD_SEQS), V, jnp.int32),
+               jnp.full((S, MAX_BAD_WORD_SEQS), NEG_INF, jnp.float32))
+
+    def penalized() -> tuple[jax.Array, tuple]:  # the logit bias, then the penalties (vLLM
+        # v1's order), then the bad words; with the bans and their values before them
         kw = dict(repetition=sp.repetition_penalty, presence=sp.presence_penalty,
                   frequency=sp.frequency_penalty,
                   mask_stops=masks_stops(sp.sample_index, sp.min_tokens),
                   allowed_only=sp.allowed_only)
         out = apply_penalties(logits, counts[slots], **kw)
         if bias is None:
-            return out
-        return when("bias", lambda: mask_bad_words(
-            add_logit_bias(out, logits, counts, bias, slots, sp.has_bias, **kw),
-            bias.bad_ids[slots], bias.recent[slots], sp.has_bias), lambda: out)
+            return out, no_bans
 
-    proc = when("penalties", penalized, lambda: logits)
+        def biased() -> tuple[jax.Array, tuple]:
+            bans = bad_word_bans(bias.bad_ids[slots], bias.recent[slots], sp.has_bias, V)
+            proc, before = mask_bad_words(
+                add_logit_bias(out, logits, counts, bias, slots, sp.has_bias, **kw), bans)
+            return proc, (bans, before)
+
+        return when("bias", biased, lambda: (out, no_bans))
+
+    proc, (bans, before) = when("penalties", penalized, lambda: (logits, no_bans))
     tokens = when("sampling", lambda: _draw(proc, sp, when),
                   lambda: row_argmax(proc, REDUCE_CHUNKS))
+    if bias is not None:  # bad words that left nothing yield to the other constraints
+        tokens = when("bias", lambda: fallback_tokens(tokens, proc, bans, before),
+                      lambda: tokens)
     K = min(MAX_LOGPROBS, V)
     chosen, top_i, top_v = when(
         "logprobs", lambda: _logprobs(logits, tokens),

@@ -7,7 +7,10 @@ many tokens (a word at the start of the text and in the middle of it). Each enco
 token sequence w[0..L-1]; at every sampled token the sampler bans (logit -inf) w[L-1] when the
 row's last L-1 *output* tokens equal w[0..L-2] -- a one-token word is always banned
 (vLLM v1 ``apply_bad_words``: prompt tokens do not count, and a word longer than the outputs
-so far + 1 cannot match).
+so far + 1 cannot match). Where the bans leave no token at all (only possible with
+``allowed_token_ids``, or the stop tokens masked before ``min_tokens``; the engine refuses
+one-token words that always do), the row takes the banned token with the largest logit:
+the other constraints win (:func:`fallback_tokens`; vLLM leaves the case undefined).
 
 The sequences live on the device beside the ``logit_bias`` tables
 (``sampling_penalties.LogitBias``): ``bad_ids`` [N + 1, MAX_BAD_WORD_SEQS,
@@ -108,25 +111,46 @@ def table_rows(seqs: Sequence[Sequence[int]], outputs: Sequence[int]
     return ids, recent
 
 
-def mask_bad_words(logits: jax.Array, bad_ids: jax.Array, recent: jax.Array,
-                   on: jax.Array) -> jax.Array:
-    """Rows' banned tokens set to -inf (vLLM v1 ``apply_bad_words``).
+def bad_word_bans(bad_ids: jax.Array, recent: jax.Array, on: jax.Array,
+                  vocab_size: int) -> jax.Array:
+    """[S, W] int32: the tokens each row bans now (vLLM v1 ``apply_bad_words``): w[-1] for
+    each sequence w whose prefix w[:-1] equals the row's last len(w) - 1 outputs;
+    ``vocab_size`` where none (rows not ``on``, unused entries, non-matching ones).
 
     Args:
-      logits: [S, V] float32.
       bad_ids: [S, W, L] int32 the rows' sequences (right-aligned, -1 pads on the left).
       recent: [S, L - 1] int32 the rows' last output tokens (oldest first, -1 where fewer).
-      on: [S] bool rows whose table applies (others are left bit for bit).
-    Returns:
-      [S, V] float32: entry (r, w[-1]) is -inf for each sequence w of row r whose prefix
-      w[:-1] equals the row's last len(w) - 1 outputs. Ids outside [0, V) are ignored.
+      on: [S] bool rows whose table applies.
     """
-    S, V = logits.shape
     prefix, last = bad_ids[:, :, :-1], bad_ids[:, :, -1]
     match = jnp.all((prefix < 0) | (prefix == recent[:, None, :]), axis=-1)
-    ban = on[:, None] & match & (last >= 0) & (last < V)
-    return logits.at[jnp.arange(S)[:, None], jnp.where(ban, last, V)].set(-jnp.inf,
-                                                                          mode="drop")
+    ban = on[:, None] & match & (last >= 0) & (last < vocab_size)
+    return jnp.where(ban, last, vocab_size)
+
+
+def mask_bad_words(logits: jax.Array, bans: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits with each row's ``bans`` [S, W] set to -inf, [S, W] float32 the banned
+    entries' values before: -inf for ``vocab_size`` pads), for :func:`fallback_tokens`.
+    The values are gathered before the scatter, so the logits are updated in place."""
+    S, V = logits.shape
+    before = jnp.take_along_axis(logits, jnp.minimum(bans, V - 1), axis=1)
+    before = jnp.where(bans < V, before, -jnp.inf)
+    return logits.at[jnp.arange(S)[:, None], bans].set(-jnp.inf, mode="drop"), before
+
+
+def fallback_tokens(tokens: jax.Array, processed: jax.Array, bans: jax.Array,
+                    before: jax.Array) -> jax.Array:
+    """``tokens`` [S], except rows whose bans left nothing to sample (the chosen token's
+    processed logit is -inf, so every one was: possible only where ``allowed_token_ids``,
+    or the stop tokens masked before ``min_tokens``, left few tokens): those take the banned
+    token whose logit was largest before the bans -- the other constraints win over the
+    bad words, and the row never gets a token they exclude (argmax of an all -inf row
+    would be token 0). vLLM leaves this case undefined."""
+    chosen = jnp.take_along_axis(processed, tokens[:, None], axis=1)[:, 0]
+    best = jnp.argmax(before, axis=1)
+    alt = jnp.take_along_axis(bans, best[:, None], axis=1)[:, 0]
+    dead = (chosen == -jnp.inf) & (jnp.max(before, axis=1) > -jnp.inf)
+    return jnp.where(dead, alt, tokens)
 
 
 def push_recent(recent: jax.Array, slots: jax.Array, tokens: jax.Array,

@@ -85,7 +85,33 @@ def check_messages(messages: Any) -> None:
             continue
         if "content" not in m:
             raise TokenizerError(f"messages[{i}] ({role}) has no 'content' (a string)")
-        raise TokenizerError(f"messages[{i}].content must be a string, got {_short(content)}")
+        raise TokenizerError(f"messages[{i}].content must be a string or a list of text parts, "
+                             f"got {_short(content)}")
+
+
+def text_contents(messages: Any) -> Any:
+    """``messages`` with each content given as OpenAI's list of text parts
+    (``[{"type": "text", "text": "..."}, ...]``) joined into one string with newlines, as
+    vLLM's chat preprocessing does for a template that takes string contents; other
+    messages unchanged (``check_messages`` judges them). Raises TokenizerError for a part
+    that is not text (images and audio are not supported), naming it."""
+    if not isinstance(messages, (list, tuple)):
+        return messages
+    out = []
+    for i, m in enumerate(messages):
+        parts = m.get("content") if isinstance(m, dict) else None
+        if isinstance(parts, (list, tuple)):
+            texts = []
+            for j, p in enumerate(parts):
+                kind = p.get("type") if isinstance(p, dict) else None
+                if kind != "text" or not isinstance(p.get("text"), str):
+                    raise TokenizerError(f"messages[{i}].content[{j}] must be a text part "
+                                         f"{{'type': 'text', 'text': str}} (only text is "
+                                         f"supported), got {p!r:.60}")
+                texts.append(p["text"])
+            m = {**m, "content": "\n".join(texts)}
+        out.append(m)
+    return out
 
 
 def _short(v: object) -> str:
@@ -195,7 +221,8 @@ class Tokenizer:
         """Token ids of a conversation rendered with the model's chat template.
 
         ``messages`` is ``[{"role": "user", "content": "..."}, ...]`` (see
-        :func:`check_messages`). The rendered text is encoded without adding special tokens
+        :func:`check_messages`; a content may be a list of text parts,
+        :func:`text_contents`). The rendered text is encoded without adding special tokens
         (the template writes them), as transformers does. The keywords are transformers' /
         vLLM ``LLM.chat``'s: ``chat_template`` a Jinja template used instead of the model's;
         ``continue_final_message`` leaves the last (assistant) message open so the model
@@ -224,6 +251,7 @@ class Tokenizer:
         if taken := sorted(set(kwargs) & _TEMPLATE_ARGUMENTS):
             raise TokenizerError(f"chat_template_kwargs may not set {', '.join(taken)} (an "
                                  f"argument of the chat template call itself)")
+        messages = text_contents(messages)
         check_messages(messages)
         try:
             text = self.hf.apply_chat_template(

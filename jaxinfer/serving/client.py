@@ -75,6 +75,9 @@ def build_request(prompt: str | None = None, *, token_ids: Sequence[int] | None 
         if isinstance(v, (int, float)) and math.isfinite(v) and abs(v) > _F32_MAX:
             raise ValueError(f"sampling parameter logit_bias[{t}]={v!r} does not fit the "
                              f"request: it is past float32's range (|x| <= {_F32_MAX:.4g})")
+    for k in ("stop", "bad_words"):  # a str is one string, as SamplingParams takes it
+        if isinstance(sampling.get(k), str):  # (protobuf would send its characters)
+            sampling = {**sampling, k: [sampling[k]]}
     try:
         params = pb.SamplingParameters(**sampling)
     except (TypeError, ValueError):  # protobuf's message names no field: find the keyword

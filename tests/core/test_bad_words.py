@@ -15,8 +15,10 @@ from jaxinfer.sampling_bad_words import (
     MAX_BAD_WORD_SEQS,
     MAX_BAD_WORD_TOKENS,
     BadWordsError,
+    bad_word_bans,
     bad_words_token_ids,
     encode_bad_words,
+    fallback_tokens,
     mask_bad_words,
     push_recent,
     table_rows,
@@ -142,9 +144,15 @@ def test_mask_equals_vllm_apply_bad_words_on_random_rows():
         tables = [table_rows(s, o) for s, o in rows]
         on = rng.random(S) < 0.8
         logits = rng.standard_normal((S, V)).astype(np.float32)
-        got = np.asarray(jax.jit(mask_bad_words)(
-            jnp.asarray(logits), jnp.asarray(np.stack([t[0] for t in tables])),
-            jnp.asarray(np.stack([t[1] for t in tables])), jnp.asarray(on)))
+        bans = jax.jit(bad_word_bans, static_argnums=3)(
+            jnp.asarray(np.stack([t[0] for t in tables])),
+            jnp.asarray(np.stack([t[1] for t in tables])), jnp.asarray(on), V)
+        got, before = map(np.asarray, jax.jit(mask_bad_words)(jnp.asarray(logits), bans))
+        bans = np.asarray(bans)
+        # the values before: the logits at the bans, -inf at the pads (V)
+        np.testing.assert_array_equal(
+            before, np.where(bans < V, np.take_along_axis(logits, np.minimum(bans, V - 1), 1),
+                             -np.inf))
         fired = 0
         for r, (seqs, outputs) in enumerate(rows):
             want = logits[r].copy()
@@ -154,6 +162,25 @@ def test_mask_equals_vllm_apply_bad_words_on_random_rows():
                 fired += sum(len(w) > 1 for w in seqs if w[-1] in banned)
             np.testing.assert_array_equal(got[r], want, err_msg=str((r, seqs, outputs)))
         assert fired > 0  # multi-token words matched
+
+
+def test_rows_the_bans_leave_empty_take_the_best_banned_token():
+    """A row whose every finite logit is banned (allowed_token_ids all covered) takes the
+    banned token with the largest logit before the bans, not the argmax of -infs (token
+    0); rows with anything left, and rows that were all -inf before (no finite banned
+    value), keep their token."""
+    V = 12
+    logits = np.full((4, V), -np.inf, np.float32)
+    logits[0, [3, 5, 8]] = [1.0, 2.5, 0.5]  # all three banned below
+    logits[1, [3, 5]] = [1.0, 2.0]  # 5 banned, 3 left
+    logits[3] = np.arange(V)  # nothing banned
+    bans = np.full((4, 4), V, np.int32)
+    bans[0, :3], bans[1, 0] = [8, 5, 3], 5
+    masked, before = jax.jit(mask_bad_words)(jnp.asarray(logits), jnp.asarray(bans))
+    tokens = jnp.argmax(masked, axis=1)  # what the draw of greedy rows gives
+    assert np.asarray(tokens).tolist() == [0, 3, 0, V - 1]  # row 0: a -inf token
+    got = jax.jit(fallback_tokens)(tokens, masked, jnp.asarray(bans), before)
+    assert np.asarray(got).tolist() == [5, 3, 0, V - 1]
 
 
 def test_recent_rows_follow_the_outputs():

@@ -123,7 +123,10 @@ _ROLE_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s>
     ([{"role": "user", "content": "hello"}, {"role": "robot", "content": "world"}],
      r"messages\[1\]\.role must be one of system, user, assistant, tool; got 'robot'"),
     ([{"content": "hello"}], r"messages\[0\] has no 'role'"),
-    ([{"role": "user", "content": ["hello"]}], r"messages\[0\]\.content must be a string"),
+    ([{"role": "user", "content": ["hello"]}], r"messages\[0\]\.content\[0\] must be a text "
+                                                r"part"),
+    ([{"role": "user", "content": None}], r"messages\[0\]\.content must be a string or a "
+                                          r"list of text parts, got NoneType"),
     ([{"role": "user", "content": "hello"}, "world"], r"messages\[1\] must be a dict"),
     ({"role": "user", "content": "hello"}, r"non-empty list of .* got dict"),
     ([], r"non-empty list of .* got list \[\]"),
@@ -141,7 +144,7 @@ def test_malformed_chat_messages_are_tokenizer_errors(messages, needle: str) -> 
 def test_engine_chat_takes_openai_text_parts_joined_by_newlines() -> None:
     """As vLLM's chat preprocessing for string-content templates: a content given as a list
     of text parts is the parts joined with newlines; a part that is not text is refused by
-    position (the tokenizer's own apply_chat_template takes strings only, above)."""
+    position."""
     from jaxinfer.prompts import encode_chat
 
     tok = _tiny_tokenizer(_ROLE_TEMPLATE)
@@ -150,7 +153,7 @@ def test_engine_chat_takes_openai_text_parts_joined_by_newlines() -> None:
                                           {"type": "text", "text": "world"}]}]
     joined = [parts[0], {"role": "user", "content": "hello\nworld"}]
     assert encode_chat(tok, parts, 64) == encode_chat(tok, joined, 64) == \
-        tok.apply_chat_template(joined)
+        tok.apply_chat_template(joined) == tok.apply_chat_template(parts)
     assert parts[1]["content"][0] == {"type": "text", "text": "hello"}  # not edited
     bad = [{"role": "user", "content": [{"type": "text", "text": "hi"},
                                         {"type": "image_url", "image_url": {"url": "x"}}]}]

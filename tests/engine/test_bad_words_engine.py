@@ -155,6 +155,39 @@ def test_bad_words_covering_the_allowed_tokens_are_refused(monkeypatch):
     assert not llm.engine.has_unfinished_requests()
 
 
+@pytest.mark.parametrize("engine_kw", [dict(async_scheduling=False), dict(),
+                                       dict(num_scheduler_steps=4)],
+                         ids=["sync", "async", "multi-step"])
+def test_bans_that_leave_no_allowed_token_yield(monkeypatch, engine_kw):
+    """After f (greedy's first pick among the allowed 7 and 9), the words (f, 7) and (f, 9)
+    ban both allowed tokens: that step takes the allowed token with the larger logit (the
+    bad words yield to allowed_token_ids), never a token outside them (argmax of an all
+    -inf row was token 0; break-test report 66); greedy and seeded sampling."""
+    loaded = tiny_loaded("llama")
+    ref = LLM(loaded, **ENGINE).engine
+    llm = LLM(loaded, **{**ENGINE, **engine_kw})
+    prompt, allowed = PROMPTS[1], [7, 9]
+    x = ref.prompt_logits(prompt)[-1]
+    f = max(allowed, key=lambda t: x[t])
+    seqs = [[f, 7], [f, 9]]
+    _words(monkeypatch, {"w": seqs})
+    want: list[int] = []
+    stuck = 0
+    for _ in range(10):
+        x = ref.prompt_logits(prompt + want)[-1].astype(np.float64)
+        left = [t for t in allowed if t not in _banned(seqs, want)]
+        stuck += not left
+        want.append(max(left or allowed, key=lambda t: x[t]))
+    assert stuck > 0
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, bad_words=["w"],
+                            allowed_token_ids=allowed)
+    assert _tokens(llm.generate([prompt], greedy)) == [want]
+    seeded = SamplingParams(temperature=1.0, seed=3, max_tokens=10, ignore_eos=True,
+                            bad_words=["w"], allowed_token_ids=allowed)
+    got = _tokens(llm.generate([prompt], seeded))[0]
+    assert set(got) <= set(allowed), got
+
+
 def test_bad_words_need_a_tokenizer_and_fitting_words():
     llm = LLM(tiny_loaded("llama"), **ENGINE)
     with pytest.raises(RequestError, match="bad_words need a tokenizer"):

@@ -35,3 +35,14 @@ def test_a_prompt_that_is_not_utf8_is_named(capsys):
     assert capsys.readouterr().err.strip() == (
         "jaxinfer: error: client: the prompt is not valid UTF-8 text: character 2 is the "
         "byte 0xff, not UTF-8")
+
+
+def test_a_plain_string_stop_or_bad_word_is_one_string():
+    """As SamplingParams takes them (protobuf alone would send a str's characters as a
+    repeated field's entries: bad_words="Paris" banned "P", "a", ... not " Paris")."""
+    from jaxinfer.serving.client import build_request
+
+    req = build_request("hi", stop="end", bad_words="Paris", max_tokens=3)
+    assert list(req.sampling.stop) == ["end"] and list(req.sampling.bad_words) == ["Paris"]
+    req = build_request("hi", stop=["a", "b"], bad_words=("x",))
+    assert list(req.sampling.stop) == ["a", "b"] and list(req.sampling.bad_words) == ["x"]

@@ -178,15 +178,13 @@ class Case:
                                        jnp.float32))
         # The tables are an argument, donated as in the engine's sampler program when the
         # sampler returns them (an older --sampler-file returns (out, counts) only).
-        self.bias = kw.pop("bias", None)
+        bias = kw.pop("bias", None)
+        self.tables = {} if bias is None else {"bias": bias}
         fn = functools.partial(sampler, **kw)
-        args: tuple = (self.logits, self.sas[0], self.counts)
-        donate: tuple = (2,)
-        if self.bias is not None:
-            fn = functools.partial(lambda lg, sp, c, b, f: f(lg, sp, c, bias=b), f=fn)
-            args += (self.bias,)
-            donate += (3,) * (len(jax.eval_shape(fn, *args)) > 2)
-        lowered = jax.jit(fn, donate_argnums=donate).lower(*args)
+        args = (self.logits, self.sas[0], self.counts)
+        returns_bias = bool(self.tables) and len(jax.eval_shape(fn, *args, **self.tables)) > 2
+        lowered = jax.jit(fn, donate_argnames=("counts",) + ("bias",) * returns_bias).lower(
+            *args, **self.tables)
         key = (mode, B, hash(lowered.as_text()))
         if key not in cache:
             exe = lowered.compile()
@@ -196,11 +194,10 @@ class Case:
         self.exe, self.sorts, self.conds, self.hlo_hash = cache[key]
 
     def call(self, i: int):
-        extra = () if self.bias is None else (self.bias,)
         out, self.counts, *rest = self.exe(self.logits, self.sas[i % len(self.sas)],
-                                           self.counts, *extra)
-        if rest and rest[0] is not None:
-            self.bias = rest[0]  # (donated: the next call takes the returned tables)
+                                           self.counts, **self.tables)
+        if rest and rest[0] is not None:  # donated: the next call takes the returned tables
+            self.tables = {"bias": rest[0]}
         return out
 
 

@@ -253,5 +253,5 @@ def _fill_row(sa: SamplingArrays, row: int, seq: Any, end: int, seed: int, slot:
     sa.want_logprobs[row] = sp.logprobs is not None
     sa.min_tokens[row] = sp.min_tokens if slot >= 0 else 0  # its stop flags live in the slot
     sa.allowed_only[row] = bool(sp.allowed_token_ids) and slot >= 0  # (so do these)
-    sa.has_bias[row] = (bool(sp.logit_bias) or bool(sp.bad_words)) and slot >= 0  # (tables
-    #                                                         in the slot too)
+    has_tables = bool(sp.logit_bias) or bool(sp.bad_words)  # (in the slot too)
+    sa.has_bias[row] = has_tables and slot >= 0

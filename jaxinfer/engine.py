@@ -345,13 +345,16 @@ class LLMEngine:
         banned = {s[0] for s in sp.bad_words_token_ids or () if len(s) == 1}
         stops = self._masked_stops(sp)
         what = "allowed_token_ids" if allowed else f"the whole vocabulary ({V} ids)"
-        for masked, cause, when in (
-                (banned, "bad_words ban", ""),
-                (stops | banned, f"min_tokens {sp.min_tokens}: EOS and stop_token_ids"
-                 f"{' and bad_words' if banned else ''} cover", " before then")):
-            if masked and (len(masked) >= V or (
-                    allowed and masked.issuperset(allowed))):
-                return f"{cause} {what}, so no token could be sampled{when}"
+
+        def covers(ids: set[int]) -> bool:
+            return bool(ids) and (len(ids) >= V or bool(allowed) and ids.issuperset(allowed))
+
+        if covers(banned):
+            return f"bad_words ban {what}, so no token could be sampled"
+        if covers(stops | banned):
+            return (f"min_tokens {sp.min_tokens}: EOS and stop_token_ids"
+                    f"{' and bad_words' if banned else ''} cover {what}, so no token could "
+                    f"be sampled before then")
         return None
 
     def _masked_stops(self, sp: SamplingParams) -> set[int]:

@@ -49,8 +49,8 @@ def check_engine_args(model: Any, engine_args: dict[str, Any]) -> None:
 # extra with the Pallas kernels (one row count is compiled). EngineConfig's own defaults
 # (8 sequences, 512 tokens, 8 prefill rows) stay the CPU's: a laptop's memory and compile
 # time. More buckets mean more programs: a server builds the decode ones in its warm-up
-# (warmup.py), prefill ones compile on first use unless `jaxinfer compile` or
-# `serve --warmup-prefill` built them.
+# (warmup.py) and, on a GPU, the prefill ones too (`serve --no-warmup-prefill` leaves those
+# to first use, unless `jaxinfer compile` built them).
 GPU_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_prefill_seqs": 64}
 
 

@@ -286,7 +286,7 @@ class SamplingParams:
         if self.stop and not self.detokenize:
             raise ParameterError("stop strings need detokenize=True (they are matched in the "
                                  "text); use stop_token_ids")
-        self.bad_words = _strings("bad_words", self.bad_words) or None
+        self.bad_words = _strings("bad_words", self.bad_words, blank_ok=False) or None
 
     @property
     def greedy(self) -> bool:
@@ -305,16 +305,16 @@ class SamplingParams:
         return self.stop if isinstance(self.stop, list) else []
 
 
-def _strings(name: str, v: object) -> list[str]:
-    """``stop`` / ``bad_words`` as a list of non-empty strs (None -> [], a str -> [it]; a
-    bad word must hold more than spaces); raises ParameterError naming the field and the
+def _strings(name: str, v: object, blank_ok: bool = True) -> list[str]:
+    """``stop`` / ``bad_words`` as a list of non-empty strs (None -> [], a str -> [it]; with
+    ``blank_ok`` False, none of only spaces); raises ParameterError naming the field and the
     bad entry."""
     if v is not None and not isinstance(v, (str, list, tuple)):
         raise ParameterError(f"{name} must be None, a string or a list of strings, "
                              f"got {_kind(v)}")
     out = [] if v is None else [v] if isinstance(v, str) else list(v)
     for i, s in enumerate(out):
-        if not isinstance(s, str) or not (s.strip() if name == "bad_words" else s):
+        if not isinstance(s, str) or not (s if blank_ok else s.strip()):
             raise ParameterError(f"{name} must hold non-empty strings, got {s!r} at "
                                  f"{name}[{i}]")
     return out

@@ -67,8 +67,8 @@ def add_serve_parser(sub: Any) -> None:
 def _warmup_mode(ns: argparse.Namespace) -> bool | str:
     """InferenceServer's ``warmup``: False (--no-warmup), "prefill" (--warmup-prefill, the
     default on a GPU backend: 8B at the GPU defaults on an H100, 121 programs in 120 s with 8
-    threads vs 85 s without the prefill ones, benchmarks/RESULTS.md "Start-up (H100, session
-    39)") or True (the decode programs only)."""
+    threads vs 85 s without the prefill ones, benchmarks/RESULTS.md "Start-up (H100,
+    sessions 38-39)") or True (the decode programs only)."""
     if ns.no_warmup:
         return False
     prefill = ns.warmup_prefill
@@ -96,8 +96,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             check_port_free(ns.host, ns.metrics_port, "serve metrics")
         engine = LLMEngine(ns.model, **args)
         return asyncio.run(serve(engine, ns.host, ns.port, ns.metrics_port, ns.max_queue_len,
-                                 ns.drain_timeout,
-                                 warmup=_warmup_mode(ns)))
+                                 ns.drain_timeout, warmup=_warmup_mode(ns)))
     except ServerError as e:
         print(f"jaxinfer: error: {e}", file=sys.stderr)
         return 2

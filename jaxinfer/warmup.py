@@ -24,6 +24,29 @@ if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
 
 
+WARMUP_MODES = (True, False, "prefill", "auto")
+
+
+def resolve_warmup(warmup: bool | str) -> bool | str:
+    """What a server's ``warmup`` setting builds: ``False`` nothing, ``True`` the decode
+    programs (:func:`warm_up`), ``"prefill"`` those and every prefill program, ``"auto"`` (the
+    default) ``"prefill"`` on a GPU backend and ``True`` on the CPU, where the reference
+    attention's grid of prefill programs is much larger (95 for SmolLM2's CPU defaults vs 10
+    at the GPU defaults). On an H100, Llama-3.1-8B at the GPU defaults with 8 threads: 121
+    programs in 120 s with the prefill ones, 110 in 85 s without (benchmarks/RESULTS.md
+    "Start-up (H100, sessions 38-39)").
+
+    Raises:
+      ValueError: any other value (``config.ConfigError`` is a ValueError; the server raises
+        that).
+    """
+    if warmup is not True and warmup is not False and warmup not in ("prefill", "auto"):
+        raise ValueError(f"warmup must be True, False, 'prefill' or 'auto', got {warmup!r}")
+    if warmup == "auto":
+        return "prefill" if jax.default_backend() != "cpu" else True
+    return warmup
+
+
 def default_warmup_jobs() -> int:
     """Threads that build programs in :func:`warm_up`: 1 on the CPU (XLA:CPU already spreads
     one compile over the cores, and a laptop's memory is the limit), else half the cores,

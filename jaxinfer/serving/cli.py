@@ -65,18 +65,14 @@ def add_serve_parser(sub: Any) -> None:
 
 
 def _warmup_mode(ns: argparse.Namespace) -> bool | str:
-    """InferenceServer's ``warmup``: False (--no-warmup), "prefill" (--warmup-prefill, the
-    default on a GPU backend: 8B at the GPU defaults on an H100, 121 programs in 120 s with 8
-    threads vs 85 s without the prefill ones, benchmarks/RESULTS.md "Start-up (H100,
-    sessions 38-39)") or True (the decode programs only)."""
+    """InferenceServer's ``warmup``: False (--no-warmup), "prefill" (--warmup-prefill), True
+    (--no-warmup-prefill: the decode programs only) or "auto" (neither: the prefill programs
+    too on a GPU backend; ``warmup.resolve_warmup``)."""
     if ns.no_warmup:
         return False
-    prefill = ns.warmup_prefill
-    if prefill is None:
-        import jax
-
-        prefill = jax.default_backend() != "cpu"
-    return "prefill" if prefill else True
+    if ns.warmup_prefill is None:
+        return "auto"
+    return "prefill" if ns.warmup_prefill else True
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving.engine_thread import EngineThread
 from jaxinfer.serving.metrics import ServingMetrics
 from jaxinfer.serving.servicer import InferenceServicer, add_to_server
-from jaxinfer.warmup import warm_up
+from jaxinfer.warmup import resolve_warmup, warm_up
 
 if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
@@ -89,21 +89,25 @@ class InferenceServer:
       max_queue_len: most waiting requests before RESOURCE_EXHAUSTED (None: the engine's
         own ``SchedulerConfig.max_queue_len``, unbounded by default).
       warmup: compile the common programs before reporting SERVING (see :func:`warm_up`);
-        ``"prefill"``: every prefill program too (``warm_up(prefill_buckets=True)``).
+        ``"prefill"``: every prefill program too (``warm_up(prefill_buckets=True)``);
+        ``"auto"`` (default): ``"prefill"`` on a GPU, ``True`` on the CPU
+        (:func:`jaxinfer.warmup.resolve_warmup`); False: none.
     Raises:
-      ConfigError: bad max_queue_len. ServerError (from ``start``): the port cannot be bound.
+      ConfigError: bad max_queue_len or warmup. ServerError (from ``start``): the port
+        cannot be bound.
     """
 
     def __init__(self, engine: LLMEngine, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  metrics_port: int | None = None, max_queue_len: int | None = None,
-                 warmup: bool | str = True) -> None:
-        if warmup not in (True, False, "prefill"):
-            raise ConfigError(f"warmup must be True, False or 'prefill', got {warmup!r}")
+                 warmup: bool | str = "auto") -> None:
+        try:
+            self.warmup = resolve_warmup(warmup)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.engine = engine
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
-        self.warmup = warmup
         if max_queue_len is not None:  # else keep the engine's own setting
             set_max_queue_len(engine, max_queue_len)
         self.metrics = ServingMetrics()
@@ -172,7 +176,7 @@ class InferenceServer:
 
 async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | None = None,
                 max_queue_len: int | None = None, drain_timeout: float = 30.0,
-                warmup: bool | str = True, ready: Any = None) -> int:
+                warmup: bool | str = "auto", ready: Any = None) -> int:
     """Serve until SIGTERM / SIGINT, then drain for up to ``drain_timeout`` s (a second
     signal cancels what is in flight and stops at once, as vLLM's server does); returns 0."""
     server = InferenceServer(engine, host, port, metrics_port, max_queue_len, warmup)

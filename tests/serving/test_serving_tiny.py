@@ -863,7 +863,7 @@ def test_warmup_prefill_builds_every_prefill_program_before_serving():
     from tests.serving.conftest import TINY_ARGS, ServerThread
 
     engine = LLMEngine(tiny_loaded("llama"), **{**TINY_ARGS, "prefill_buckets": (16, 64)})
-    with pytest.raises(ConfigError, match="warmup must be True, False or 'prefill'"):
+    with pytest.raises(ConfigError, match="warmup must be True, False, 'prefill' or 'auto'"):
         InferenceServer(engine, port=0, warmup="yes")
     st = ServerThread(engine, warmup="prefill").start()
     try:
@@ -892,13 +892,23 @@ def test_warmup_prefill_builds_every_prefill_program_before_serving():
     (["--no-warmup-prefill"], "gpu", True), (["--no-warmup"], "gpu", False),
     (["--no-warmup", "--warmup-prefill"], "cpu", False)])
 def test_serve_warms_the_prefill_programs_by_default_on_a_gpu(monkeypatch, argv, backend, want):
+    """``serve``'s flags and ``InferenceServer``'s default ("auto") resolve alike: the
+    prefill programs too on a GPU backend, the decode ones only on the CPU."""
     import argparse
 
     import jax
 
+    from jaxinfer.engine import LLMEngine
     from jaxinfer.serving.cli import _warmup_mode, add_serve_parser
+    from jaxinfer.serving.server import InferenceServer
+    from jaxinfer.warmup import resolve_warmup
+    from tests.conftest import tiny_loaded
+    from tests.serving.conftest import TINY_ARGS
 
+    engine = LLMEngine(tiny_loaded("llama"), **TINY_ARGS) if not argv else None
     p = argparse.ArgumentParser()
     add_serve_parser(p.add_subparsers())
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    assert _warmup_mode(p.parse_args(["serve", *argv])) == want
+    assert resolve_warmup(_warmup_mode(p.parse_args(["serve", *argv]))) == want
+    if engine is not None:  # the Python API's default is the CLI's
+        assert InferenceServer(engine, port=0).warmup == want

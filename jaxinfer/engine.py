@@ -8,7 +8,6 @@ block_size=..., max_num_seqs=..., dtype=...)``, ``engine.add_request(prompt, Sam
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import numbers
@@ -40,10 +39,10 @@ from jaxinfer.outputs import (
     logprobs_entry,
 )
 from jaxinfer.prompts import PromptTooLongError, RequestError
+from jaxinfer.request_checks import checked_params, masked_stops
 from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.runner_multi import MultiStepPrograms
-from jaxinfer.sampling_bad_words import BadWordsError, encode_bad_words
-from jaxinfer.sampling_params import ParameterError, SamplingParams
+from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import (
     QueueFullError,
     RequestTooLongError,
@@ -199,32 +198,10 @@ class LLMEngine:
         already: ``params.truncate_prompt_tokens`` applies to ``prompt`` only). ``request_id``:
         an int >= 0 not in use by a live request (default: the next free automatic id).
         """
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise RequestError(f"sampling params must be SamplingParams, got {type(params)}")
-        try:  # the request's own copy, checked again (as vLLM v1 clones them): a caller that
-            # edits its SamplingParams later changes neither this request nor its checks
-            params = dataclasses.replace(params)
-        except (ParameterError, TypeError) as e:
-            raise RequestError(f"sampling params: {e}") from e
+        params = checked_params(params, self.tokenizer, self.model_config.vocab_size,
+                                self.scheduler.cfg.eos_token_ids)
         ids = (prompt_token_ids if prompt_token_ids is not None
                else self.encode_prompt(prompt, params.truncate_prompt_tokens))
-        if params.stop_strings and self.tokenizer is None:
-            raise RequestError("stop strings need a tokenizer; this model has none "
-                               "(use stop_token_ids)")
-        if params.bad_words:
-            try:
-                params.bad_words_token_ids = encode_bad_words(
-                    self.tokenizer, params.bad_words, self.model_config.vocab_size)
-            except BadWordsError as e:
-                raise RequestError(str(e)) from e
-        V = self.model_config.vocab_size
-        for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):
-            if outside := [t for t in getattr(params, name) or () if t >= V]:
-                raise RequestError(f"{name} {outside[:8]} are not in the vocabulary: ids must "
-                                   f"be in [0, {V}) (vocab size {V})")
-        if (why := self._no_token_left(params)) is not None:
-            raise RequestError(why)
         limit = self.config.max_model_len
         if len(ids) >= limit:
             raise prompts.no_room_error(len(ids), limit, params.truncate_prompt_tokens)
@@ -331,41 +308,12 @@ class LLMEngine:
                 toks = np.full(self.config.max_model_len, -1, np.int32)
                 toks[:len(ids)] = ids
                 self.runner.load_history(slot, toks, seq.num_prompt_tokens,
-                                         sorted(self._masked_stops(sp)),
+                                         sorted(masked_stops(sp, self.model_config.vocab_size,
+                                                             self.scheduler.cfg.eos_token_ids)),
                                          sorted(set(sp.allowed_token_ids or ())))
             if sp.logit_bias or sp.bad_words:
                 self.runner.load_logit_bias(slot, sp.logit_bias, sp.bad_words_token_ids or (),
                                             seq.output_token_ids)
-
-    def _no_token_left(self, sp: SamplingParams) -> str | None:
-        """Why every token would be masked (so argmax would pick a -inf token), or None: the
-        always-banned one-token ``bad_words`` cover ``allowed_token_ids`` (or the
-        vocabulary), or do so with EOS and the stop ids before ``min_tokens``."""
-        V, allowed = self.model_config.vocab_size, sp.allowed_token_ids
-        banned = {s[0] for s in sp.bad_words_token_ids or () if len(s) == 1}
-        stops = self._masked_stops(sp)
-        what = "allowed_token_ids" if allowed else f"the whole vocabulary ({V} ids)"
-
-        def covers(ids: set[int]) -> bool:
-            return bool(ids) and (len(ids) >= V or bool(allowed) and ids.issuperset(allowed))
-
-        if covers(banned):
-            return f"bad_words ban {what}, so no token could be sampled"
-        if covers(stops | banned):
-            return (f"min_tokens {sp.min_tokens}: EOS and stop_token_ids"
-                    f"{' and bad_words' if banned else ''} cover {what}, so no token could "
-                    f"be sampled before then")
-        return None
-
-    def _masked_stops(self, sp: SamplingParams) -> set[int]:
-        """The token ids masked before ``sp.min_tokens`` outputs: what
-        ``Scheduler._stop_reason`` stops on (EOS unless ``ignore_eos``, ``stop_token_ids``)
-        within the vocabulary; none without ``min_tokens``."""
-        if sp.min_tokens == 0:
-            return set()
-        V = self.model_config.vocab_size
-        eos = () if sp.ignore_eos else self.scheduler.cfg.eos_token_ids
-        return {t for t in (*sp.stop_token_ids, *eos) if t < V}
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns outputs of requests that advanced or finished.

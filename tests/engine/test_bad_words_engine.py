@@ -3,7 +3,7 @@
 the outputs so far end with their prefix, prompt tokens not counted) in the one-step, async
 and multi-step engines, beside a request without bad words; slots reused without them; the
 last-output rows reloaded after preemption. The tiny model has no tokenizer: the words'
-token sequences are given through ``jaxinfer.engine.encode_bad_words`` (its encoding is
+token sequences are given through ``jaxinfer.request_checks.encode_bad_words`` (its encoding is
 tests/core/test_bad_words.py's)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _words(monkeypatch, table: dict[str, list[list[int]]]) -> None:
     def encode(tokenizer, words, vocab_size):
         return [s for w in words for s in table[w]]
 
-    monkeypatch.setattr("jaxinfer.engine.encode_bad_words", encode)
+    monkeypatch.setattr("jaxinfer.request_checks.encode_bad_words", encode)
 
 
 def _tokens(outs) -> list[list[int]]:

@@ -158,6 +158,7 @@ class LLMEngine:
         self.num_pipelined_steps = 0  # steps dispatched before the previous was read
         self.multi_step_programs = MultiStepPrograms(self.runner)  # num_scheduler_steps > 1
         self.num_multi_steps = 0  # multi-step windows run
+        self.num_one_step_windows = 0  # windows run as one step while their program builds
         self.num_pipelined_windows = 0  # windows dispatched before the previous was read
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
                  self.kv_sizing.describe(ec.max_model_len))

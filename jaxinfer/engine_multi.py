@@ -11,6 +11,14 @@ and its pages freed with it. Nothing may wait for a window to pipeline, so a req
 arrives while a window is in flight is admitted after it (up to 2k steps later than the
 one-step engine would; vLLM's multi-step scheduling behaves alike). Tokens and finish reasons
 are the one-step engine's.
+
+A window whose k-step program is not built yet (a sampler variant the warm-up leaves out:
+``runner_multi.MULTI_STEP_WARM_VARIANTS``) runs as one step while that program builds on a
+background thread, when the one-step program it falls back to is built (after a server's
+warm-up); its next windows take the k-step program once it is ready. So a server's first
+top-p request does not stop every stream for a compile (several seconds for an 8B model on
+a GPU). Without a built one-step program (an offline run without warm-up) the k-step program
+is built at once, as before: the fallback would compile too.
 """
 
 from __future__ import annotations
@@ -52,8 +60,8 @@ def launch_window(engine: LLMEngine, out: SchedulerOutput) -> Window | None:
     inputs = engine._rows.build_decode(out.chunks, seq_buckets=ec.decode_buckets,
                                        page_buckets=ec.page_buckets,
                                        request_seeds=engine._seeds, lookahead=k - 1)
-    if inputs is None:  # its pages stay allocated: the next steps use them
-        return None
+    if inputs is None or _one_step_meanwhile(engine, out, inputs, k):
+        return None  # its pages stay allocated: the next steps use them
     engine.num_multi_steps += 1
     return Window(steps, inputs, *engine.multi_step_programs.launch(inputs, k))
 
@@ -70,9 +78,30 @@ def launch_next_window(engine: LLMEngine, cur: Window) -> Window | None:
                                        page_buckets=ec.page_buckets,
                                        request_seeds=engine._seeds, token_on_device=k,
                                        lookahead=k - 1)
-    if inputs is None or inputs.bucket.num_seqs != len(nxt.rows):
+    if (inputs is None or inputs.bucket.num_seqs != len(nxt.rows) or not
+            engine.multi_step_programs.ready(inputs.bucket, engine.multi_step_programs.variant(
+                inputs), k)):  # the next synchronous plan decides (launch_window)
         return None  # its pages stay allocated: the next synchronous plan uses them
     engine.num_multi_steps += 1
     engine.num_pipelined_windows += 1
     token_ids = engine.runner.gather_tokens(cur.last, nxt.rows)
     return Window(nxt.steps, inputs, *engine.multi_step_programs.launch(inputs, k, token_ids))
+
+
+def _one_step_meanwhile(engine: LLMEngine, out: SchedulerOutput, inputs: StepInputs,
+                        k: int) -> bool:
+    """Whether window ``inputs`` runs as one step while its k-step program builds in the
+    background (module docstring): the program is not built, and the one-step program of
+    ``out`` is (else the k-step one is built now, by the caller). Counted in
+    ``engine.num_one_step_windows``."""
+    progs = engine.multi_step_programs
+    key = (inputs.bucket, progs.variant(inputs), k)
+    if progs.ready(*key):
+        return False
+    if key not in progs.failed:
+        one = engine._inputs(out.chunks, False)  # what the fallback runs
+        if one is None or not engine.runner.has_sample_program(one.bucket):
+            return False
+        progs.build_in_background(*key)  # another key building: asked again next window
+    engine.num_one_step_windows += 1
+    return True

@@ -273,6 +273,11 @@ class ModelRunner(SlotStateLoaders):
         return exe if exe is not None else self._build_locks.get_or_build(
             self._executables, (mode, bucket), lambda: self._build(bucket, mode))
 
+    def has_sample_program(self, bucket: Bucket) -> bool:
+        """Whether a sample step of ``bucket`` builds nothing (its model program is built,
+        and with it every sampler variant of its row count)."""
+        return (SAMPLE, bucket) in self._executables
+
     def _build(self, bucket: Bucket, mode: str):
         # jaxinfer compile builds neither the history, copy, gather nor bias program
         # without --modes sample (nor those added since a store was built): load them

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 from typing import Any
 
 import jax
@@ -43,7 +44,8 @@ MULTI_STEP = "multistep"  # the programs' mode in a compile cache (compile_cache
 
 # The sampler variants whose k-step programs `jaxinfer compile` and the server's warm-up
 # build: greedy requests and the OpenAI-style default (temperature only); top-k / top-p /
-# penalty batches compile theirs at their first window.
+# penalty batches build theirs at their first window: in the background while their
+# windows run as one step when the one-step programs are built (engine_multi.py), else then.
 MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
 
 
@@ -104,6 +106,48 @@ class MultiStepPrograms:
         self.runner = runner
         self._programs: dict[tuple[Bucket, str, int], Any] = {}
         self._build_locks = KeyLocks()
+        self._background: tuple[tuple[Bucket, str, int], threading.Thread] | None = None
+        self._background_lock = threading.Lock()
+        self.failed: dict[tuple[Bucket, str, int], BaseException] = {}  # background builds
+
+    def variant(self, inputs: StepInputs) -> str:
+        """The sampler variant a window of ``inputs`` runs (``sampling.sampler_variant``)."""
+        return sampler_variant(inputs.sampling, self.runner.model_config.vocab_size)
+
+    def ready(self, bucket: Bucket, variant: str, k: int) -> bool:
+        """Whether the program is built (a window would build nothing)."""
+        return (bucket, variant, k) in self._programs
+
+    def build_in_background(self, bucket: Bucket, variant: str, k: int) -> bool:
+        """Start building the program on a background thread, one program at a time (so
+        that exiting waits for one build at most; another key asks again at its next window).
+        Returns whether this key is building now. A failed build is logged, kept in
+        ``failed`` and not tried again (its windows run as one step)."""
+        key = (bucket, variant, k)
+        with self._background_lock:
+            if self._background is not None and self._background[1].is_alive():
+                return self._background[0] == key
+            if key in self._programs or key in self.failed:
+                return False
+            thread = threading.Thread(target=self._build_logged, args=key, daemon=False,
+                                      name=f"jaxinfer-{k}-step-{variant}-S{bucket.num_seqs}")
+            self._background = (key, thread)
+            thread.start()
+            return True
+
+    def _build_logged(self, bucket: Bucket, variant: str, k: int) -> None:
+        try:
+            self.executable(bucket, variant, k)
+        except Exception as e:  # out of device memory, say: the windows stay one-step
+            self.failed[bucket, variant, k] = e
+            log.error("building the %d-step decode program %s (%s) in the background failed; "
+                      "its windows run as one step: %s", k, bucket, variant, e)
+
+    def wait_background(self, timeout: float | None = None) -> None:
+        """Wait for the background build, if one runs (tests, shutdown)."""
+        bg = self._background
+        if bg is not None:
+            bg[1].join(timeout)
 
     def lower(self, bucket: Bucket, variant: str, k: int) -> jax.stages.Lowered:
         """Trace and lower the ``k``-step program of decode ``bucket`` with ``variant`` from
@@ -150,8 +194,7 @@ class MultiStepPrograms:
             raise ValueError("multi-step decode returns no logprobs; run such rows one step "
                              "at a time")
         r = self.runner
-        variant = sampler_variant(inputs.sampling, r.model_config.vocab_size)
-        exe = self.executable(inputs.bucket, variant, k)
+        exe = self.executable(inputs.bucket, self.variant(inputs), k)
         out, r.cache, r.counts, r.logit_bias = exe(
             r.weights, r.cache, r.counts, r.logit_bias,
             inputs.token_ids if token_ids is None else token_ids, _metadata(inputs),

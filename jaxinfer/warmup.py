@@ -115,7 +115,8 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True, jobs: int | None = N
     programs of its row count, every variant (runner.py), so no sampling parameters compile
     anything later; what is left compiles on first use (``runner.num_compilations`` counts
     it): prefill programs of other token counts, prompt_logprobs' logits programs, the
-    k-step programs of other sampler variants (runner_multi.py). Raises ValueError for
+    k-step programs of other sampler variants (built in the background while their windows
+    run as one step: engine_multi.py). Raises ValueError for
     ``jobs`` < 1; a build's error (out of memory, say) is raised once the request and the
     other builds are done.
     """

@@ -300,3 +300,59 @@ def test_no_step_stays_in_flight_once_every_request_is_done(k):
         eng.step()
     assert eng._pending is None
     assert eng.scheduler.block_manager.num_used_pages == 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_an_unbuilt_variant_runs_one_step_while_its_program_builds(async_scheduling):
+    """After the warm-up, a top-p batch's first windows run as one step (their one-step
+    programs are built) while the top-p k-step program builds on a background thread; once
+    it is built the windows use it; tokens equal the one-step engine's throughout. A failed
+    background build leaves its windows one-step, the outputs still right."""
+    from jaxinfer.serving.server import warm_up
+
+    def tokens(outs):  # request ids differ from run to run of one LLM
+        return [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outs]
+
+    loaded = tiny_loaded("llama")
+    prompts = [[5, 6, 7], [8, 9], [3, 1, 4, 1]]
+    params = [SamplingParams(max_tokens=24, temperature=0.8, top_p=0.7, seed=i,
+                             ignore_eos=True) for i in range(3)]
+    want = LLM(loaded, **ENGINE, async_scheduling=False).generate(prompts, params)
+    llm = LLM(loaded, **ENGINE, num_scheduler_steps=4, async_scheduling=async_scheduling)
+    eng, progs = llm.engine, llm.engine.multi_step_programs
+    warm_up(eng)
+    warm = set(progs._programs)
+    assert all(v != "top_p" for _, v, _ in warm)
+    assert tokens(llm.generate(prompts, params)) == tokens(want)
+    assert eng.num_one_step_windows > 0
+    progs.wait_background()
+    assert progs._background is not None and not progs.failed
+    built = set(progs._programs) - warm
+    assert built and {v for _, v, _ in built} == {"top_p"}
+    n_one, n_multi = eng.num_one_step_windows, eng.num_multi_steps
+    assert tokens(llm.generate(prompts, params)) == tokens(want)
+    assert eng.num_one_step_windows == n_one and eng.num_multi_steps > n_multi
+
+    def fail(*args):
+        raise RuntimeError("out of memory (test)")
+
+    progs.lower = fail  # the next new program (logit_bias: another variant) cannot build
+    params = [dataclasses.replace(p, logit_bias={4: 1.5}) for p in params]
+    want = LLM(loaded, **ENGINE, async_scheduling=False).generate(prompts, params)
+    assert tokens(llm.generate(prompts, params)) == tokens(want)
+    progs.wait_background()
+    assert [v for _, v, _ in progs.failed] == ["top_k_top_p_full_bias"]
+    n_one = eng.num_one_step_windows
+    assert tokens(llm.generate(prompts, params)) == tokens(want)
+    assert eng.num_one_step_windows > n_one  # not tried again: one step
+
+
+def test_without_built_one_step_programs_a_window_builds_its_program_at_once():
+    """An offline run without warm-up builds a new variant's k-step program at its first
+    window (the one-step fallback would compile too): no window runs as one step."""
+    llm = LLM(tiny_loaded("llama"), **ENGINE, num_scheduler_steps=4)
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=16, top_p=0.7, seed=0,
+                                             ignore_eos=True))
+    eng = llm.engine
+    assert eng.num_multi_steps > 0 and eng.num_one_step_windows == 0
+    assert eng.multi_step_programs._background is None

@@ -185,6 +185,10 @@ def paged_decode_attention_ref(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
     mask &= (window <= 0) | (qpos - kpos < window)
     s = jnp.where(mask[:, None, None, :], s, NEG_INF)
     p = jax.nn.softmax(s, axis=-1)
+    # Slots the mask leaves out (past the context: the null page, a freed page's stale
+    # values; before the window) weigh 0, but 0 * NaN is NaN: zeroed, as the kernels never
+    # read them.
+    v = jnp.where(mask[:, None, :, None], v, 0.0)
     o = jnp.einsum("bhgk,bhkd->bhgd", p, v).reshape(B, Hq, D)
     o = jnp.where((seq_lens > 0)[:, None, None], o, 0.0)
     return o.astype(q.dtype)
@@ -235,6 +239,11 @@ def paged_prefill_attention_ref(q: jax.Array, k_cache: jax.Array, v_cache: jax.A
         mask &= (seq_ids == s_idx)[:, None]
         s = jnp.where(mask[:, None, None, :], s, NEG_INF)
         p = jax.nn.softmax(s, axis=-1)
+        # Slots no token of the sequence reads zeroed, as in decode (before the window of
+        # its first new token, past its context).
+        first = jnp.min(jnp.where(seq_ids == s_idx, positions, jnp.iinfo(jnp.int32).max))
+        read = (kpos[0] < seq_lens[s_idx]) & ((window <= 0) | (first - kpos[0] < window))
+        v = jnp.where(read[None, :, None], v, 0.0)
         o = jnp.einsum("thgk,hkd->thgd", p, v)
         return jnp.where((seq_ids == s_idx)[:, None, None, None], o, acc), None
 

@@ -97,6 +97,11 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
         # (= limit passes: prompt_logits takes it)
         raise PromptTooLongError(f"prompt has {len(prompt)} tokens; max_model_len is "
                                  f"{max_model_len}")
+    if hasattr(prompt, "__array__") and not isinstance(prompt, np.ndarray):
+        try:  # a jax array (its elements would be 0-d arrays): as numpy
+            prompt = np.asarray(prompt)
+        except (TypeError, ValueError):
+            pass  # read element by element below
     try:
         ids = list(prompt)
         if truncate is not None:
@@ -109,8 +114,10 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
     for i, t in enumerate(ids):
         if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
             # (1.5 and np.float64(1.0) were reported as out of range)
+            many = (" (this call takes one prompt, not a list of prompts)"
+                    if isinstance(t, (str, list, tuple, np.ndarray)) else "")
             raise RequestError(f"prompt token ids must be integers: id {i} is {t!r} "
-                               f"({type(t).__name__})")
+                               f"({type(t).__name__}){many}")
         if not 0 <= t < vocab_size:
             raise RequestError(f"prompt token id {t!r} is not in [0, {vocab_size})")
     return [int(t) for t in ids]

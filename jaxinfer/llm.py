@@ -54,7 +54,13 @@ class LLM:
 
     @property
     def tokenizer(self):
+        """The engine's ``jaxinfer.tokenizer.Tokenizer`` (None for a model without one)."""
         return self.engine.tokenizer
+
+    def get_tokenizer(self):
+        """vLLM's ``LLM.get_tokenizer()``: the transformers tokenizer behind
+        :attr:`tokenizer` (``Tokenizer.hf``), or None for a model without one."""
+        return None if self.tokenizer is None else self.tokenizer.hf
 
     def generate(self, prompts: str | Seq[str] | Seq[Seq[int]],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,

@@ -72,3 +72,14 @@ def test_generate_and_bench_driver_use_the_cheap_kinds(monkeypatch):
 def test_bad_output_kind():
     with pytest.raises(ParameterError, match="output_kind must be one of cumulative, delta"):
         SamplingParams(output_kind="streaming")
+
+
+def test_get_tokenizer_is_the_transformers_tokenizer(smollm_tokenizer):
+    """vLLM's ``LLM.get_tokenizer()``: the transformers tokenizer (None without one)."""
+    from jaxinfer import LLM
+    from tests.conftest import tiny_loaded
+
+    llm = _llm(smollm_tokenizer)
+    hf = llm.get_tokenizer()
+    assert hf is smollm_tokenizer.hf and hf.decode(hf.encode("hello world")) == "hello world"
+    assert LLM(tiny_loaded("llama")).get_tokenizer() is None

@@ -1,0 +1,139 @@
+"""The stall a new sampler variant causes under multi-step decode, inline build vs background.
+
+    PYTHONPATH=. python3 benchmarks/variant_stall.py --out $OUT [--model llama-3.1-8b]
+        [--quantization fp8] [--k 8] [--streams 8] [--modes background,inline]
+
+After a server's warm-up (``jaxinfer.warmup.warm_up``: every decode bucket's one-step
+program with all sampler variants, and the greedy / temperature k-step programs), ``--streams``
+greedy requests decode; at step 10 one top-p request arrives, whose sampler variant has no
+k-step program yet. ``inline`` (the engine before 42a4b21, kept as a patch of
+``engine_multi._one_step_meanwhile``): the first window with that variant compiles it, and
+every stream waits. ``background`` (the default now): those windows run as one step while the
+program builds on a background thread. Each mode runs in a fresh process (a second engine in
+one process would find XLA's autotuning results warm), with random weights at ``--model``'s
+shape and decode buckets ``--decode-buckets`` (a few, to keep the warm-up short).
+
+Measured per mode: the longest ``engine.step()`` wall time from the top-p request's arrival
+on (the stall), the median step before it, the top-p request's time to first token, the
+windows run as one step meanwhile, and the first tokens of the top-p request and of stream 0
+(equal across modes: same weights and seeds). Prints a table; one JSON record per number
+(benchmarks/common.record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import device_name, record  # noqa: E402
+
+
+def child(ns: argparse.Namespace, mode: str) -> dict:
+    import numpy as np
+
+    from jaxinfer import engine_multi
+    from jaxinfer.engine import LLMEngine
+    from jaxinfer.sampling_params import SamplingParams
+    from jaxinfer.warmup import warm_up
+
+    if mode == "inline":
+        engine_multi._one_step_meanwhile = lambda *a: False
+    t0 = time.perf_counter()
+    buckets = tuple(int(b) for b in ns.decode_buckets.split(","))
+    eng = LLMEngine(f"dummy:{ns.model}", quantization=ns.quantization,
+                    num_scheduler_steps=ns.k, decode_buckets=buckets,
+                    max_num_seqs=max(buckets), max_model_len=ns.max_model_len)
+    start_s = time.perf_counter() - t0
+    warm_s = warm_up(eng)
+    greedy = SamplingParams(max_tokens=ns.new_tokens, temperature=0.0, ignore_eos=True)
+    rng = np.random.default_rng(0)
+    V = eng.model_config.vocab_size
+    rids = [eng.add_request(rng.integers(1, V, ns.prompt_len).tolist(), greedy)
+            for _ in range(ns.streams)]
+    steps, arrival, first, top_p_id, tokens = [], None, None, None, {}
+    n_compiled = eng.runner.num_compilations
+    while eng.has_unfinished_requests():
+        if len(steps) == 10:
+            arrival = len(steps)
+            top_p_id = eng.add_request(rng.integers(1, V, ns.prompt_len).tolist(),
+                                       SamplingParams(max_tokens=ns.new_tokens // 2,
+                                                      temperature=0.8, top_p=0.9, seed=3,
+                                                      ignore_eos=True))
+            t_arrival = time.perf_counter()
+        t = time.perf_counter()
+        outs = eng.step()
+        steps.append(time.perf_counter() - t)
+        for o in outs:
+            tokens[o.request_id] = o.outputs[0].token_ids
+            if o.request_id == top_p_id and first is None and o.outputs[0].token_ids:
+                first = time.perf_counter() - t_arrival
+    eng.multi_step_programs.wait_background()
+    after = steps[arrival:]
+    return {"mode": mode, "device": device_name(),
+            "start_s": start_s, "warm_up_s": warm_s,
+            "stall_ms": 1e3 * max(after), "median_step_before_ms": 1e3 * float(
+                np.median(steps[2:arrival])), "median_step_after_ms": 1e3 * float(
+                np.median(after)), "top_p_ttft_ms": 1e3 * first,
+            "one_step_windows": eng.num_one_step_windows, "multi_steps": eng.num_multi_steps,
+            "compiled_after_warm_up": eng.runner.num_compilations - n_compiled,
+            "steps": len(steps), "top_p_tokens": tokens[top_p_id][:8],
+            "stream0_tokens": tokens[rids[0]][:8]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--quantization", default=None)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--decode-buckets", default="8,16")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=160)
+    p.add_argument("--modes", default="background,inline")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ns = p.parse_args()
+    if ns.child:
+        print("RESULT " + json.dumps(child(ns, ns.child)), flush=True)
+        return
+    ns.out.mkdir(parents=True, exist_ok=True)
+    command = "PYTHONPATH=. python3 " + " ".join(sys.argv)
+    rows = []
+    for mode in ns.modes.split(","):
+        proc = subprocess.run([sys.executable, *sys.argv, "--child", mode],
+                              capture_output=True, text=True)
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode or not line:
+            print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+            raise SystemExit(f"mode {mode} failed (rc {proc.returncode})")
+        r = json.loads(line[0][7:])
+        rows.append(r)
+        cfg = {k: getattr(ns, k) for k in ("model", "quantization", "k", "streams",
+                                           "decode_buckets", "prompt_len", "new_tokens")}
+        cfg |= {k: r[k] for k in ("mode", "one_step_windows", "multi_steps", "steps",
+                                  "compiled_after_warm_up", "warm_up_s", "top_p_tokens",
+                                  "stream0_tokens")}
+        for name, unit in (("stall_ms", "ms"), ("median_step_before_ms", "ms"),
+                           ("median_step_after_ms", "ms"), ("top_p_ttft_ms", "ms")):
+            record(f"variant_stall_{name}", r[name], unit, {**cfg, "device": r["device"]},
+                   ns.out, command)
+    print(f"{'mode':<11} {'stall ms':>9} {'step before':>11} {'after':>7} {'top-p TTFT':>10} "
+          f"{'1-step win':>10} {'windows':>7} {'compiled':>8}")
+    for r in rows:
+        print(f"{r['mode']:<11} {r['stall_ms']:9.1f} {r['median_step_before_ms']:11.2f} "
+              f"{r['median_step_after_ms']:7.2f} {r['top_p_ttft_ms']:10.1f} "
+              f"{r['one_step_windows']:10d} {r['multi_steps']:7d} "
+              f"{r['compiled_after_warm_up']:8d}")
+    same = len({(tuple(r["top_p_tokens"]), tuple(r["stream0_tokens"])) for r in rows}) == 1
+    print("same tokens across modes:", same)
+
+
+if __name__ == "__main__":
+    main()

@@ -206,6 +206,9 @@ class LLMEngine:
         limit = self.config.max_model_len
         if len(ids) >= limit:
             raise prompts.no_room_error(len(ids), limit, params.truncate_prompt_tokens)
+        if params.max_tokens is None:  # vLLM: as many as fit (params is the request's copy)
+            params.max_tokens = limit - len(ids)
+            params.min_tokens = min(params.min_tokens, params.max_tokens)
         rid = self._request_id(request_id)
         seq = Sequence(rid, ids, params)
         try:

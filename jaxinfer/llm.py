@@ -25,7 +25,7 @@ def fit_max_tokens(sp: SamplingParams, num_prompt: int, max_model_len: int
     leaves after a prompt of ``num_prompt`` tokens; ``sp`` itself when it fits or the prompt
     leaves no room (``add_request`` then refuses it)."""
     room = max_model_len - num_prompt
-    if room < 1 or sp.max_tokens <= room:
+    if room < 1 or sp.max_tokens is not None and sp.max_tokens <= room:
         return sp
     return dataclasses.replace(sp, max_tokens=room, min_tokens=min(sp.min_tokens, room))
 

@@ -58,7 +58,7 @@ _F32_TINY = float(np.finfo(np.float32).tiny)
 # Numeric fields, normalized to Python numbers before their ranges are checked: (name,
 # integer, may be None).
 _NUMERIC = (("temperature", False, False), ("top_k", True, False), ("top_p", False, False),
-            ("max_tokens", True, False), ("min_tokens", True, False), ("seed", True, True),
+            ("max_tokens", True, True), ("min_tokens", True, False), ("seed", True, True),
             ("n", True, False), ("min_p", False, False), ("repetition_penalty", False, False),
             ("presence_penalty", False, False), ("frequency_penalty", False, False),
             ("logprobs", True, True), ("prompt_logprobs", True, True),
@@ -141,7 +141,9 @@ class SamplingParams:
         else is batched. None: the engine draws one (unseeded requests differ). Sample i of
         an ``n > 1`` request draws with ``seed + i`` (as vLLM v1's parallel sampling), so
         its samples differ from each other and sample i of seed s equals sample 0 of s + i.
-      max_tokens: most new tokens to generate, >= 1.
+      max_tokens: most new tokens to generate, >= 1; None: as many as fit
+        ``max_model_len`` after the prompt (vLLM's meaning; the engine sets it when it
+        queues the request, and caps ``min_tokens`` at it).
       min_tokens: EOS, ``stop_token_ids`` and ``stop`` strings do not end the output before
         this many new tokens, in [0, max_tokens]. Until then EOS (unless ``ignore_eos``)
         and ``stop_token_ids`` are masked (logits -inf; logprobs stay raw), as vLLM v1's
@@ -203,7 +205,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
@@ -257,11 +259,13 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ParameterError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.max_tokens < 1:
-            raise ParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ParameterError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
+        if self.min_tokens < 0 or self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ParameterError(
-                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+                if self.max_tokens is not None else f"min_tokens must be >= 0, got "
+                f"{self.min_tokens}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ParameterError(f"seed must be in [0, 2**63), got {self.seed}")
         for name in ("logprobs", "prompt_logprobs"):

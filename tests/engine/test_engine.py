@@ -463,6 +463,26 @@ def test_requests_that_cannot_fit_raise_the_typed_length_error(llama_llm):
     assert not engine.has_unfinished_requests()
 
 
+def test_max_tokens_none_generates_up_to_max_model_len(llama_llm):
+    """vLLM's ``max_tokens=None``: as many tokens as fit after the prompt (the engine sets it
+    when it queues the request, the caller's params unchanged; min_tokens capped at it),
+    through the engine and LLM.generate; the prompt that leaves no room is still refused."""
+    engine = llama_llm.engine
+    limit = engine.config.max_model_len
+    sp = SamplingParams(max_tokens=None, min_tokens=limit, temperature=0.0, ignore_eos=True)
+    out = llama_llm.generate([[3, 4, 5, 6]], sp)[0].outputs[0]
+    assert len(out.token_ids) == limit - 4 and out.finish_reason == "length"
+    assert sp.max_tokens is None
+    rid = engine.add_request([3, 4, 5], SamplingParams(max_tokens=None))
+    seq = engine.scheduler.waiting[-1]
+    assert seq.seq_id == rid and seq.sampling_params.max_tokens == limit - 3
+    engine.abort_request(rid)
+    with pytest.raises(PromptTooLongError, match=rf"prompt has {limit} tokens"):
+        engine.add_request([3] * limit, SamplingParams(max_tokens=None))
+    with pytest.raises(ParameterError, match="max_tokens must be >= 1 or None, got 0"):
+        SamplingParams(max_tokens=0)
+
+
 def test_llm_chat_takes_vllm_chat_template_options(monkeypatch, llama_llm):
     """LLM.chat(chat_template=, add_generation_prompt=, continue_final_message=,
     chat_template_kwargs=) renders as the tokenizer does with them, for one conversation or

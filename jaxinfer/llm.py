@@ -134,8 +134,9 @@ class LLM:
         instead of the model's; ``add_generation_prompt`` (default True) opens the
         assistant's turn; ``continue_final_message`` continues the last (assistant) message
         instead (set ``add_generation_prompt=False``); ``chat_template_kwargs`` extra
-        template variables (Qwen3: ``{"enable_thinking": False}``). Raises RequestError /
-        TokenizerError (ValueErrors) naming the conversation.
+        template variables (Qwen3: ``{"enable_thinking": False}``). Each output's ``prompt``
+        is the rendered conversation (before any ``truncate_prompt_tokens``), as vLLM's.
+        Raises RequestError / TokenizerError (ValueErrors) naming the conversation.
         """
         template = dict(add_generation_prompt=add_generation_prompt, chat_template=chat_template,
                         continue_final_message=continue_final_message,
@@ -145,6 +146,7 @@ class LLM:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise RequestError(f"messages must be a non-empty list of message dicts (one "
                                f"conversation) or a list of such lists, got {_short(messages)}")
+        convs = [list(messages)] if isinstance(messages[0], dict) else messages
         if isinstance(messages[0], dict):
             ids = [self.engine.encode_chat(  # type: ignore[arg-type]
                 list(messages), truncate_prompt_tokens=_truncation_of(sampling_params, 0),
@@ -159,7 +161,10 @@ class LLM:
                 except ValueError as err:  # which conversation, which message and why
                     err.args = (f"conversation {i}: {err}", *err.args[1:])
                     raise
-        return self.generate(ids, sampling_params, use_tqdm)
+        outs = self.generate(ids, sampling_params, use_tqdm)
+        for out, conv in zip(outs, convs):  # vLLM's RequestOutput.prompt: the rendered text
+            out.prompt = self.tokenizer.render_chat(conv, **template)  # (checked above)
+        return outs
 
     def _run(self, ids: list[int], use_tqdm: bool) -> list[RequestOutput]:
         final: dict[int, RequestOutput] = {}

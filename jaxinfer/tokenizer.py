@@ -235,6 +235,16 @@ class Tokenizer:
             ``continue_final_message``; or the template refused the conversation (its own
             message, e.g. roles that do not alternate).
         """
+        return self.encode(self.render_chat(
+            messages, add_generation_prompt, chat_template=chat_template,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs), add_special_tokens=False)
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    *, chat_template: str | None = None, continue_final_message: bool = False,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        """The text :meth:`apply_chat_template` encodes (transformers'
+        ``apply_chat_template(..., tokenize=False)``); same arguments and errors."""
         if chat_template is not None and not isinstance(chat_template, str):
             raise TokenizerError(f"chat_template must be a Jinja template string, got "
                                  f"{type(chat_template).__name__}")
@@ -263,7 +273,7 @@ class Tokenizer:
                      else f"the chat template of {self.source or 'this model'}")
             raise TokenizerError(f"{whose} cannot render these messages: "
                                  f"{type(e).__name__}: {e}") from e
-        return self.encode(text, add_special_tokens=False)
+        return text
 
     # ----------------------------------------------------------------- persistence
     def save(self, path: str | Path) -> None:

@@ -499,6 +499,11 @@ def test_llm_chat_takes_vllm_chat_template_options(monkeypatch, llama_llm):
         outs = llama_llm.chat([conv, conv], GREEDY, **kw)
         assert [o.prompt_token_ids for o in outs] == [want, want]
         assert llama_llm.chat(conv, GREEDY, **kw)[0].prompt_token_ids == want
+        text = tok.hf.apply_chat_template(  # vLLM's RequestOutput.prompt: the rendered text
+            conv, tokenize=False, **{"add_generation_prompt": True, **{
+                k: v for k, v in kw.items() if k != "chat_template_kwargs"}},
+            **kw.get("chat_template_kwargs", {}))
+        assert [o.prompt for o in outs] == [text, text] and text
     with pytest.raises(TokenizerError, match="conversation 0: continue_final_message and "):
         llama_llm.chat([conv, conv], GREEDY, continue_final_message=True)
     assert not llama_llm.engine.has_unfinished_requests()

@@ -119,7 +119,7 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
             raise RequestError(f"prompt token ids must be integers: id {i} is {t!r} "
                                f"({type(t).__name__}){many}")
         if not 0 <= t < vocab_size:
-            raise RequestError(f"prompt token id {t!r} is not in [0, {vocab_size})")
+            raise RequestError(f"prompt token id {int(t)} is not in [0, {vocab_size})")
     return [int(t) for t in ids]
 
 

@@ -236,6 +236,7 @@ def test_prompts_of_the_wrong_type_are_request_errors(llama_llm, prompts, needle
     ([3, 1.5], r"prompt token ids must be integers: id 1 is 1\.5 \(float\)"),
     (np.array([1.0, 2.0]), r"id 0 is np\.float64\(1\.0\) \(float64\)"),
     ([3, np.True_], r"id 1 is np\.True_ \(bool\)"),
+    (np.array([3, 999999], np.uint32), r"prompt token id 999999 is not in \[0, 96\)$"),
 ])
 def test_engine_names_token_ids_that_are_not_integers(llama_llm, prompt, needle):
     """LLMEngine.add_request said "prompt token id 1.5 is not in [0, 96)" for a float."""

@@ -50,7 +50,7 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
                     num_scheduler_steps=ns.k, decode_buckets=buckets,
                     max_num_seqs=max(buckets), max_model_len=ns.max_model_len)
     start_s = time.perf_counter() - t0
-    warm_s = warm_up(eng)
+    warm_s = warm_up(eng, prefill_buckets=True)  # as serve on a GPU: no prefill compile
     greedy = SamplingParams(max_tokens=ns.new_tokens, temperature=0.0, ignore_eos=True)
     rng = np.random.default_rng(0)
     V = eng.model_config.vocab_size
@@ -74,6 +74,9 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
             if o.request_id == top_p_id and first is None and o.outputs[0].token_ids:
                 first = time.perf_counter() - t_arrival
     eng.multi_step_programs.wait_background()
+    if arrival is None or first is None:
+        raise SystemExit(f"the streams finished in {len(steps)} steps, before the top-p "
+                         f"request's step 10 or its first token: raise --new-tokens")
     after = steps[arrival:]
     return {"mode": mode, "device": device_name(),
             "start_s": start_s, "warm_up_s": warm_s,
@@ -82,7 +85,8 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
                 np.median(after)), "top_p_ttft_ms": 1e3 * first,
             "one_step_windows": eng.num_one_step_windows, "multi_steps": eng.num_multi_steps,
             "compiled_after_warm_up": eng.runner.num_compilations - n_compiled,
-            "steps": len(steps), "top_p_tokens": tokens[top_p_id][:8],
+            "steps": len(steps), "steps_after_ms": [round(1e3 * t, 2) for t in after[:24]],
+            "top_p_tokens": tokens[top_p_id][:8],
             "stream0_tokens": tokens[rids[0]][:8]}
 
 
@@ -118,6 +122,7 @@ def main() -> None:
         cfg = {k: getattr(ns, k) for k in ("model", "quantization", "k", "streams",
                                            "decode_buckets", "prompt_len", "new_tokens")}
         cfg |= {k: r[k] for k in ("mode", "one_step_windows", "multi_steps", "steps",
+                                  "steps_after_ms",
                                   "compiled_after_warm_up", "warm_up_s", "top_p_tokens",
                                   "stream0_tokens")}
         for name, unit in (("stall_ms", "ms"), ("median_step_before_ms", "ms"),

@@ -308,7 +308,7 @@ def test_an_unbuilt_variant_runs_one_step_while_its_program_builds(async_schedul
     programs are built) while the top-p k-step program builds on a background thread; once
     it is built the windows use it; tokens equal the one-step engine's throughout. A failed
     background build leaves its windows one-step, the outputs still right."""
-    from jaxinfer.serving.server import warm_up
+    from jaxinfer.warmup import warm_up
 
     def tokens(outs):  # request ids differ from run to run of one LLM
         return [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outs]

@@ -86,8 +86,9 @@ def _program(runner: Any, hook: Hook | None) -> Any:
     key: Any = hook
     try:
         hash(hook)
-    except TypeError:  # a dataclass instance, say
-        key = ("id", id(hook))
+    except TypeError:  # a dataclass instance, say (or its bound method: made anew each time)
+        owner = getattr(hook, "__self__", None)
+        key = ("id", id(hook)) if owner is None else ("method", id(owner), hook.__func__)
     if key not in programs:
         graphdef, tree, attention = runner.graphdef, runner.weights_tree, runner.attention
         arity = 0 if hook is None else _hook_arity(hook)

@@ -182,5 +182,12 @@ def test_research_inputs_are_checked_by_name():
 
     np.testing.assert_allclose(prompt_hidden_states(engine, [3, 4, 5], hook=Scale(1.0)).logits,
                                want, atol=1e-5)
+    from jaxinfer.research import _PROGRAMS
+
+    scale = Scale(1.0)
+    n = len(_PROGRAMS[engine.runner])
+    for _ in range(2):  # a bound method of an unhashable object: one program, not one a call
+        prompt_hidden_states(engine, [3, 4, 5], hook=scale.__call__)
+    assert len(_PROGRAMS[engine.runner]) == n + 1
     t = prompt_hidden_states(llm, jnp.asarray([3, 4, 5]))  # an LLM, a jax array of ids
     np.testing.assert_allclose(t.logits, want, atol=1e-5)

@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
 
 
-WARMUP_MODES = (True, False, "prefill", "auto")
-
-
 def resolve_warmup(warmup: bool | str) -> bool | str:
     """What a server's ``warmup`` setting builds: ``False`` nothing, ``True`` the decode
     programs (:func:`warm_up`), ``"prefill"`` those and every prefill program, ``"auto"`` (the

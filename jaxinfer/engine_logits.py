@@ -101,15 +101,16 @@ def _prefilled(engine: Any, prompt: str | Seq[int], what: str,
                                  f"{engine.config.max_model_len}")
     seq = Sequence(-1, ids, SamplingParams(temperature=0.0, max_tokens=1))
     bm = engine.scheduler.block_manager
-    if bm.pages_needed(seq, len(ids)) > bm.num_usable_pages:
+    need = bm.pages_needed(seq, len(ids))
+    if need > bm.num_usable_pages:
         raise RequestError(
-            f"{what}: the prompt ({len(ids)} tokens) needs {bm.pages_needed(seq, len(ids))} "
-            f"KV pages; the pool has {bm.num_usable_pages} in all (num_kv_pages): give the "
-            f"engine more KV pages or pass a shorter prompt")
+            f"{what}: the prompt ({len(ids)} tokens) needs {need} KV pages; the pool has "
+            f"{bm.num_usable_pages} in all (num_kv_pages): give the engine more KV pages or "
+            f"pass a shorter prompt")
     if not bm.can_allocate(seq, len(ids)):
         raise RequestError(
             f"{what}: the prompt ({len(ids)} tokens) needs "
-            f"{bm.pages_needed(seq, len(ids))} KV pages but {bm.num_free_pages} of the pool's "
+            f"{need} KV pages but {bm.num_free_pages} of the pool's "
             f"{bm.num_usable_pages} are free (running requests hold the rest): call it when "
             f"fewer requests run, or give the engine more KV pages")
     bm.allocate(seq, len(ids))

@@ -98,7 +98,7 @@ def _one_step_meanwhile(engine: LLMEngine, out: SchedulerOutput, inputs: StepInp
     key = (inputs.bucket, progs.variant(inputs), k)
     if progs.ready(*key):
         return False
-    if key not in progs.failed:
+    if key not in progs.failed and not progs.building(*key):  # (checked when it started)
         one = engine._inputs(out.chunks, False)  # what the fallback runs
         if one is None or not engine.runner.has_sample_program(one.bucket):
             return False

@@ -149,7 +149,7 @@ class LLM:
         convs = [list(messages)] if isinstance(messages[0], dict) else messages
         if isinstance(messages[0], dict):
             ids = [self.engine.encode_chat(  # type: ignore[arg-type]
-                list(messages), truncate_prompt_tokens=_truncation_of(sampling_params, 0),
+                convs[0], truncate_prompt_tokens=_truncation_of(sampling_params, 0),
                 **template)]
         else:
             ids = []

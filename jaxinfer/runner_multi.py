@@ -118,6 +118,11 @@ class MultiStepPrograms:
         """Whether the program is built (a window would build nothing)."""
         return (bucket, variant, k) in self._programs
 
+    def building(self, bucket: Bucket, variant: str, k: int) -> bool:
+        """Whether the background thread is building this program now."""
+        bg = self._background
+        return bg is not None and bg[0] == (bucket, variant, k) and bg[1].is_alive()
+
     def build_in_background(self, bucket: Bucket, variant: str, k: int) -> bool:
         """Start building the program on a background thread, one program at a time (so
         that exiting waits for one build at most; another key asks again at its next window).

@@ -11,6 +11,7 @@ deltas the way vLLM does (prefix/read offsets, holding back incomplete UTF-8 cha
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -210,8 +211,26 @@ class Tokenizer:
         return prefix + plain[len(plain) - room:] + suffix
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text of ``ids`` (special tokens dropped unless ``skip_special_tokens=False``)."""
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """Text of ``ids`` (special tokens dropped unless ``skip_special_tokens=False``).
+
+        Ids at or past the tokenizer's own size decode to "" (a model's vocabulary may be
+        padded past it, as SmolLM2's and Gemma's are, so such ids are legitimate outputs).
+
+        Raises:
+          TokenizerError: an id that is not an integer, or is negative (naming its index);
+            transformers would raise an OverflowError from inside its Rust decoder.
+        """
+        checked = []
+        for i, t in enumerate(ids):
+            try:
+                v = -1 if isinstance(t, bool) else operator.index(t)
+            except TypeError:
+                v = -1
+            if v < 0:
+                raise TokenizerError(f"token id at index {i} must be an integer >= 0, got "
+                                     f"{t!r}")
+            checked.append(v)
+        return self.hf.decode(checked, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, str]],
                             add_generation_prompt: bool = True, *,

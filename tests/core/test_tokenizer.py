@@ -8,6 +8,7 @@ References: tests/fixtures/real/<model>_tokenizer.json, produced with torch + tr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,23 @@ def test_no_chat_template_is_a_clear_error() -> None:
     tok = _tiny_tokenizer()
     with pytest.raises(TokenizerError, match="no chat template"):
         tok.apply_chat_template([{"role": "user", "content": "hello"}])
+
+
+@pytest.mark.parametrize("ids, needle", [
+    ([3, -1], "index 1 must be an integer >= 0, got -1"),
+    ([3.0], "index 0 must be an integer >= 0, got 3.0"),
+    (["3"], "index 0 must be an integer >= 0, got '3'"),
+    ([True], "index 0 must be an integer >= 0, got True"),
+])
+def test_decode_of_a_bad_id_is_a_tokenizer_error(ids, needle: str) -> None:
+    with pytest.raises(TokenizerError, match=re.escape(needle)):
+        _tiny_tokenizer().decode(ids)
+
+
+def test_decode_takes_numpy_ids_and_ids_past_the_vocabulary() -> None:
+    tok = _tiny_tokenizer()
+    assert tok.decode(np.array([3, 4], dtype=np.uint32)) == tok.decode([3, 4]) == "hello world"
+    assert tok.decode([3, 999]) == "hello"  # a padded model vocabulary's ids decode to ""
 
 
 def test_turn_end_tokens_join_eos_only_when_the_template_uses_them() -> None:

@@ -25,6 +25,7 @@ proportional to depth; GEMMs that read the stacked weight in place (pallas_kerne
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -109,6 +110,22 @@ def _swiglu_quant_applies(T: int, w: dict[str, jax.Array]) -> bool:
             and not fp8_plan.fp8_gate_up_in_epilogue(T, H, F2)
             and fp8_plan.fp8_takes_quantized_x(T, H, F2)
             and fp8_plan.fp8_takes_quantized_x(T, F, w["w_down"].shape[0]))
+
+
+def matmul_precision(dtype) -> Any:
+    """The context a ``dtype`` model traces its programs under: float32 models multiply in
+    float32 (``jax.default_matmul_precision("highest")``), bf16 ones at JAX's default.
+
+    With JAX's default precision XLA:GPU runs float32 dots as TF32 (10-bit mantissa): the
+    float32 engine's hidden states were ~7e-3 from HF transformers' float32 ones on an H100
+    (session 40), where PyTorch multiplies float32 in float32 by default
+    (``torch.backends.cuda.matmul.allow_tf32`` is False). On the CPU float32 dots are float32
+    either way. An explicit ``jax_default_matmul_precision`` (the environment's
+    ``JAX_DEFAULT_MATMUL_PRECISION``, say "tensorfloat32" for speed) wins.
+    """
+    if jnp.dtype(dtype) == jnp.float32 and jax.config.jax_default_matmul_precision is None:
+        return jax.default_matmul_precision("highest")
+    return contextlib.nullcontext()
 
 
 def model_options(ec) -> dict:
@@ -205,7 +222,11 @@ class CausalLM(nnx.Module):
         an int, or a traced int32 with scanned layers) replaces each layer's output [T, H]
         (the residual stream) before the next layer reads it; ``collect`` returns
         ``(hidden, cache, states)``, states [L + 1, T, H]: the embeddings, then each layer's
-        output (after the hook)."""
+        output (after the hook). float32 models trace under :func:`matmul_precision`."""
+        with matmul_precision(self.dtype):
+            return self._forward(token_ids, cache, md, attn, hook, collect)
+
+    def _forward(self, token_ids, cache, md, attn, hook, collect) -> Any:
         cfg = self.cfg
         x = self.embed[...][token_ids]
         if cfg.embed_scale != 1.0:
@@ -355,6 +376,10 @@ class CausalLM(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [N, H] -> logits [N, V] float32 (tied to the embedding when configured)."""
+        with matmul_precision(self.dtype):
+            return self._logits(hidden)
+
+    def _logits(self, hidden: jax.Array) -> jax.Array:
         if self.cfg.tie_word_embeddings:
             # Contract with the embedding's hidden axis directly: `hidden @ embed.T` makes
             # XLA:CPU materialize the transpose (measured 6x slower for SmolLM2's 49152x576).

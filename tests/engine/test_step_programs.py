@@ -52,3 +52,31 @@ def test_the_check_sees_the_device_decided_sampler():
     lowered = jax.jit(sample_rows).lower(sds((S, CFG.vocab_size), jnp.float32), sa,
                                          sds((3, CFG.vocab_size), jnp.int32))
     assert _conditionals(lowered) > 0
+
+
+def _dot_precisions(lowered: jax.stages.Lowered) -> tuple[int, set[str]]:
+    """(number of dot_general ops, the set of their operand precisions) in StableHLO."""
+    text = lowered.as_text()
+    dots = re.findall(r"stablehlo\.dot_general[^\n]*", text)
+    return len(dots), {m for d in dots for m in re.findall(r"precision = \[(\w+),", d)}
+
+
+@pytest.mark.parametrize("dtype, expected", [("float32", {"HIGHEST"}),
+                                             ("bfloat16", {"DEFAULT"})])
+def test_float32_models_multiply_in_float32(dtype, expected):
+    """A float32 engine's dots (projections, attention, LM head) run at precision HIGHEST,
+    not XLA:GPU's TF32 default (transformer.matmul_precision); bf16 ones at the default."""
+    r = abstract_runner(CFG, EngineConfig(dtype=dtype, **ENGINE))
+    for p in enumerate_programs(EngineConfig(dtype=dtype, **ENGINE), ["sample"]):
+        if p.mode == SAMPLE:
+            n, precisions = _dot_precisions(r.lower(p.bucket, p.mode))
+            assert n >= 4 * CFG.num_layers and precisions == expected, (str(p.bucket), n)
+
+
+def test_an_explicit_matmul_precision_wins():
+    r = abstract_runner(CFG, EngineConfig(dtype="float32", **ENGINE))
+    bucket = next(p.bucket for p in enumerate_programs(EngineConfig(**ENGINE), ["sample"])
+                  if p.mode == SAMPLE and p.bucket.kind == "decode")
+    with jax.default_matmul_precision("tensorfloat32"):
+        n, precisions = _dot_precisions(r.lower(bucket, SAMPLE))
+    assert n > 0 and precisions == {"HIGH"}

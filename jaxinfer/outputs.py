@@ -146,7 +146,7 @@ class RequestState:
 
     def __init__(self, params: SamplingParams, prompt_token_ids: Seq[int],
                  tokenizer: Tokenizer | None) -> None:
-        from jaxinfer.tokenizer import IncrementalDetokenizer
+        from jaxinfer.detokenizer import IncrementalDetokenizer
 
         self.params = params
         self.detok = (IncrementalDetokenizer(tokenizer, prompt_token_ids,

@@ -17,9 +17,10 @@ from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from jaxinfer.detokenizer import IncrementalDetokenizer
 from jaxinfer.loading import CheckpointError
 from jaxinfer.loading.named import resolve_named
-from jaxinfer.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
+from jaxinfer.tokenizer import Tokenizer, TokenizerError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 REFS = {"smollm2-135m": "smollm2-135m-instruct_tokenizer.json",

@@ -1,7 +1,8 @@
 """The stall a new sampler variant causes under multi-step decode, inline build vs background.
 
     PYTHONPATH=. python3 benchmarks/variant_stall.py --out $OUT [--model llama-3.1-8b]
-        [--quantization fp8] [--k 8] [--streams 8] [--modes background,inline]
+        [--quantization fp8] [--k 8] [--streams 8]
+        [--modes background,background_unfrozen,inline]
 
 After a server's warm-up (``jaxinfer.warmup.warm_up``: every decode bucket's one-step
 program with all sampler variants, and the greedy / temperature k-step programs), ``--streams``
@@ -9,15 +10,19 @@ greedy requests decode; at step 10 one top-p request arrives, whose sampler vari
 k-step program yet. ``inline`` (the engine before 42a4b21, kept as a patch of
 ``engine_multi._one_step_meanwhile``): the first window with that variant compiles it, and
 every stream waits. ``background`` (the default now): those windows run as one step while the
-program builds on a background thread. Each mode runs in a fresh process (a second engine in
-one process would find XLA's autotuning results warm), with random weights at ``--model``'s
-shape and decode buckets ``--decode-buckets`` (a few, to keep the warm-up short).
+program builds on a background thread, with the garbage collector's heap frozen after the
+warm-up as ``InferenceServer.start`` does (``warmup.freeze_gc_heap``, since session 41);
+``background_unfrozen``: the same without the freeze (session 40's server), where a full
+collection during the build's tracing holds the GIL. Each mode runs in a fresh process (a
+second engine in one process would find XLA's autotuning results warm), with random weights
+at ``--model``'s shape and decode buckets ``--decode-buckets`` (a few, to keep the warm-up
+short).
 
 Measured per mode: the longest ``engine.step()`` wall time from the top-p request's arrival
-on (the stall), the median step before it, the top-p request's time to first token, the
-windows run as one step meanwhile, and the first tokens of the top-p request and of stream 0
-(equal across modes: same weights and seeds). Prints a table; one JSON record per number
-(benchmarks/common.record).
+on (the stall), the median and the longest step before it, the top-p request's time to
+first token, the windows run as one step meanwhile, and the first tokens of the top-p
+request and of stream 0 (equal across modes: same weights and seeds). Prints a table; one
+JSON record per number (benchmarks/common.record).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
     from jaxinfer import engine_multi
     from jaxinfer.engine import LLMEngine
     from jaxinfer.sampling_params import SamplingParams
-    from jaxinfer.warmup import warm_up
+    from jaxinfer.warmup import freeze_gc_heap, warm_up
 
     if mode == "inline":
         engine_multi._one_step_meanwhile = lambda *a: False
@@ -51,6 +56,7 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
                     max_num_seqs=max(buckets), max_model_len=ns.max_model_len)
     start_s = time.perf_counter() - t0
     warm_s = warm_up(eng, prefill_buckets=True)  # as serve on a GPU: no prefill compile
+    frozen = freeze_gc_heap() if mode == "background" else 0  # as InferenceServer.start
     greedy = SamplingParams(max_tokens=ns.new_tokens, temperature=0.0, ignore_eos=True)
     rng = np.random.default_rng(0)
     V = eng.model_config.vocab_size
@@ -80,8 +86,10 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
     after = steps[arrival:]
     return {"mode": mode, "device": device_name(),
             "start_s": start_s, "warm_up_s": warm_s,
+            "gc_frozen_objects": frozen,
             "stall_ms": 1e3 * max(after), "median_step_before_ms": 1e3 * float(
-                np.median(steps[2:arrival])), "median_step_after_ms": 1e3 * float(
+                np.median(steps[2:arrival])), "max_step_before_ms": 1e3 * max(
+                steps[2:arrival]), "median_step_after_ms": 1e3 * float(
                 np.median(after)), "top_p_ttft_ms": 1e3 * first,
             "one_step_windows": eng.num_one_step_windows, "multi_steps": eng.num_multi_steps,
             "compiled_after_warm_up": eng.runner.num_compilations - n_compiled,
@@ -101,7 +109,7 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=160)
-    p.add_argument("--modes", default="background,inline")
+    p.add_argument("--modes", default="background,background_unfrozen,inline")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ns = p.parse_args()
     if ns.child:
@@ -121,18 +129,21 @@ def main() -> None:
         rows.append(r)
         cfg = {k: getattr(ns, k) for k in ("model", "quantization", "k", "streams",
                                            "decode_buckets", "prompt_len", "new_tokens")}
-        cfg |= {k: r[k] for k in ("mode", "one_step_windows", "multi_steps", "steps",
+        cfg |= {k: r[k] for k in ("mode", "gc_frozen_objects", "one_step_windows",
+                                  "multi_steps", "steps",
                                   "steps_after_ms",
                                   "compiled_after_warm_up", "warm_up_s", "top_p_tokens",
                                   "stream0_tokens")}
         for name, unit in (("stall_ms", "ms"), ("median_step_before_ms", "ms"),
+                           ("max_step_before_ms", "ms"),
                            ("median_step_after_ms", "ms"), ("top_p_ttft_ms", "ms")):
             record(f"variant_stall_{name}", r[name], unit, {**cfg, "device": r["device"]},
                    ns.out, command)
-    print(f"{'mode':<11} {'stall ms':>9} {'step before':>11} {'after':>7} {'top-p TTFT':>10} "
-          f"{'1-step win':>10} {'windows':>7} {'compiled':>8}")
+    print(f"{'mode':<19} {'stall ms':>9} {'step before':>11} {'max before':>10} {'after':>7} "
+          f"{'top-p TTFT':>10} {'1-step win':>10} {'windows':>7} {'compiled':>8}")
     for r in rows:
-        print(f"{r['mode']:<11} {r['stall_ms']:9.1f} {r['median_step_before_ms']:11.2f} "
+        print(f"{r['mode']:<19} {r['stall_ms']:9.1f} {r['median_step_before_ms']:11.2f} "
+              f"{r['max_step_before_ms']:10.1f} "
               f"{r['median_step_after_ms']:7.2f} {r['top_p_ttft_ms']:10.1f} "
               f"{r['one_step_windows']:10d} {r['multi_steps']:7d} "
               f"{r['compiled_after_warm_up']:8d}")

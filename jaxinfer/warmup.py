@@ -140,3 +140,31 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True, jobs: int | None = N
         for build in builds:
             build()
     return time.perf_counter() - t0
+
+
+def freeze_gc_heap() -> int:
+    """After the warm-up: collect, then move every object alive into the garbage collector's
+    permanent generation (``gc.freeze``), so later collections skip them; returns how many
+    were frozen. vLLM's ``vllm.utils.gc_utils.freeze_gc_heap``, called after its warm-up.
+
+    Why: a full collection walks every tracked object, and a warmed-up engine holds a million
+    or so (weights' wrappers, jaxprs, executables' Python objects); it holds the GIL
+    throughout, so the engine's thread stops for as long. Tracing a program allocates fast
+    enough to set one off: a background build of SmolLM2's 8-step program kept the engine's
+    thread from the GIL for up to 122 ms (a collection), 34 ms with the heap frozen
+    (benchmarks/background_build_gil.py; RESULTS.md "Multi-step decode: a new sampler
+    variant after the warm-up"). Objects made later are still collected; frozen ones are
+    not, until :func:`unfreeze_gc_heap`.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+def unfreeze_gc_heap() -> None:
+    """Undo :func:`freeze_gc_heap` (a stopped server's engine can then be collected)."""
+    import gc
+
+    gc.unfreeze()

@@ -28,7 +28,7 @@ from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving.engine_thread import EngineThread
 from jaxinfer.serving.metrics import ServingMetrics
 from jaxinfer.serving.servicer import InferenceServicer, add_to_server
-from jaxinfer.warmup import resolve_warmup, warm_up
+from jaxinfer.warmup import freeze_gc_heap, resolve_warmup, unfreeze_gc_heap, warm_up
 
 if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
@@ -91,7 +91,9 @@ class InferenceServer:
       warmup: compile the common programs before reporting SERVING (see :func:`warm_up`);
         ``"prefill"``: every prefill program too (``warm_up(prefill_buckets=True)``);
         ``"auto"`` (default): ``"prefill"`` on a GPU, ``True`` on the CPU
-        (:func:`jaxinfer.warmup.resolve_warmup`); False: none.
+        (:func:`jaxinfer.warmup.resolve_warmup`); False: none. After it ``start`` freezes the
+        garbage collector's heap (:func:`jaxinfer.warmup.freeze_gc_heap`, as vLLM), ``stop``
+        unfreezes it.
     Raises:
       ConfigError: bad max_queue_len or warmup. ServerError (from ``start``): the port
         cannot be bound.
@@ -153,6 +155,8 @@ class InferenceServer:
                 None, lambda: warm_up(self.engine, prefill_buckets=self.warmup == "prefill"))
             log.info("warm-up: %.1f s, %d programs compiled", self.warmup_seconds,
                      self.engine.runner.num_compilations)
+        # as vLLM after its warm-up: later collections skip what start-up made
+        log.info("froze %d objects out of the garbage collector's reach", freeze_gc_heap())
         self.metrics.on_step(self.engine)
         self.engine_thread.start()
         for name in ("", SERVICE_NAME):
@@ -168,6 +172,7 @@ class InferenceServer:
         if self._servicer is not None:
             self._servicer.close()
         self.metrics.close()
+        unfreeze_gc_heap()
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:

@@ -887,6 +887,33 @@ def test_warmup_prefill_builds_every_prefill_program_before_serving():
     assert p.parse_args(["serve", "--warmup-prefill"]).warmup_prefill is True
 
 
+def test_serving_freezes_the_gc_heap_and_a_stopped_server_lets_its_engine_go():
+    """After its warm-up a server freezes the garbage collector's heap (warmup.freeze_gc_heap,
+    as vLLM), so collections skip the start-up's objects; ``stop`` unfreezes it (frozen
+    cycles would never be collected), and nothing of the server keeps the engine alive."""
+    import gc
+    import weakref
+
+    from jaxinfer.engine import LLMEngine
+    from tests.conftest import tiny_loaded
+    from tests.serving.conftest import TINY_ARGS, ServerThread
+
+    engine = LLMEngine(tiny_loaded("llama"), **TINY_ARGS)
+    st = ServerThread(engine, warmup=False).start()
+    try:
+        assert gc.get_freeze_count() > 1000
+        with InferenceClient(st.target, timeout=60) as c:
+            assert len(c.generate(token_ids=[1, 2, 3], max_tokens=2,
+                                  ignore_eos=True).token_ids) == 2
+    finally:
+        st.stop()
+    assert gc.get_freeze_count() == 0
+    ref = weakref.ref(engine)
+    del engine, st
+    gc.collect()
+    assert ref() is None
+
+
 @pytest.mark.parametrize("argv, backend, want", [
     ([], "cpu", True), ([], "gpu", "prefill"), (["--warmup-prefill"], "cpu", "prefill"),
     (["--no-warmup-prefill"], "gpu", True), (["--no-warmup"], "gpu", False),

@@ -84,6 +84,7 @@ def child(model: str, k: int, interval: float, separate: bool, freeze: bool) -> 
 
     thread = threading.Thread(target=build)
     gaps: list[tuple[float, float]] = []  # (gap, when it ended)
+    stacks: list[str] = []
     thread.start()
     last = time.perf_counter()
     while thread.is_alive():
@@ -91,6 +92,11 @@ def child(model: str, k: int, interval: float, separate: bool, freeze: bool) -> 
         time.sleep(0)
         now = time.perf_counter()
         gaps.append((now - last, now))
+        if now - last > 0.02:  # where the build thread is as the main thread gets back in
+            f = sys._current_frames().get(thread.ident)
+            stacks.append(f"{1e3 * (now - last):.0f} ms: " + (
+                f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" if f else "?"))
+            now = time.perf_counter()  # the look is not part of the next gap
         last = now
     # Which phase each gap fell in (a gap ending after compile started is the compile's).
     by_phase = {"lower": [g for g, t in gaps if t < phase["compile_start"]],
@@ -103,6 +109,7 @@ def child(model: str, k: int, interval: float, separate: bool, freeze: bool) -> 
     for name, gs in by_phase.items():
         out[f"max_gap_{name}_ms"] = 1e3 * max(gs, default=0.0)
         out[f"gaps_over_20ms_{name}"] = sum(g > 0.02 for g in gs)
+    out["gaps_over_20ms_where"] = stacks
     return out
 
 
@@ -145,6 +152,8 @@ def main() -> None:
               f"{r['max_gap_compile_ms']:.1f}; > 20 ms: {r['gaps_over_20ms_lower']} / "
               f"{r['gaps_over_20ms_compile']}), p99 {r['p99_gap_ms']:.2f} ms "
               f"({r['iterations']} iterations)")
+        for where in r["gaps_over_20ms_where"]:
+            print("   build thread after a gap of", where)
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def freeze_gc_heap() -> int:
     or so (weights' wrappers, jaxprs, executables' Python objects); it holds the GIL
     throughout, so the engine's thread stops for as long. Tracing a program allocates fast
     enough to set one off: a background build of SmolLM2's 8-step program kept the engine's
-    thread from the GIL for up to 122 ms (a collection), 34 ms with the heap frozen
+    thread from the GIL for up to 99-122 ms (a collection), 31-33 ms with the heap frozen
     (benchmarks/background_build_gil.py; RESULTS.md "Multi-step decode: a new sampler
     variant after the warm-up"). Objects made later are still collected; frozen ones are
     not, until :func:`unfreeze_gc_heap`.

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/variant_stall.py --out $OUT [--model llama-3.1-8b]
         [--quantization fp8] [--k 8] [--streams 8]
-        [--modes background,background_unfrozen,inline]
+        [--modes background,background_long_switch,background_unfrozen,inline]
 
 After a server's warm-up (``jaxinfer.warmup.warm_up``: every decode bucket's one-step
 program with all sampler variants, and the greedy / temperature k-step programs), ``--streams``
@@ -10,10 +10,11 @@ greedy requests decode; at step 10 one top-p request arrives, whose sampler vari
 k-step program yet. ``inline`` (the engine before 42a4b21, kept as a patch of
 ``engine_multi._one_step_meanwhile``): the first window with that variant compiles it, and
 every stream waits. ``background`` (the default now): those windows run as one step while the
-program builds on a background thread, with the garbage collector's heap frozen after the
-warm-up as ``InferenceServer.start`` does (``warmup.freeze_gc_heap``, since session 41);
-``background_unfrozen``: the same without the freeze (session 40's server), where a full
-collection during the build's tracing holds the GIL. Each mode runs in a fresh process (a
+program builds on a background thread at a 0.5 ms switch interval
+(``runner_multi.BACKGROUND_SWITCH_INTERVAL_S``), with the garbage collector's heap frozen
+after the warm-up as ``InferenceServer.start`` does (``warmup.freeze_gc_heap``; both since
+session 41); ``background_long_switch``: the same at Python's 5 ms; ``background_unfrozen``:
+neither (session 40's server). Each mode runs in a fresh process (a
 second engine in one process would find XLA's autotuning results warm), with random weights
 at ``--model``'s shape and decode buckets ``--decode-buckets`` (a few, to keep the warm-up
 short).
@@ -42,13 +43,15 @@ from benchmarks.common import device_name, record  # noqa: E402
 def child(ns: argparse.Namespace, mode: str) -> dict:
     import numpy as np
 
-    from jaxinfer import engine_multi
+    from jaxinfer import engine_multi, runner_multi
     from jaxinfer.engine import LLMEngine
     from jaxinfer.sampling_params import SamplingParams
     from jaxinfer.warmup import freeze_gc_heap, warm_up
 
     if mode == "inline":
         engine_multi._one_step_meanwhile = lambda *a: False
+    if mode in ("background_long_switch", "background_unfrozen"):  # before session 41
+        runner_multi.BACKGROUND_SWITCH_INTERVAL_S = sys.getswitchinterval()
     t0 = time.perf_counter()
     buckets = tuple(int(b) for b in ns.decode_buckets.split(","))
     eng = LLMEngine(f"dummy:{ns.model}", quantization=ns.quantization,
@@ -56,7 +59,8 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
                     max_num_seqs=max(buckets), max_model_len=ns.max_model_len)
     start_s = time.perf_counter() - t0
     warm_s = warm_up(eng, prefill_buckets=True)  # as serve on a GPU: no prefill compile
-    frozen = freeze_gc_heap() if mode == "background" else 0  # as InferenceServer.start
+    frozen = (freeze_gc_heap() if mode in ("background", "background_long_switch")
+              else 0)  # as InferenceServer.start
     greedy = SamplingParams(max_tokens=ns.new_tokens, temperature=0.0, ignore_eos=True)
     rng = np.random.default_rng(0)
     V = eng.model_config.vocab_size
@@ -139,10 +143,10 @@ def main() -> None:
                            ("median_step_after_ms", "ms"), ("top_p_ttft_ms", "ms")):
             record(f"variant_stall_{name}", r[name], unit, {**cfg, "device": r["device"]},
                    ns.out, command)
-    print(f"{'mode':<19} {'stall ms':>9} {'step before':>11} {'max before':>10} {'after':>7} "
+    print(f"{'mode':<22} {'stall ms':>9} {'step before':>11} {'max before':>10} {'after':>7} "
           f"{'top-p TTFT':>10} {'1-step win':>10} {'windows':>7} {'compiled':>8}")
     for r in rows:
-        print(f"{r['mode']:<19} {r['stall_ms']:9.1f} {r['median_step_before_ms']:11.2f} "
+        print(f"{r['mode']:<22} {r['stall_ms']:9.1f} {r['median_step_before_ms']:11.2f} "
               f"{r['max_step_before_ms']:10.1f} "
               f"{r['median_step_after_ms']:7.2f} {r['top_p_ttft_ms']:10.1f} "
               f"{r['one_step_windows']:10d} {r['multi_steps']:7d} "

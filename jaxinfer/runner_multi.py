@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -47,6 +48,16 @@ MULTI_STEP = "multistep"  # the programs' mode in a compile cache (compile_cache
 # penalty batches build theirs at their first window: in the background while their
 # windows run as one step when the one-step programs are built (engine_multi.py), else then.
 MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
+
+# Python's switch interval while a k-step program builds on a background thread (the default
+# is 5 ms). The build traces in Python and keeps the GIL until another thread asks for it
+# and the interval runs out, so every call of the engine's step that releases the GIL (a
+# launch, a device wait) then waits up to an interval to get it back: on an H100 the 8B FP8
+# one-step windows beside a build took 100-1,400 ms instead of 6 (benchmarks/RESULTS.md
+# "Multi-step decode: a new sampler variant after the warm-up"); a step that gives the GIL
+# up 50 times beside a busy thread takes 265 ms at 5 ms, 39 ms at 0.5 ms (CPU). The build's
+# own switching costs it a little time.
+BACKGROUND_SWITCH_INTERVAL_S = 0.0005
 
 
 def multi_step_bucket(bucket: Bucket, variant: str, k: int) -> Bucket:
@@ -141,12 +152,18 @@ class MultiStepPrograms:
             return True
 
     def _build_logged(self, bucket: Bucket, variant: str, k: int) -> None:
+        before = sys.getswitchinterval()
+        short = min(before, BACKGROUND_SWITCH_INTERVAL_S)
+        sys.setswitchinterval(short)  # see BACKGROUND_SWITCH_INTERVAL_S
         try:
             self.executable(bucket, variant, k)
         except Exception as e:  # out of device memory, say: the windows stay one-step
             self.failed[bucket, variant, k] = e
             log.error("building the %d-step decode program %s (%s) in the background failed; "
                       "its windows run as one step: %s", k, bucket, variant, e)
+        finally:
+            if sys.getswitchinterval() == short:  # unless someone else changed it since
+                sys.setswitchinterval(before)
 
     def wait_background(self, timeout: float | None = None) -> None:
         """Wait for the background build, if one runs (tests, shutdown)."""

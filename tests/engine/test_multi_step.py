@@ -4,6 +4,7 @@ request by request, windows really run, and the plan refuses what it must."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from jaxinfer.config import ConfigError, EngineConfig
 from jaxinfer.llm import LLM, iter_stream
 from jaxinfer.multi_step import plan_multi_step
+from jaxinfer.runner_multi import BACKGROUND_SWITCH_INTERVAL_S
 from jaxinfer.sampling_params import SamplingParams
 from tests.conftest import tiny_loaded
 from tests.core.test_scheduler import make, seq
@@ -333,7 +335,10 @@ def test_an_unbuilt_variant_runs_one_step_while_its_program_builds(async_schedul
     assert tokens(llm.generate(prompts, params)) == tokens(want)
     assert eng.num_one_step_windows == n_one and eng.num_multi_steps > n_multi
 
+    intervals, before = [], sys.getswitchinterval()
+
     def fail(*args):
+        intervals.append(sys.getswitchinterval())
         raise RuntimeError("out of memory (test)")
 
     progs.lower = fail  # the next new program (logit_bias: another variant) cannot build
@@ -342,6 +347,9 @@ def test_an_unbuilt_variant_runs_one_step_while_its_program_builds(async_schedul
     assert tokens(llm.generate(prompts, params)) == tokens(want)
     progs.wait_background()
     assert [v for _, v, _ in progs.failed] == ["top_k_top_p_full_bias"]
+    # the build ran at the short switch interval, restored after it (failed or not)
+    assert intervals == [BACKGROUND_SWITCH_INTERVAL_S] < [before]
+    assert sys.getswitchinterval() == before
     n_one = eng.num_one_step_windows
     assert tokens(llm.generate(prompts, params)) == tokens(want)
     assert eng.num_one_step_windows > n_one  # not tried again: one step

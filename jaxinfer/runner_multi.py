@@ -55,8 +55,9 @@ MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
 # launch, a device wait) then waits up to an interval to get it back: on an H100 the 8B FP8
 # one-step windows beside a build took 100-1,400 ms instead of 6 (benchmarks/RESULTS.md
 # "Multi-step decode: a new sampler variant after the warm-up"); a step that gives the GIL
-# up 50 times beside a busy thread takes 265 ms at 5 ms, 39 ms at 0.5 ms (CPU). The build's
-# own switching costs it a little time.
+# up 50 times beside a busy thread takes 265 ms at 5 ms, 40-45 ms at 0.5 ms (CPU,
+# benchmarks/gil_handback.py). The build's own switching costs it a little time; the GPU
+# A/B (scripts/gpu_call_s41_b.sh) is not run yet.
 BACKGROUND_SWITCH_INTERVAL_S = 0.0005
 
 

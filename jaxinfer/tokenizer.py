@@ -4,8 +4,7 @@
 through ``transformers.integrations.gguf.gguf_tokenizer_mapping.convert_gguf_tokenizer``, fed
 with the ``tokenizer.ggml.*`` fields read by the ``gguf`` package -- the same builder and the
 same init arguments that ``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` uses, so ids
-match transformers. :class:`IncrementalDetokenizer` turns a stream of token ids into text
-deltas the way vLLM does (prefix/read offsets, holding back incomplete UTF-8 characters).
+match transformers. Streaming text: :class:`jaxinfer.detokenizer.IncrementalDetokenizer`.
 """
 
 from __future__ import annotations

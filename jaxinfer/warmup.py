@@ -153,8 +153,10 @@ def freeze_gc_heap() -> int:
     enough to set one off: a background build of SmolLM2's 8-step program kept the engine's
     thread from the GIL for up to 99-122 ms (a collection), 31-33 ms with the heap frozen
     (benchmarks/background_build_gil.py; RESULTS.md "Multi-step decode: a new sampler
-    variant after the warm-up"). Objects made later are still collected; frozen ones are
-    not, until :func:`unfreeze_gc_heap`.
+    variant after the warm-up"; on an H100's 8B FP8 run the stall with and without the freeze
+    was within the rounds' spread: what is left there is the GIL's hand-back,
+    runner_multi.BACKGROUND_SWITCH_INTERVAL_S). Objects made later are still collected;
+    frozen ones are not, until :func:`unfreeze_gc_heap`.
     """
     import gc
 

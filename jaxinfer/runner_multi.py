@@ -53,7 +53,7 @@ MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
 # is 5 ms). The build traces in Python and keeps the GIL until another thread asks for it
 # and the interval runs out, so every call of the engine's step that releases the GIL (a
 # launch, a device wait) then waits up to an interval to get it back: on an H100 the 8B FP8
-# one-step windows beside a build took 100-1,400 ms instead of 6 (benchmarks/RESULTS.md
+# one-step windows beside a build took 80-1,400 ms instead of 6 (benchmarks/RESULTS.md
 # "Multi-step decode: a new sampler variant after the warm-up"); a step that gives the GIL
 # up 50 times beside a busy thread takes 265 ms at 5 ms, 40-45 ms at 0.5 ms (CPU,
 # benchmarks/gil_handback.py). The build's own switching costs it a little time; the GPU

@@ -247,13 +247,8 @@ def _block_fn(model: Any) -> Any:
     ``model._block`` on layer weights ``w``; with ``target`` it returns that projection's
     (normed) input [T, K] instead of the block's output [T, H]."""
     from jaxinfer.layers.attention import AttentionBackend
-    from jaxinfer.models.transformer import matmul_precision
 
     def f(x, w, cache, md, cos, sin, *, target, local_rope, window):
-        with matmul_precision(model.dtype):  # as CausalLM.__call__
-            return g(x, w, cache, md, cos, sin, target, local_rope, window)
-
-    def g(x, w, cache, md, cos, sin, target, local_rope, window):
         c = {"index": 0, "window": window, "local_rope": local_rope}
         if target is None:
             return model._block(x, cache, w, c, cos, sin, md, AttentionBackend())[0]

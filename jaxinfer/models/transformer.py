@@ -26,6 +26,7 @@ proportional to depth; GEMMs that read the stacked weight in place (pallas_kerne
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import jax
@@ -128,6 +129,17 @@ def matmul_precision(dtype) -> Any:
     return contextlib.nullcontext()
 
 
+def _at_model_precision(method: Any) -> Any:
+    """``method`` of a CausalLM traced under :func:`matmul_precision` of its dtype (every path
+    that traces the model's dots: ``__call__``, ``logits``, ``_block``, which GPTQ calls alone)."""
+    @functools.wraps(method)
+    def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with matmul_precision(self.dtype):
+            return method(self, *args, **kwargs)
+
+    return traced
+
+
 def model_options(ec) -> dict:
     """CausalLM keyword arguments from an EngineConfig: layer loop, quantization and the
     GEMM backend, ``matmul_backend="auto"`` resolved for this machine (the Pallas GEMMs on a
@@ -214,6 +226,7 @@ class CausalLM(nnx.Module):
         return {"index": jnp.arange(cfg.num_layers, dtype=jnp.int32),
                 "window": jnp.asarray(window), "local_rope": jnp.asarray(local)}
 
+    @_at_model_precision
     def __call__(self, token_ids: jax.Array, cache: KVCache, md: AttentionMetadata,
                  attn: AttentionBackend, *, hook: Any = None, collect: bool = False) -> Any:
         """token_ids [T] int32 -> (final hidden states [T, H] after the last norm, cache).
@@ -223,10 +236,6 @@ class CausalLM(nnx.Module):
         (the residual stream) before the next layer reads it; ``collect`` returns
         ``(hidden, cache, states)``, states [L + 1, T, H]: the embeddings, then each layer's
         output (after the hook). float32 models trace under :func:`matmul_precision`."""
-        with matmul_precision(self.dtype):
-            return self._forward(token_ids, cache, md, attn, hook, collect)
-
-    def _forward(self, token_ids, cache, md, attn, hook, collect) -> Any:
         cfg = self.cfg
         x = self.embed[...][token_ids]
         if cfg.embed_scale != 1.0:
@@ -295,6 +304,7 @@ class CausalLM(nnx.Module):
         norms o and f before the add)."""
         return FUSE_SPLITK_RESIDUAL and self.fp8_kernels and not self.cfg.post_norms
 
+    @_at_model_precision
     def _block(self, x, cache, w, c, cos, sin, md, attn, *, pending=None, carry_f=False,
                fuse=False):
         """One decoder layer: x [T, H] -> ``(x', cache)``. With ``carry_f`` the layer's input
@@ -374,12 +384,9 @@ class CausalLM(nnx.Module):
             f = rms_norm(f, w["post_ffn_norm"], eps)
         return x, f
 
+    @_at_model_precision
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [N, H] -> logits [N, V] float32 (tied to the embedding when configured)."""
-        with matmul_precision(self.dtype):
-            return self._logits(hidden)
-
-    def _logits(self, hidden: jax.Array) -> jax.Array:
         if self.cfg.tie_word_embeddings:
             # Contract with the embedding's hidden axis directly: `hidden @ embed.T` makes
             # XLA:CPU materialize the transpose (measured 6x slower for SmolLM2's 49152x576).

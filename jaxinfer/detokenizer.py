@@ -30,13 +30,14 @@ class IncrementalDetokenizer:
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = list(prompt_ids)
+        self.ids: list[int] = [int(t) for t in prompt_ids]
         self.prefix_offset = max(len(self.ids) - self.INITIAL_OFFSET, 0)
         self.read_offset = len(self.ids)
         self.output_text = ""
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        # unchecked: ints >= 0 (the engine's tokens, a checked prompt's)
+        return self.tokenizer.decode_ids(ids, self.skip_special_tokens)
 
     def step(self, new_ids: Iterable[int]) -> str:
         """Add generated ids; return the text they complete (possibly ``""``)."""

@@ -229,7 +229,12 @@ class Tokenizer:
                 raise TokenizerError(f"token id at index {i} must be an integer >= 0, got "
                                      f"{t!r}")
             checked.append(v)
-        return self.hf.decode(checked, skip_special_tokens=skip_special_tokens)
+        return self.decode_ids(checked, skip_special_tokens)
+
+    def decode_ids(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """:meth:`decode` without its checks, for ids known to be ints >= 0 (the engine's
+        outputs and checked prompts: the streaming detokenizer's path, two calls a token)."""
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, str]],
                             add_generation_prompt: bool = True, *,

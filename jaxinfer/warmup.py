@@ -12,6 +12,7 @@ vLLM's start-up captures a CUDA graph per batch size before serving, and what
 
 from __future__ import annotations
 
+import gc
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -158,8 +159,6 @@ def freeze_gc_heap() -> int:
     runner_multi.BACKGROUND_SWITCH_INTERVAL_S). Objects made later are still collected;
     frozen ones are not, until :func:`unfreeze_gc_heap`.
     """
-    import gc
-
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
@@ -167,6 +166,4 @@ def freeze_gc_heap() -> int:
 
 def unfreeze_gc_heap() -> None:
     """Undo :func:`freeze_gc_heap` (a stopped server's engine can then be collected)."""
-    import gc
-
     gc.unfreeze()

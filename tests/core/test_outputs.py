@@ -123,18 +123,18 @@ def test_detokenization_work_per_token_is_bounded(tok):
     # The engine used to decode the whole output every step (quadratic); RequestState decodes
     # a window of a few tokens per new token, whatever the output length.
     lengths = []
-    real = tok.decode
+    real = tok.decode_ids
 
     def counting(ids, skip_special_tokens=True):
         lengths.append(len(ids))
-        return real(ids, skip_special_tokens=skip_special_tokens)
+        return real(ids, skip_special_tokens)
 
-    tok.decode = counting
+    tok.decode_ids = counting  # the detokenizer's path (Tokenizer.decode checks, then it)
     try:
         text = "The quick brown fox jumps over the lazy dog. 日本語 🎉 " * 40
         _, _, final, ids = _stream(tok, text, stop=["never there"], max_tokens=16)
     finally:
-        del tok.decode
+        del tok.decode_ids
     assert len(ids) > 400 and final == text
     assert max(lengths) <= 12, max(lengths)
 

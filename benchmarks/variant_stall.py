@@ -21,7 +21,10 @@ short).
 
 Measured per mode: the longest ``engine.step()`` wall time from the top-p request's arrival
 on (the stall), the median and the longest step before it, the top-p request's time to
-first token, the windows run as one step meanwhile, and the first tokens of the top-p
+first token, the windows run as one step meanwhile, the steps' wall time from the arrival on
+(``decode_after_s``), the new program's trace and lowering (``trace_lower_s``: the part that
+holds the GIL; XLA's compile releases it) and its whole background build
+(``background_build_s``, which may end after the streams), and the first tokens of the top-p
 request and of stream 0 (equal across modes: same weights and seeds). Prints a table; one
 JSON record per number (benchmarks/common.record).
 """
@@ -52,6 +55,9 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
         engine_multi._one_step_meanwhile = lambda *a: False
     if mode in ("background_long_switch", "background_unfrozen"):  # before session 41
         runner_multi.BACKGROUND_SWITCH_INTERVAL_S = sys.getswitchinterval()
+    spans: dict[str, list[tuple[float, float]]] = {"lower": [], "build": []}
+    timed(runner_multi.MultiStepPrograms, "lower", spans["lower"])
+    timed(runner_multi.MultiStepPrograms, "_build_logged", spans["build"])
     t0 = time.perf_counter()
     buckets = tuple(int(b) for b in ns.decode_buckets.split(","))
     eng = LLMEngine(f"dummy:{ns.model}", quantization=ns.quantization,
@@ -88,6 +94,8 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
         raise SystemExit(f"the streams finished in {len(steps)} steps, before the top-p "
                          f"request's step 10 or its first token: raise --new-tokens")
     after = steps[arrival:]
+    lowered = [b - a for a, b in spans["lower"] if a >= t_arrival]  # not the warm-up's
+    built = [b - a for a, b in spans["build"] if a >= t_arrival]
     return {"mode": mode, "device": device_name(),
             "start_s": start_s, "warm_up_s": warm_s,
             "gc_frozen_objects": frozen,
@@ -97,9 +105,26 @@ def child(ns: argparse.Namespace, mode: str) -> dict:
                 np.median(after)), "top_p_ttft_ms": 1e3 * first,
             "one_step_windows": eng.num_one_step_windows, "multi_steps": eng.num_multi_steps,
             "compiled_after_warm_up": eng.runner.num_compilations - n_compiled,
+            "decode_after_s": float(sum(after)),
+            "trace_lower_s": lowered[0] if lowered else None,
+            "background_build_s": built[0] if built else None,
             "steps": len(steps), "steps_after_ms": [round(1e3 * t, 2) for t in after[:24]],
             "top_p_tokens": tokens[top_p_id][:8],
             "stream0_tokens": tokens[rids[0]][:8]}
+
+
+def timed(cls: type, name: str, spans: list[tuple[float, float]]) -> None:
+    """Wrap method ``name`` of ``cls`` to append each call's (start, end) perf_counter."""
+    real = getattr(cls, name)
+
+    def wrapper(self, *args, **kw):
+        t = time.perf_counter()
+        try:
+            return real(self, *args, **kw)
+        finally:
+            spans.append((t, time.perf_counter()))
+
+    setattr(cls, name, wrapper)
 
 
 def main() -> None:
@@ -140,19 +165,29 @@ def main() -> None:
                                   "stream0_tokens")}
         for name, unit in (("stall_ms", "ms"), ("median_step_before_ms", "ms"),
                            ("max_step_before_ms", "ms"),
-                           ("median_step_after_ms", "ms"), ("top_p_ttft_ms", "ms")):
+                           ("median_step_after_ms", "ms"), ("top_p_ttft_ms", "ms"),
+                           ("decode_after_s", "s"), ("trace_lower_s", "s"),
+                           ("background_build_s", "s")):
+            if r[name] is None:  # inline: no background build
+                continue
             record(f"variant_stall_{name}", r[name], unit, {**cfg, "device": r["device"]},
                    ns.out, command)
     print(f"{'mode':<22} {'stall ms':>9} {'step before':>11} {'max before':>10} {'after':>7} "
-          f"{'top-p TTFT':>10} {'1-step win':>10} {'windows':>7} {'compiled':>8}")
+          f"{'top-p TTFT':>10} {'1-step win':>10} {'windows':>7} {'compiled':>8} "
+          f"{'after s':>7} {'lower s':>7} {'build s':>7}")
     for r in rows:
         print(f"{r['mode']:<22} {r['stall_ms']:9.1f} {r['median_step_before_ms']:11.2f} "
               f"{r['max_step_before_ms']:10.1f} "
               f"{r['median_step_after_ms']:7.2f} {r['top_p_ttft_ms']:10.1f} "
               f"{r['one_step_windows']:10d} {r['multi_steps']:7d} "
-              f"{r['compiled_after_warm_up']:8d}")
+              f"{r['compiled_after_warm_up']:8d} {r['decode_after_s']:7.2f} "
+              f"{_s(r['trace_lower_s'])} {_s(r['background_build_s'])}")
     same = len({(tuple(r["top_p_tokens"]), tuple(r["stream0_tokens"])) for r in rows}) == 1
     print("same tokens across modes:", same)
+
+
+def _s(v: float | None) -> str:
+    return f"{v:7.2f}" if v is not None else f"{'-':>7}"
 
 
 if __name__ == "__main__":

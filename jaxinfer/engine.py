@@ -183,8 +183,16 @@ class LLMEngine:
         ``template``: ``Tokenizer.apply_chat_template``'s chat_template,
         continue_final_message, chat_template_kwargs.
         Raises RequestError or TokenizerError (both ValueError)."""
+        return self.chat_prompt(messages, add_generation_prompt, truncate_prompt_tokens,
+                                **template)[1]
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    truncate_prompt_tokens: int | None = None, **template: Any
+                    ) -> tuple[str, list[int]]:
+        """:meth:`encode_chat` with the rendered text: (text, token ids), rendered once
+        (:func:`jaxinfer.prompts.chat_prompt`); same arguments and errors."""
         limit = self.config.max_model_len
-        return prompts.encode_chat(self.tokenizer, messages, limit, add_generation_prompt,
+        return prompts.chat_prompt(self.tokenizer, messages, limit, add_generation_prompt,
                                    prompts.truncation(truncate_prompt_tokens, limit), **template)
 
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,

@@ -147,23 +147,19 @@ class LLM:
             raise RequestError(f"messages must be a non-empty list of message dicts (one "
                                f"conversation) or a list of such lists, got {_short(messages)}")
         convs = [list(messages)] if isinstance(messages[0], dict) else messages
-        if isinstance(messages[0], dict):
-            ids = [self.engine.encode_chat(  # type: ignore[arg-type]
-                convs[0], truncate_prompt_tokens=_truncation_of(sampling_params, 0),
-                **template)]
-        else:
-            ids = []
-            for i, conv in enumerate(messages):
-                try:  # a conversation that cannot fit is refused before it is rendered
-                    ids.append(self.engine.encode_chat(  # type: ignore[arg-type]
-                        conv, truncate_prompt_tokens=_truncation_of(sampling_params, i),
-                        **template))
-                except ValueError as err:  # which conversation, which message and why
+        rendered = []  # (text, ids) of each conversation, each rendered once
+        for i, conv in enumerate(convs):
+            try:  # a conversation that cannot fit is refused before it is rendered
+                rendered.append(self.engine.chat_prompt(  # type: ignore[arg-type]
+                    conv, truncate_prompt_tokens=_truncation_of(sampling_params, i),
+                    **template))
+            except ValueError as err:  # which conversation, which message and why
+                if convs is messages:  # a list of conversations (not one)
                     err.args = (f"conversation {i}: {err}", *err.args[1:])
-                    raise
-        outs = self.generate(ids, sampling_params, use_tqdm)
-        for out, conv in zip(outs, convs):  # vLLM's RequestOutput.prompt: the rendered text
-            out.prompt = self.tokenizer.render_chat(conv, **template)  # (checked above)
+                raise
+        outs = self.generate([ids for _, ids in rendered], sampling_params, use_tqdm)
+        for out, (text, _) in zip(outs, rendered):  # vLLM's RequestOutput.prompt
+            out.prompt = text
         return outs
 
     def _run(self, ids: list[int], use_tqdm: bool) -> list[RequestOutput]:

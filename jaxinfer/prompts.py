@@ -136,11 +136,21 @@ def no_room_error(num_prompt: int, max_model_len: int,
 def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
                 add_generation_prompt: bool = True, truncate: int | None = None,
                 **template: Any) -> list[int]:
-    """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``; a content may
-    also be a list of text parts, ``tokenizer.text_contents``) rendered with the model's chat
-    template (``Tokenizer.apply_chat_template``, which takes the
-    ``template`` keywords: chat_template, continue_final_message, chat_template_kwargs);
-    with ``truncate`` (a :func:`truncation` result), only the last ``truncate`` ids.
+    """:func:`chat_prompt`'s token ids (same arguments and errors)."""
+    return chat_prompt(tokenizer, messages, max_model_len, add_generation_prompt, truncate,
+                       **template)[1]
+
+
+def chat_prompt(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
+                add_generation_prompt: bool = True, truncate: int | None = None,
+                **template: Any) -> tuple[str, list[int]]:
+    """The rendered text and token ids of a conversation (``[{"role": ..., "content": ...},
+    ...]``; a content may also be a list of text parts, ``tokenizer.text_contents``) rendered
+    with the model's chat template (``Tokenizer.render_chat``, which takes the ``template``
+    keywords: chat_template, continue_final_message, chat_template_kwargs), rendered once and
+    encoded without special tokens (``Tokenizer.apply_chat_template``'s ids); with ``truncate`` (a
+    :func:`truncation` result), only the last ``truncate`` ids (the text stays whole, as
+    vLLM's ``RequestOutput.prompt``).
 
     Raises:
       RequestError: no tokenizer; contents that cannot fit ``max_model_len`` whatever they
@@ -155,8 +165,9 @@ def encode_chat(tokenizer: Tokenizer | None, messages: Any, max_model_len: int,
     if truncate is None:
         check_text_fits(tokenizer, [m["content"] for m in messages
                                     if isinstance(m.get("content"), str)], max_model_len)
-    ids = tokenizer.apply_chat_template(list(messages),
-                                        add_generation_prompt=add_generation_prompt, **template)
+    text = tokenizer.render_chat(list(messages), add_generation_prompt=add_generation_prompt,
+                                 **template)
+    ids = tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise RequestError("the rendered conversation is empty")
-    return ids if truncate is None else ids[max(len(ids) - truncate, 0):]
+    return text, ids if truncate is None else ids[max(len(ids) - truncate, 0):]

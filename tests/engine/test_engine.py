@@ -294,16 +294,17 @@ def test_chat_rejects_malformed_conversations(monkeypatch, llama_llm):
 
 
 def _renders_only_short(monkeypatch, tok, limit: int) -> list[list[str]]:
-    """Patch ``tok.apply_chat_template`` to record each conversation's contents and fail on
-    one that cannot fit ``limit`` tokens (it must be refused before rendering)."""
-    real, rendered = tok.apply_chat_template, []
+    """Patch ``tok.render_chat`` (what the engine and ``apply_chat_template`` render with) to
+    record each conversation's contents and fail on one that cannot fit ``limit`` tokens (it
+    must be refused before rendering)."""
+    real, rendered = tok.render_chat, []
 
-    def render(messages, **kw):
+    def render(messages, *args, **kw):
         assert tok.min_tokens(*(m["content"] for m in messages)) <= limit, "rendered it"
         rendered.append([m["content"] for m in messages])
-        return real(messages, **kw)
+        return real(messages, *args, **kw)
 
-    monkeypatch.setattr(tok, "apply_chat_template", render)
+    monkeypatch.setattr(tok, "render_chat", render)
     return rendered
 
 
@@ -508,6 +509,31 @@ def test_llm_chat_takes_vllm_chat_template_options(monkeypatch, llama_llm):
     with pytest.raises(TokenizerError, match="conversation 0: continue_final_message and "):
         llama_llm.chat([conv, conv], GREEDY, continue_final_message=True)
     assert not llama_llm.engine.has_unfinished_requests()
+
+
+def test_llm_chat_renders_each_conversation_once(monkeypatch, llama_llm):
+    """LLM.chat renders a conversation once for both its prompt ids and its output's
+    ``prompt`` text (session 41 found it rendered twice); the ids are the text's encoding."""
+    from tests.core.test_tokenizer import _ROLE_TEMPLATE, _tiny_tokenizer
+
+    tok = _tiny_tokenizer(_ROLE_TEMPLATE)
+    monkeypatch.setattr(llama_llm.engine, "tokenizer", tok)
+    real, renders = tok.render_chat, []
+
+    def render(messages, *args, **kw):
+        renders.append([m["content"] for m in messages])
+        return real(messages, *args, **kw)
+
+    monkeypatch.setattr(tok, "render_chat", render)
+    a = [{"role": "user", "content": "hello"}]
+    b = [{"role": "system", "content": "world"}, {"role": "user", "content": "hello world"}]
+    outs = llama_llm.chat([a, b], GREEDY)
+    assert renders == [["hello"], ["world", "hello world"]]
+    for out, conv in zip(outs, (a, b)):
+        assert out.prompt == real(conv) and out.prompt
+        assert out.prompt_token_ids == tok.encode(out.prompt, add_special_tokens=False)
+    renders.clear()
+    assert llama_llm.chat(a, GREEDY)[0].prompt == real(a) and renders == [["hello"]]
 
 
 def test_offline_generate_caps_max_tokens_at_max_model_len(llama_llm):

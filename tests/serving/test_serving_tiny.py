@@ -375,7 +375,7 @@ def test_oversized_chat_is_refused_before_rendering(tiny_server, monkeypatch):
     def render(*args, **kw):
         raise AssertionError("the oversized conversation was rendered")
 
-    monkeypatch.setattr(tok, "apply_chat_template", render)
+    monkeypatch.setattr(tok, "render_chat", render)
     monkeypatch.setattr(st.engine, "tokenizer", tok)
     limit = st.engine.config.max_model_len
     half = "hello " * (limit * tok.max_token_chars)  # two of them: > 4 x longest x limit chars

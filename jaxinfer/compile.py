@@ -56,7 +56,8 @@ def _reachable_prefill(T_prev: int, S: int, P: int, ec: EngineConfig) -> bool:
     return longest <= ec.max_model_len and -(-longest // ec.block_size) <= P
 
 
-def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[Program]:
+def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES,
+                       multi_step_variants: Iterable[str] | None = None) -> list[Program]:
     """Every program the engine can run under ``ec``, in the order build_step picks buckets.
 
     Prefill ("sample"): T in ``prefill_buckets`` x S in ``prefill_seq_buckets`` x pages in
@@ -72,7 +73,8 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
     token-gather program of async scheduling (mode "gather", ``runner.gather_bucket(B)``)
     for every decode batch bucket B; with ``num_scheduler_steps`` k > 1, the k-step decode
     programs (mode "multistep", ``runner_multi.multi_step_bucket``) of every decode bucket for
-    each of ``runner_multi.MULTI_STEP_WARM_VARIANTS``. Buckets no step can
+    each of ``multi_step_variants`` (default ``runner_multi.MULTI_STEP_WARM_VARIANTS``;
+    ``runner_multi.warm_variants`` adds the model's default one). Buckets no step can
     reach are left out: more rows than tokens or than running sequences (the scheduler's
     prefill chunks belong to at most max_num_seqs running sequences), or too few pages for
     the tokens.
@@ -123,9 +125,10 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES) -> list[P
                 multi_step_bucket,
             )
 
+            variants = tuple(multi_step_variants or MULTI_STEP_WARM_VARIANTS)
             out += [Program(MULTI_STEP, multi_step_bucket(p.bucket, v, ec.num_scheduler_steps))
                     for p in out if p.mode == "sample" and p.bucket.kind == "decode"
-                    for v in MULTI_STEP_WARM_VARIANTS]
+                    for v in variants]
     return out
 
 

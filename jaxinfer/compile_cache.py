@@ -137,7 +137,7 @@ class Program:
 
 # ----------------------------------------------------------------------------- fingerprint
 # Model fields that do not enter any program (stop tokens, names).
-_NOT_IN_PROGRAMS = ("eos_token_ids", "bos_token_id", "name")
+_NOT_IN_PROGRAMS = ("eos_token_ids", "bos_token_id", "name", "sampling_defaults")
 
 
 # Sources whose code enters the traced programs (the runner's import closure; a test checks

@@ -164,7 +164,10 @@ def cmd_compile(ns: Any) -> int:
         sizing = size_for_compile(mc, ec)
         ec = dataclasses.replace(ec, num_kv_pages=sizing.num_pages)
         phases.mark("KV pool sized")
-        programs = enumerate_programs(ec, modes)
+        from jaxinfer.runner_multi import warm_variants
+
+        programs = enumerate_programs(ec, modes, warm_variants(mc.sampling_defaults,
+                                                               mc.vocab_size))
         print(describe(ns.model, mc, ec, programs, sizing), flush=True)
         phases.mark("configuration described")
         if ns.list:

@@ -116,6 +116,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
+    # The SamplingParams fields the checkpoint's generation_config.json sets by default
+    # (jaxinfer.sampling_defaults; vLLM's --generation-config auto): no program depends on them.
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -23,7 +23,7 @@ from flax import nnx
 
 from jaxinfer import engine_logits, prompts
 from jaxinfer.batch import SlotTable, StepInputs, build_step
-from jaxinfer.config import ModelConfig
+from jaxinfer.config import ConfigError, ModelConfig
 from jaxinfer.engine_async import plan_next_decode
 from jaxinfer.engine_config import _resolve_dtype, check_engine_args, engine_config_for
 from jaxinfer.engine_multi import Window, launch_next_window, launch_window
@@ -42,6 +42,7 @@ from jaxinfer.prompts import PromptTooLongError, RequestError
 from jaxinfer.request_checks import checked_params, masked_stops
 from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.runner_multi import MultiStepPrograms
+from jaxinfer.sampling_defaults import GENERATION_CONFIG_MODES, default_sampling_params
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import (
     QueueFullError,
@@ -75,6 +76,10 @@ class LLMEngine:
         programs are loaded from it instead of compiled (see jaxinfer/compile.py).
       compile_cache_strict: refuse (CompileCacheError) a compile cache that does not match
         instead of warning and compiling.
+      generation_config: ``"auto"`` (default, vLLM's): requests without sampling params, and
+        a served request's unset fields, take the defaults of the checkpoint's
+        ``generation_config.json`` (temperature, top_k, top_p, min_p, repetition_penalty,
+        max_new_tokens; jaxinfer/sampling_defaults.py); ``"vllm"``: SamplingParams' own.
       **engine_args: fields of :class:`EngineConfig` (max_model_len, block_size, ...).
     Raises:
       CheckpointError: the model cannot be found or read. ConfigError: bad engine options,
@@ -82,11 +87,16 @@ class LLMEngine:
     """
 
     def __init__(self, model: Any = DEFAULT_MODEL, compile_cache_dir: str | None = None,
-                 compile_cache_strict: bool = False, **engine_args: Any):
+                 compile_cache_strict: bool = False, generation_config: str = "auto",
+                 **engine_args: Any):
         t0 = time.perf_counter()
         from jaxinfer.compile_cache import kernel_env
 
         kernel_env()  # a bad $JAXINFER_* kernel switch fails here, before any loading
+        if generation_config not in GENERATION_CONFIG_MODES:
+            raise ConfigError(f"generation_config must be 'auto' (the checkpoint's "
+                              f"generation_config.json defaults) or 'vllm' (SamplingParams' "
+                              f"defaults), got {generation_config!r}")
         check_engine_args(model, engine_args)  # so do a wrong model type and unknown options
         if isinstance(model, os.PathLike):
             model = os.fspath(model)
@@ -104,6 +114,9 @@ class LLMEngine:
         self.model_name = model if isinstance(model, str) else loaded.source
         self.model_config: ModelConfig = loaded.config
         self.tokenizer = loaded.tokenizer
+        # The fields a request without them takes (vLLM's get_diff_sampling_param)
+        self.sampling_defaults: dict[str, Any] = (
+            dict(loaded.config.sampling_defaults) if generation_config == "auto" else {})
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
         if compile_cache_dir is not None and engine_args.get("num_kv_pages") is None:
@@ -195,6 +208,12 @@ class LLMEngine:
         return prompts.chat_prompt(self.tokenizer, messages, limit, add_generation_prompt,
                                    prompts.truncation(truncate_prompt_tokens, limit), **template)
 
+    def default_sampling_params(self) -> SamplingParams:
+        """What a request without sampling params runs with: the checkpoint's
+        generation-config defaults (:attr:`sampling_defaults`) over SamplingParams' own
+        (vLLM's ``LLM.get_default_sampling_params``); a new object each call."""
+        return default_sampling_params(self.sampling_defaults)
+
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                     request_id: int | None = None,
                     prompt_token_ids: list[int] | None = None) -> int:
@@ -206,8 +225,11 @@ class LLMEngine:
         ``prompt_token_ids``, when given, are the already-encoded ``prompt`` (truncated
         already: ``params.truncate_prompt_tokens`` applies to ``prompt`` only). ``request_id``:
         an int >= 0 not in use by a live request (default: the next free automatic id).
+        ``params`` None: :meth:`default_sampling_params`.
         """
-        params = checked_params(params, self.tokenizer, self.model_config.vocab_size,
+        params = checked_params(params if params is not None else
+                                self.default_sampling_params(), self.tokenizer,
+                                self.model_config.vocab_size,
                                 self.scheduler.cfg.eos_token_ids)
         ids = (prompt_token_ids if prompt_token_ids is not None
                else self.encode_prompt(prompt, params.truncate_prompt_tokens))

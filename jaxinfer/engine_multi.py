@@ -13,7 +13,7 @@ one-step engine would; vLLM's multi-step scheduling behaves alike). Tokens and f
 are the one-step engine's.
 
 A window whose k-step program is not built yet (a sampler variant the warm-up leaves out:
-``runner_multi.MULTI_STEP_WARM_VARIANTS``) runs as one step while that program builds on a
+``runner_multi.warm_variants``) runs as one step while that program builds on a
 background thread, when the one-step program it falls back to is built (after a server's
 warm-up); its next windows take the k-step program once it is ready. So a server's first
 top-p request does not stop every stream for a compile (several seconds for an 8B model on

@@ -57,6 +57,13 @@ class LLM:
         """The engine's ``jaxinfer.tokenizer.Tokenizer`` (None for a model without one)."""
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's ``LLM.get_default_sampling_params()``: what :meth:`generate` and
+        :meth:`chat` run without ``sampling_params`` — the checkpoint's
+        ``generation_config.json`` defaults over SamplingParams' own, unless the LLM was
+        made with ``generation_config="vllm"`` (``LLMEngine.default_sampling_params``)."""
+        return self.engine.default_sampling_params()
+
     def get_tokenizer(self):
         """vLLM's ``LLM.get_tokenizer()``: the transformers tokenizer behind
         :attr:`tokenizer` (``Tokenizer.hf``), or None for a model without one."""
@@ -73,7 +80,8 @@ class LLM:
         nothing of the batch stays queued (requests added before the bad one are aborted).
         An exception while the batch runs (KeyboardInterrupt included) aborts its unfinished
         requests before it propagates: none keeps KV pages or runs in a later call.
-        ``sampling_params`` is one SamplingParams for all prompts or a list, one per prompt.
+        ``sampling_params`` is one SamplingParams for all prompts or a list, one per prompt;
+        None: :meth:`get_default_sampling_params` (the model's generation-config defaults).
         Calls from several threads run one after another (vLLM's ``LLM`` is not thread-safe).
         A prompt whose ``max_tokens`` would pass ``max_model_len`` generates up to
         ``max_model_len`` and finishes with "length", as vLLM's offline ``LLM`` (the engine's
@@ -86,7 +94,7 @@ class LLM:
                   ) -> list[RequestOutput]:
         prompts = prompt_batch(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
+            params = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         elif isinstance(sampling_params, (list, tuple)):
             params = list(sampling_params)
             for i, sp in enumerate(params):

@@ -15,7 +15,7 @@ step then; records ``multistep_decode_h200_s12-20261202.json``).
 Programs are keyed by (decode bucket, sampler variant, k). In a compile cache they are
 programs of mode :data:`MULTI_STEP` whose bucket is :func:`multi_step_bucket`'s (the decode
 bucket's shape, kind ``"<variant>.k<k>"``): ``jaxinfer compile --num-scheduler-steps k``
-builds those of :data:`MULTI_STEP_WARM_VARIANTS` for every decode bucket and page bucket
+builds those of :func:`warm_variants` for every decode bucket and page bucket
 (compile.enumerate_programs), a start with that cache loads them, and any other program
 compiles at its first use.
 """
@@ -48,6 +48,24 @@ MULTI_STEP = "multistep"  # the programs' mode in a compile cache (compile_cache
 # penalty batches build theirs at their first window: in the background while their
 # windows run as one step when the one-step programs are built (engine_multi.py), else then.
 MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
+
+
+def warm_variants(sampling_defaults: dict[str, Any], vocab_size: int) -> tuple[str, ...]:
+    """:data:`MULTI_STEP_WARM_VARIANTS` and the variant of a batch of requests that set no
+    sampling params (the model's generation-config defaults, jaxinfer.sampling_defaults:
+    Llama 3.x Instruct's temperature 0.6 / top_p 0.9 is ``"top_p"``), so that `jaxinfer
+    compile` and the warm-up build the k-step program those requests run."""
+    from types import SimpleNamespace
+
+    from jaxinfer.batch import _fill_row
+    from jaxinfer.sampling_defaults import default_sampling_params
+
+    sa = SamplingArrays.neutral(1)
+    row = SimpleNamespace(sampling_params=default_sampling_params(sampling_defaults),
+                          num_prompt_tokens=1)
+    _fill_row(sa, 0, row, 1, 0, 0)  # as the engine fills a decode row (input_batch.py)
+    return tuple(dict.fromkeys((*MULTI_STEP_WARM_VARIANTS,
+                                sampler_variant(sa, vocab_size))))
 
 # Python's switch interval while a k-step program builds on a background thread (the default
 # is 5 ms). The build traces in Python and keeps the GIL until another thread asks for it

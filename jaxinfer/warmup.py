@@ -59,7 +59,8 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
     """The builds :func:`warm_up` runs beside its request, as zero-argument callables: with
     ``decode_buckets`` the decode program of every batch bucket at the narrowest block
     table (each with its row count's sampler variants), its token-gather program under
-    async scheduling, the k-step programs of ``MULTI_STEP_WARM_VARIANTS`` when
+    async scheduling, the k-step programs of ``runner_multi.warm_variants`` (greedy,
+    temperature-only and the engine's default sampling params' variant) when
     ``num_scheduler_steps`` > 1, the page-copy program of ``n > 1`` requests and the
     loaders of a slot's penalty history and logit_bias / bad_words tables; with
     ``prefill_buckets`` every reachable prefill program of the sample mode
@@ -70,10 +71,11 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
     from jaxinfer.batch import Bucket
     from jaxinfer.compile import enumerate_programs
     from jaxinfer.runner import COPY, GATHER, SAMPLE, gather_bucket
-    from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS
+    from jaxinfer.runner_multi import warm_variants
     from jaxinfer.runner_slots import BIAS, BIAS_BUCKET, HISTORY
 
     ec, runner = engine.config, engine.runner
+    variants = warm_variants(engine.sampling_defaults, engine.model_config.vocab_size)
     builds: list[Any] = []
     if prefill_buckets:
         prefills = [p.bucket for p in enumerate_programs(ec, ["sample"])
@@ -89,7 +91,7 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
             builds.append(partial(runner.executable, gather_bucket(b), GATHER))
         if ec.num_scheduler_steps > 1:
             builds += [partial(engine.multi_step_programs.executable, bucket, v,
-                               ec.num_scheduler_steps) for v in MULTI_STEP_WARM_VARIANTS]
+                               ec.num_scheduler_steps) for v in variants]
     builds.append(partial(runner.executable, runner.copy_bucket, COPY))
     # The loaders of a slot's sampling state, run when a request with penalties, min_tokens,
     # allowed_token_ids (history) or a logit_bias / bad_words (bias) is admitted.

@@ -21,6 +21,7 @@ from jaxinfer.config import (
     check_rope_scaling,
 )
 from jaxinfer.loading.base import CheckpointError
+from jaxinfer.sampling_defaults import from_generation_config
 
 # HF architecture -> transformers config class name
 SUPPORTED_HF_ARCHS = {
@@ -168,6 +169,11 @@ def config_from_hf(raw: dict[str, Any], source: str,
     if bos is not None:
         bos = _token_ids([bos], source, "config.json", "bos_token_id", vocab)[0]
     try:
+        defaults = from_generation_config(generation_config,
+                                          Path(source) / "generation_config.json")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from e
+    try:
         return ModelConfig(
             vocab_size=int(c.vocab_size), hidden_size=int(c.hidden_size),
             intermediate_size=int(c.intermediate_size), num_layers=int(c.num_hidden_layers),
@@ -177,6 +183,7 @@ def config_from_hf(raw: dict[str, Any], source: str,
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
             attention_bias=bias, layer_types=layer_types, sliding_window=window,
             bos_token_id=bos, eos_token_ids=tuple(dict.fromkeys(eos)),
+            sampling_defaults=defaults,
             name=str(raw.get("_name_or_path") or Path(source).name), **kw)
     except ConfigError as e:
         field = _HF_NAMES.get(e.field or "", e.field)

@@ -61,6 +61,11 @@ def add_serve_parser(sub: Any) -> None:
                         "not on the CPU, where the reference attention has many more)")
     p.add_argument("--no-warmup", action="store_true",
                    help="report SERVING without compiling the common programs first")
+    p.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
+                   help="auto: a request's unset sampling fields take the defaults of the "
+                        "checkpoint's generation_config.json (temperature, top_k, top_p, "
+                        "min_p, repetition_penalty, max_new_tokens), as vLLM's; vllm: "
+                        "SamplingParams' own (temperature 1.0, ...)")
     p.set_defaults(func=cmd_serve)
 
 

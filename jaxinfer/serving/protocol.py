@@ -70,20 +70,22 @@ def mistyped_fields(msg: Any, path: str = "") -> list[str]:
     return found
 
 
-def sampling_params_from_proto(msg: pb.SamplingParameters) -> SamplingParams:
+def sampling_params_from_proto(msg: pb.SamplingParameters,
+                               defaults: dict[str, Any] | None = None) -> SamplingParams:
     """``SamplingParams`` from the set fields of ``msg``.
 
     Each set field is passed to ``SamplingParams`` under its own name (the proto uses vLLM's
     names), so fields added to ``SamplingParams`` later need no change here; a set field that
-    ``SamplingParams`` does not have yet is rejected. Unset fields keep SamplingParams'
-    defaults (temperature 1.0, max_tokens 16, ...).
+    ``SamplingParams`` does not have yet is rejected. Unset fields take ``defaults`` (the
+    engine's ``sampling_defaults``: the model's generation-config defaults, as vLLM's OpenAI
+    server), else SamplingParams' own (temperature 1.0, max_tokens 16, ...).
 
     Raises:
       InvalidRequest: unknown field for this engine version, or a value out of range
         (``ParameterError``'s message, which names the field).
     """
     known = {f.name for f in dataclasses.fields(SamplingParams)}
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(defaults or {})
     for field, value in msg.ListFields():  # only fields that are set / non-empty
         name = field.name
         if name not in known:

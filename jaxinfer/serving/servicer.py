@@ -96,7 +96,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                      context: grpc.aio.ServicerContext) -> RequestHandle:
         arrival = time.monotonic()  # TTFT / end-to-end clocks include tokenization
         try:
-            params = sampling_params_from_proto(req.sampling)
+            params = sampling_params_from_proto(req.sampling, self.engine.sampling_defaults)
             trunc = params.truncate_prompt_tokens
             if req.WhichOneof("input") == "prompt_token_ids":  # no tokenizer: checked here
                 ids, text = prompt_token_ids(self.engine, req, trunc)

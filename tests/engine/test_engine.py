@@ -775,3 +775,57 @@ def test_generate_from_several_threads_runs_each_call_whole():
         t.join(120)
     assert [got.get(i) for i in range(len(batches))] == want
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_requests_without_params_take_the_models_generation_defaults():
+    """Without sampling params, LLM.generate / chat and engine.add_request run the
+    checkpoint's generation-config defaults (vLLM's ``generation_config="auto"``, its
+    get_default_sampling_params); explicit params ignore them; ``"vllm"`` ignores the file."""
+    from jaxinfer.config import ConfigError
+
+    args = dict(max_model_len=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    loaded = tiny_loaded("llama", sampling_defaults={"max_tokens": 3, "temperature": 0.0})
+    llm = LLM(loaded, **args)
+    sp = llm.get_default_sampling_params()
+    assert (sp.max_tokens, sp.temperature, sp.top_p) == (3, 0.0, 1.0)
+    assert sp is not llm.get_default_sampling_params()  # each caller gets its own
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    outs = _tokens(llm.generate(prompts))
+    assert [len(t) for t in outs] == [3, 3]
+    assert outs == _tokens(llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0)))
+    explicit = llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0,
+                                                     ignore_eos=True))
+    assert [len(t) for t in _tokens(explicit)] == [5, 5]  # SamplingParams given: no defaults
+    engine = llm.engine
+    rid = engine.add_request(prompts[0])
+    done = {}
+    while engine.has_unfinished_requests():
+        done |= {o.request_id: o for o in engine.step() if o.finished}
+    assert done[rid].outputs[0].token_ids == outs[0]
+    plain = LLM(loaded, generation_config="vllm", **args)
+    assert plain.get_default_sampling_params() == SamplingParams()
+    assert plain.engine.sampling_defaults == {}
+    with pytest.raises(ConfigError, match=r"generation_config must be 'auto' .* or 'vllm' "
+                                          r".*got 'hf'"):
+        LLM(loaded, generation_config="hf", **args)
+
+
+@pytest.mark.parametrize("mode, variants", [
+    ("auto", {"greedy", "temperature", "top_p"}), ("vllm", {"greedy", "temperature"})])
+def test_warm_up_builds_the_default_requests_k_step_program(mode, variants):
+    """Under multi-step decode the warm-up builds the k-step program of the default
+    requests' sampler variant too (Llama 3 Instruct's temperature 0.6 / top_p 0.9: top_p),
+    so the first request without params does not run its windows one step at a time."""
+    from jaxinfer.engine import LLMEngine
+    from jaxinfer.warmup import warm_up_builds
+
+    engine = LLMEngine(tiny_loaded("llama", sampling_defaults={"temperature": 0.6,
+                                                               "top_p": 0.9}),
+                       generation_config=mode, max_model_len=64, block_size=4,
+                       max_num_seqs=4, max_num_batched_tokens=64, decode_buckets=(2, 4),
+                       num_scheduler_steps=2)
+    multi = [b.args for b in warm_up_builds(engine)
+             if b.func == engine.multi_step_programs.executable]
+    assert {v for _, v, _ in multi} == variants
+    assert sorted(b.num_seqs for b, v, _ in multi if v == "greedy") == [2, 4]
+    assert all(k == 2 for _, _, k in multi) and len(multi) == 2 * len(variants)

@@ -939,3 +939,35 @@ def test_serve_warms_the_prefill_programs_by_default_on_a_gpu(monkeypatch, argv,
     assert resolve_warmup(_warmup_mode(p.parse_args(["serve", *argv]))) == want
     if engine is not None:  # the Python API's default is the CLI's
         assert InferenceServer(engine, port=0).warmup == want
+
+
+def test_unset_sampling_fields_take_the_models_generation_defaults(tiny_server, monkeypatch):
+    """A request's unset sampling fields take the engine's ``sampling_defaults`` (the
+    checkpoint's generation_config.json, as vLLM's OpenAI server); set fields win."""
+    st, prompts, params, ref = tiny_server
+    monkeypatch.setattr(st.engine, "sampling_defaults", {"max_tokens": 3, "temperature": 0.0})
+    with grpc.insecure_channel(st.target) as ch:
+        stub = pb_grpc.InferenceStub(ch)
+        bare = stub.GenerateUnary(build_request(token_ids=prompts[0]), timeout=30)
+        greedy3 = stub.GenerateUnary(build_request(token_ids=prompts[0], max_tokens=3,
+                                                   temperature=0.0), timeout=30)
+        five = stub.GenerateUnary(build_request(token_ids=prompts[0], max_tokens=5,
+                                                ignore_eos=True), timeout=30)
+    assert len(bare.token_ids) == 3 and list(bare.token_ids) == list(greedy3.token_ids)
+    assert len(five.token_ids) == 5
+    assert list(five.token_ids)[:3] == list(bare.token_ids)  # temperature 0 from the defaults
+
+
+def test_serve_takes_generation_config():
+    import argparse
+
+    from jaxinfer.cli import _engine_args
+    from jaxinfer.serving.cli import add_serve_parser
+
+    p = argparse.ArgumentParser()
+    add_serve_parser(p.add_subparsers())
+    assert _engine_args(p.parse_args(["serve"]))["generation_config"] == "auto"
+    ns = p.parse_args(["serve", "--generation-config", "vllm"])
+    assert _engine_args(ns)["generation_config"] == "vllm"
+    with pytest.raises(SystemExit):
+        p.parse_args(["serve", "--generation-config", "hf"])

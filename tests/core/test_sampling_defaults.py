@@ -1,0 +1,101 @@
+"""The model's default sampling parameters from generation_config.json (vLLM's
+``--generation-config auto``): parsing, errors, and the k-step variants they warm."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jaxinfer.config import ModelConfig
+from jaxinfer.loading.base import CheckpointError
+from jaxinfer.loading.hf_loader import read_hf_header
+from jaxinfer.sampling_defaults import default_sampling_params, from_generation_config
+from jaxinfer.sampling_params import SamplingParams
+
+TINY_LLAMA = Path(__file__).resolve().parents[1] / "fixtures" / "tiny" / "llama"
+LLAMA3_INSTRUCT = {"bos_token_id": 128000, "do_sample": True, "eos_token_id": [128001, 128009],
+                   "temperature": 0.6, "top_p": 0.9, "transformers_version": "4.42.3"}
+
+
+def test_reads_vllm_keys_only():
+    """The keys vLLM reads, max_new_tokens as max_tokens; nulls, do_sample and the token
+    ids are not sampling defaults."""
+    assert from_generation_config(LLAMA3_INSTRUCT, "g.json") == {"temperature": 0.6,
+                                                                 "top_p": 0.9}
+    qwen3 = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+             "repetition_penalty": 1.05, "min_p": 0.0, "max_new_tokens": 256, "seed": None}
+    assert from_generation_config(qwen3, "g.json") == {
+        "temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.05,
+        "min_p": 0.0, "max_tokens": 256}
+    assert from_generation_config({"temperature": None, "top_k": None}, "g.json") == {}
+    assert from_generation_config(None, "g.json") == {} == from_generation_config({}, "g")
+    sp = default_sampling_params({"temperature": 0.6, "top_p": 0.9})
+    assert (sp.temperature, sp.top_p, sp.max_tokens) == (0.6, 0.9, 16)
+    assert default_sampling_params({}) == SamplingParams()
+
+
+@pytest.mark.parametrize("gen, needle", [
+    ({"top_p": 2.0}, r"^/m/generation_config.json: top_p 2.0 is not a default SamplingParams "
+                     r"accepts: .*top_p"),
+    ({"max_new_tokens": 0}, r"max_new_tokens \(the default max_tokens\) 0 is not a default "),
+    ({"temperature": "hot"}, r"temperature 'hot' is not a default SamplingParams accepts"),
+    ({"top_k": 1.5}, r"top_k 1.5 is not a default"),
+])
+def test_bad_value_names_the_file_and_key(gen, needle):
+    with pytest.raises(ValueError, match=needle):
+        from_generation_config(gen, "/m/generation_config.json")
+
+
+def _checkpoint(tmp_path: Path, gen: dict) -> Path:
+    d = tmp_path / "llama"
+    shutil.copytree(TINY_LLAMA, d)
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    return d
+
+
+def test_hf_checkpoint_carries_its_defaults(tmp_path):
+    """read_hf_header's ModelConfig holds the defaults; they survive the converted
+    checkpoint's JSON; the committed tiny fixtures (no sampling keys) hold none."""
+    assert read_hf_header(TINY_LLAMA, with_tokenizer=False)[0].sampling_defaults == {}
+    d = _checkpoint(tmp_path, {**LLAMA3_INSTRUCT, "eos_token_id": 2, "max_new_tokens": 7})
+    cfg = read_hf_header(d, with_tokenizer=False)[0]
+    assert cfg.sampling_defaults == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 7}
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_hf_checkpoint_with_a_bad_default_is_refused(tmp_path):
+    d = _checkpoint(tmp_path, {"eos_token_id": 2, "repetition_penalty": -1})
+    with pytest.raises(CheckpointError, match=rf"^{d}/generation_config.json: "
+                                              r"repetition_penalty -1 is not a default"):
+        read_hf_header(d, with_tokenizer=False)
+
+
+@pytest.mark.parametrize("defaults, extra", [
+    ({}, ()), ({"temperature": 0.6, "top_p": 0.9}, ("top_p",)),
+    ({"temperature": 0.6, "top_k": 20, "top_p": 0.95}, ("top_k_top_p",)),
+    ({"temperature": 0.0}, ()), ({"max_tokens": 128}, ())])
+def test_warm_variants_add_the_default_requests_variant(defaults, extra):
+    from jaxinfer.runner_multi import MULTI_STEP_WARM_VARIANTS, warm_variants
+
+    assert warm_variants(defaults, 128256) == (*MULTI_STEP_WARM_VARIANTS, *extra)
+
+
+def test_compile_lists_the_default_requests_k_step_programs(tmp_path, capsys):
+    """`jaxinfer compile --num-scheduler-steps K` of a checkpoint whose generation config
+    samples with top_p adds that variant's K-step program of every decode bucket."""
+    from jaxinfer import cli
+
+    d = _checkpoint(tmp_path, {"eos_token_id": 2, "temperature": 0.6, "top_p": 0.9})
+    argv = ["compile", "--model", str(d), "--num-scheduler-steps", "4", "--decode-buckets",
+            "1,2", "--max-num-seqs", "2", "--max-model-len", "64", "--list"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("greedy.k4 multistep 2, temperature.k4 multistep 2, top_p.k4 multistep 2)"
+            in out)
+    (d / "generation_config.json").write_text('{"eos_token_id": 2}')
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "temperature.k4 multistep 2)" in out and "top_p.k4" not in out

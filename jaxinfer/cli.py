@@ -34,7 +34,7 @@ def _engine_args(ns: argparse.Namespace) -> dict:
         args["async_scheduling"] = ns.async_scheduling
     if ns.scan_layers is not None:
         args["scan_layers"] = ns.scan_layers == "true"
-    if getattr(ns, "generation_config", None) is not None:  # serve
+    if getattr(ns, "generation_config", "auto") != "auto":  # serve; "auto": the engine's
         args["generation_config"] = ns.generation_config
     if ns.cache_dir:
         args["compile_cache_dir"] = ns.cache_dir

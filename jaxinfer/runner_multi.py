@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 MULTI_STEP = "multistep"  # the programs' mode in a compile cache (compile_cache.Program)
 
 # The sampler variants whose k-step programs `jaxinfer compile` and the server's warm-up
-# build: greedy requests and the OpenAI-style default (temperature only); top-k / top-p /
-# penalty batches build theirs at their first window: in the background while their
+# build (with the model's default one: warm_variants): greedy requests and the OpenAI-style
+# default (temperature only); other top-k / top-p / penalty batches build theirs at their
+# first window: in the background while their
 # windows run as one step when the one-step programs are built (engine_multi.py), else then.
 MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
 
@@ -74,8 +75,9 @@ def warm_variants(sampling_defaults: dict[str, Any], vocab_size: int) -> tuple[s
 # one-step windows beside a build took 80-1,400 ms instead of 6 (benchmarks/RESULTS.md
 # "Multi-step decode: a new sampler variant after the warm-up"); a step that gives the GIL
 # up 50 times beside a busy thread takes 265 ms at 5 ms, 40-45 ms at 0.5 ms (CPU,
-# benchmarks/gil_handback.py). The build's own switching costs it a little time; the GPU
-# A/B (scripts/gpu_call_s41_b.sh) is not run yet.
+# benchmarks/gil_handback.py). On the H100 (session 42, benchmarks/variant_stall.py, 4
+# rounds) the longest window fell from 797-1,239 ms to 81-145 ms at 0.5 ms, the windows
+# beside the tracing taking ~30 ms each, with no measurable cost to the build or the steps.
 BACKGROUND_SWITCH_INTERVAL_S = 0.0005
 
 

@@ -175,6 +175,10 @@ class LLMEngine:
         self.num_pipelined_windows = 0  # windows dispatched before the previous was read
         log.info("engine ready: %s, dtype %s; %s", model, jnp.dtype(self.dtype).name,
                  self.kv_sizing.describe(ec.max_model_len))
+        if self.sampling_defaults:  # as vLLM says it
+            log.warning("default sampling parameters come from the model's "
+                        "generation_config.json: %s (generation_config='vllm' ignores them)",
+                        self.sampling_defaults)
 
     # ------------------------------------------------------------------ requests
     def encode_prompt(self, prompt: str | Seq[int],

@@ -205,7 +205,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model", "family", "vocab_size", "max_model_len", "max_position_embeddings", "block_size", "num_kv_pages", "max_num_seqs", "max_num_batched_tokens", "decode_buckets", "prefill_buckets", "page_buckets", "eos_token_ids", "has_tokenizer", "has_chat_template", "dtype")
+    __slots__ = ("model", "family", "vocab_size", "max_model_len", "max_position_embeddings", "block_size", "num_kv_pages", "max_num_seqs", "max_num_batched_tokens", "decode_buckets", "prefill_buckets", "page_buckets", "eos_token_ids", "has_tokenizer", "has_chat_template", "dtype", "default_sampling")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +222,7 @@ class ModelInfoResponse(_message.Message):
     HAS_TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     model: str
     family: str
     vocab_size: int
@@ -238,4 +239,5 @@ class ModelInfoResponse(_message.Message):
     has_tokenizer: bool
     has_chat_template: bool
     dtype: str
-    def __init__(self, model: _Optional[str] = ..., family: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_pages: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., decode_buckets: _Optional[_Iterable[int]] = ..., prefill_buckets: _Optional[_Iterable[int]] = ..., page_buckets: _Optional[_Iterable[int]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_tokenizer: _Optional[bool] = ..., has_chat_template: _Optional[bool] = ..., dtype: _Optional[str] = ...) -> None: ...
+    default_sampling: SamplingParameters
+    def __init__(self, model: _Optional[str] = ..., family: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_pages: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., decode_buckets: _Optional[_Iterable[int]] = ..., prefill_buckets: _Optional[_Iterable[int]] = ..., page_buckets: _Optional[_Iterable[int]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_tokenizer: _Optional[bool] = ..., has_chat_template: _Optional[bool] = ..., dtype: _Optional[str] = ..., default_sampling: _Optional[_Union[SamplingParameters, _Mapping]] = ...) -> None: ...

@@ -253,4 +253,5 @@ def model_info(engine: Any) -> pb.ModelInfoResponse:
         page_buckets=ec.page_buckets, eos_token_ids=sorted(eos),
         has_tokenizer=tok is not None,
         has_chat_template=tok is not None and tok.chat_template is not None,
-        dtype=jnp.dtype(engine.dtype).name)
+        dtype=jnp.dtype(engine.dtype).name,
+        default_sampling=pb.SamplingParameters(**engine.sampling_defaults))

@@ -956,6 +956,13 @@ def test_unset_sampling_fields_take_the_models_generation_defaults(tiny_server, 
     assert len(bare.token_ids) == 3 and list(bare.token_ids) == list(greedy3.token_ids)
     assert len(five.token_ids) == 5
     assert list(five.token_ids)[:3] == list(bare.token_ids)  # temperature 0 from the defaults
+    from jaxinfer.serving.protocol import model_info
+
+    d = model_info(st.engine).default_sampling  # ModelInfo says what they are
+    assert [f.name for f, _ in d.ListFields()] == ["temperature", "max_tokens"]
+    assert (d.temperature, d.max_tokens) == (0.0, 3)
+    with InferenceClient(st.target, timeout=60) as c:  # (the server's, made at its start:
+        assert not c.model_info().default_sampling.ListFields()  # the tiny model has none)
 
 
 def test_serve_takes_generation_config():

@@ -229,18 +229,21 @@ class LLMEngine:
         ``prompt_token_ids``, when given, are the already-encoded ``prompt`` (truncated
         already: ``params.truncate_prompt_tokens`` applies to ``prompt`` only). ``request_id``:
         an int >= 0 not in use by a live request (default: the next free automatic id).
-        ``params`` None: :meth:`default_sampling_params`.
+        ``params`` None: :meth:`default_sampling_params`, its ``max_tokens`` capped at the
+        room ``max_model_len`` leaves after the prompt.
         """
-        params = checked_params(params if params is not None else
-                                self.default_sampling_params(), self.tokenizer,
-                                self.model_config.vocab_size,
+        defaulted = params is None
+        params = checked_params(self.default_sampling_params() if defaulted else params,
+                                self.tokenizer, self.model_config.vocab_size,
                                 self.scheduler.cfg.eos_token_ids)
         ids = (prompt_token_ids if prompt_token_ids is not None
                else self.encode_prompt(prompt, params.truncate_prompt_tokens))
         limit = self.config.max_model_len
         if len(ids) >= limit:
             raise prompts.no_room_error(len(ids), limit, params.truncate_prompt_tokens)
-        if params.max_tokens is None:  # vLLM: as many as fit (params is the request's copy)
+        if params.max_tokens is None or defaulted and params.max_tokens > limit - len(ids):
+            # vLLM: as many as fit (params is the request's copy); a model's max_new_tokens
+            # default is capped there too (vLLM's OpenAI server), an explicit one refused
             params.max_tokens = limit - len(ids)
             params.min_tokens = min(params.min_tokens, params.max_tokens)
         rid = self._request_id(request_id)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from jaxinfer.llm import fit_max_tokens
 from jaxinfer.prompts import check_text_fits
 from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
@@ -105,6 +106,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         except InvalidRequest as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e),
                               "invalid_argument")
+        if "max_tokens" in self.engine.sampling_defaults and not req.sampling.HasField(
+                "max_tokens"):  # the model's max_new_tokens: at most the room left (vLLM's)
+            params = fit_max_tokens(params, len(ids), self.engine.config.max_model_len)
         handle = RequestHandle(ids, params, text)
         handle.arrival = arrival
         try:

@@ -802,6 +802,11 @@ def test_requests_without_params_take_the_models_generation_defaults():
     while engine.has_unfinished_requests():
         done |= {o.request_id: o for o in engine.step() if o.finished}
     assert done[rid].outputs[0].token_ids == outs[0]
+    big = LLM(tiny_loaded("llama", sampling_defaults={"max_tokens": 1000}), **args).engine
+    rid = big.add_request(prompts[0])  # the model's max_new_tokens: capped at the room left
+    assert big.scheduler.get(rid).sampling_params.max_tokens == 64 - 3
+    with pytest.raises(PromptTooLongError):  # an explicit one past it is refused, as before
+        big.add_request(prompts[0], SamplingParams(max_tokens=1000))
     plain = LLM(loaded, generation_config="vllm", **args)
     assert plain.get_default_sampling_params() == SamplingParams()
     assert plain.engine.sampling_defaults == {}

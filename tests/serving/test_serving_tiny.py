@@ -956,6 +956,20 @@ def test_unset_sampling_fields_take_the_models_generation_defaults(tiny_server, 
     assert len(bare.token_ids) == 3 and list(bare.token_ids) == list(greedy3.token_ids)
     assert len(five.token_ids) == 5
     assert list(five.token_ids)[:3] == list(bare.token_ids)  # temperature 0 from the defaults
+    limit = st.engine.config.max_model_len
+    monkeypatch.setattr(st.engine, "sampling_defaults", {"max_tokens": 10 * limit,
+                                                         "temperature": 0.0})
+    with grpc.insecure_channel(st.target) as ch:  # a max_new_tokens past the room: capped
+        stub = pb_grpc.InferenceStub(ch)
+        capped = stub.GenerateUnary(build_request(token_ids=prompts[0], ignore_eos=True),
+                                    timeout=60)
+        assert len(capped.token_ids) == limit - len(prompts[0])
+        assert capped.finish_reason == pb.FINISH_REASON_LENGTH
+        with pytest.raises(grpc.RpcError) as e:  # an explicit one is the request's error
+            stub.GenerateUnary(build_request(token_ids=prompts[0], max_tokens=10 * limit),
+                               timeout=60)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    monkeypatch.setattr(st.engine, "sampling_defaults", {"max_tokens": 3, "temperature": 0.0})
     from jaxinfer.serving.protocol import model_info
 
     d = model_info(st.engine).default_sampling  # ModelInfo says what they are

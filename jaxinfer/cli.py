@@ -34,7 +34,7 @@ def _engine_args(ns: argparse.Namespace) -> dict:
         args["async_scheduling"] = ns.async_scheduling
     if ns.scan_layers is not None:
         args["scan_layers"] = ns.scan_layers == "true"
-    if getattr(ns, "generation_config", "auto") != "auto":  # serve; "auto": the engine's
+    if getattr(ns, "generation_config", "auto") != "auto":  # "auto": the engine's default
         args["generation_config"] = ns.generation_config
     if ns.cache_dir:
         args["compile_cache_dir"] = ns.cache_dir
@@ -335,13 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="each prompt is token ids (e.g. '1 2 3'); prints the new ids "
                            "(models without a tokenizer, such as dummy shapes)")
     g.add_argument("prompt", nargs="+")
-    g.set_defaults(func=cmd_generate)
+    # generate / chat pass every sampling value themselves (greedy unless --temperature): the
+    # checkpoint's generation-config defaults apply nowhere, so a bad one is no error here
+    g.set_defaults(func=cmd_generate, generation_config="vllm")
 
     c = sub.add_parser("chat", help="interactive chat (streams tokens)")
     _add_engine_options(c)
     _add_sampling_options(c, max_tokens=256)
     c.add_argument("--system", default=None, help="system prompt")
-    c.set_defaults(func=cmd_chat)
+    c.set_defaults(func=cmd_chat, generation_config="vllm")  # as generate's
 
     v = sub.add_parser("convert", help="convert a GGUF / HF checkpoint to an orbax checkpoint")
     v.add_argument("--model", default=DEFAULT_MODEL)

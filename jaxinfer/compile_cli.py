@@ -20,6 +20,7 @@ from jaxinfer.compile import (
 )
 from jaxinfer.compile_pool import CompilePool, PhaseLog, default_jobs
 from jaxinfer.config import EngineConfig, ModelConfig
+from jaxinfer.sampling_defaults import check_sampling_defaults
 
 if TYPE_CHECKING:
     from jaxinfer.compile_cache import Program
@@ -118,6 +119,10 @@ def add_compile_command(sub: Any) -> None:
     p.add_argument("--jobs", type=int, default=default_jobs(),
                    help="worker processes (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="recompile programs already cached")
+    p.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
+                   help="auto: with --num-scheduler-steps, also the K-step programs of the "
+                        "checkpoint's default sampling params (generation_config.json), which "
+                        "a server with the same option builds at its warm-up; vllm: not")
     p.set_defaults(func=cmd_compile)
 
 
@@ -153,7 +158,10 @@ def cmd_compile(ns: Any) -> int:
         args = cli._engine_args(ns)
         args.pop("compile_cache_dir", None)
         args.pop("compile_cache_strict", None)
+        args.pop("generation_config", None)  # an engine option, not an EngineConfig field
         mc = model_config_of(ns.model)
+        defaults = mc.sampling_defaults if ns.generation_config == "auto" else {}
+        check_sampling_defaults(defaults, ns.model)  # as the engine would refuse them
         phases.mark("model config")
         ec = engine_config_for(mc, args)
         # The pool's shape is part of every program, so a compile cache fixes it; an engine
@@ -166,8 +174,7 @@ def cmd_compile(ns: Any) -> int:
         phases.mark("KV pool sized")
         from jaxinfer.runner_multi import warm_variants
 
-        programs = enumerate_programs(ec, modes, warm_variants(mc.sampling_defaults,
-                                                               mc.vocab_size))
+        programs = enumerate_programs(ec, modes, warm_variants(defaults, mc.vocab_size))
         print(describe(ns.model, mc, ec, programs, sizing), flush=True)
         phases.mark("configuration described")
         if ns.list:

@@ -42,7 +42,11 @@ from jaxinfer.prompts import PromptTooLongError, RequestError
 from jaxinfer.request_checks import checked_params, masked_stops
 from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.runner_multi import MultiStepPrograms
-from jaxinfer.sampling_defaults import GENERATION_CONFIG_MODES, default_sampling_params
+from jaxinfer.sampling_defaults import (
+    GENERATION_CONFIG_MODES,
+    check_sampling_defaults,
+    default_sampling_params,
+)
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import (
     QueueFullError,
@@ -82,7 +86,9 @@ class LLMEngine:
         max_new_tokens; jaxinfer/sampling_defaults.py); ``"vllm"``: SamplingParams' own.
       **engine_args: fields of :class:`EngineConfig` (max_model_len, block_size, ...).
     Raises:
-      CheckpointError: the model cannot be found or read. ConfigError: bad engine options,
+      CheckpointError: the model cannot be found or read, or (``generation_config="auto"``)
+        its generation_config.json holds a default SamplingParams refuses. ConfigError: bad
+        engine options,
         an unknown option (named, with the closest field) or a model of the wrong type.
     """
 
@@ -117,6 +123,7 @@ class LLMEngine:
         # The fields a request without them takes (vLLM's get_diff_sampling_param)
         self.sampling_defaults: dict[str, Any] = (
             dict(loaded.config.sampling_defaults) if generation_config == "auto" else {})
+        check_sampling_defaults(self.sampling_defaults, loaded.source)
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
         if compile_cache_dir is not None and engine_args.get("num_kv_pages") is None:

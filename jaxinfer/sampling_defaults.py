@@ -11,7 +11,10 @@ file sets to null counts as unset; ``do_sample`` is ignored (as vLLM does: ``tem
 is how a request asks for greedy decoding). ``generation_config="vllm"`` ignores the file:
 SamplingParams' own defaults (temperature 1.0, ...), vLLM's other mode. vLLM's third form, a
 folder holding another ``generation_config.json``, is not supported. GGUF files and the
-``dummy:`` models carry none.
+``dummy:`` models carry none. A value SamplingParams refuses is an error where the defaults
+apply (the engine with ``generation_config="auto"``, ``jaxinfer compile``), naming the file
+and key; ``"vllm"`` and the CLI's ``generate`` / ``chat`` (which pass every sampling value
+themselves) ignore it.
 """
 
 from __future__ import annotations
@@ -26,34 +29,58 @@ GENERATION_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "t
                    "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                    "max_new_tokens": "max_tokens"}
 GENERATION_CONFIG_MODES = ("auto", "vllm")
+_INT32_MAX = 2**31 - 1
 
 
-def from_generation_config(gen: dict[str, Any] | None, where: str | Path
-                           ) -> dict[str, Any]:
+def from_generation_config(gen: dict[str, Any] | None) -> dict[str, Any]:
     """The SamplingParams fields ``gen`` (a parsed ``generation_config.json``, or None) sets
-    by default, as ``{field: value}``.
-
-    Raises:
-      ValueError: a value SamplingParams refuses, naming ``where`` (the file) and the key,
-        e.g. ``.../generation_config.json: top_p 2.0 is not a default SamplingParams
-        accepts: top_p must be in (0, 1]``.
-    """
+    by default, as ``{field: value}``, unchecked (:func:`check_defaults` checks them where
+    they apply: ``generation_config="vllm"`` loads a checkpoint whose values are bad, as
+    vLLM's ignores the file). An integral float of ``top_k`` / ``max_new_tokens`` (``50.0``)
+    becomes an int; either past int32 is capped there, which means the same (a top_k past
+    the vocabulary keeps every token; max_tokens is capped at the room after the prompt)
+    and fits the gRPC API's int32 fields."""
     out: dict[str, Any] = {}
     for key, name in GENERATION_KEYS.items():
         value = (gen or {}).get(key)
         if value is None:
             continue
+        if key in ("top_k", "max_new_tokens") and not isinstance(value, bool):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, int):
+                value = min(value, _INT32_MAX)
+        out[name] = value
+    return out
+
+
+def check_defaults(defaults: dict[str, Any], where: str) -> None:
+    """Raise ValueError for a default SamplingParams refuses, naming ``where`` (the file)
+    and the file's key, e.g. ``.../generation_config.json: top_p 2.0 is not a default
+    SamplingParams accepts: top_p must be in (0, 1]``."""
+    keys = {name: key for key, name in GENERATION_KEYS.items()}
+    for name, value in defaults.items():
         try:
             SamplingParams(**{name: value})
         except (ParameterError, TypeError) as e:
+            key = keys.get(name, name)
             as_ = "" if key == name else f" (the default {name})"
             raise ValueError(f"{where}: {key}{as_} {value!r} is not a default SamplingParams "
                              f"accepts: {e}") from e
-        out[name] = value
-    return out
 
 
 def default_sampling_params(defaults: dict[str, Any]) -> SamplingParams:
     """``SamplingParams(**defaults)``: vLLM's ``LLM.get_default_sampling_params()`` for a
     model whose generation config sets ``defaults`` (SamplingParams() for none)."""
     return SamplingParams(**defaults)
+
+
+def check_sampling_defaults(defaults: dict[str, Any], source: str) -> None:
+    """:func:`check_defaults` for the model read from ``source``, as CheckpointError naming
+    its ``generation_config.json``."""
+    from jaxinfer.loading.base import CheckpointError  # (the loaders import this module)
+
+    try:
+        check_defaults(defaults, f"{Path(source) / 'generation_config.json'}")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from e

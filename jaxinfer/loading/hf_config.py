@@ -168,11 +168,7 @@ def config_from_hf(raw: dict[str, Any], source: str,
     bos = raw.get("bos_token_id", getattr(c, "bos_token_id", None))
     if bos is not None:
         bos = _token_ids([bos], source, "config.json", "bos_token_id", vocab)[0]
-    try:
-        defaults = from_generation_config(generation_config,
-                                          Path(source) / "generation_config.json")
-    except ValueError as e:
-        raise CheckpointError(str(e)) from e
+    defaults = from_generation_config(generation_config)  # checked where they apply
     try:
         return ModelConfig(
             vocab_size=int(c.vocab_size), hidden_size=int(c.hidden_size),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,11 @@ import pytest
 from jaxinfer.config import ModelConfig
 from jaxinfer.loading.base import CheckpointError
 from jaxinfer.loading.hf_loader import read_hf_header
-from jaxinfer.sampling_defaults import default_sampling_params, from_generation_config
+from jaxinfer.sampling_defaults import (
+    check_defaults,
+    default_sampling_params,
+    from_generation_config,
+)
 from jaxinfer.sampling_params import SamplingParams
 
 TINY_LLAMA = Path(__file__).resolve().parents[1] / "fixtures" / "tiny" / "llama"
@@ -23,15 +28,20 @@ LLAMA3_INSTRUCT = {"bos_token_id": 128000, "do_sample": True, "eos_token_id": [1
 def test_reads_vllm_keys_only():
     """The keys vLLM reads, max_new_tokens as max_tokens; nulls, do_sample and the token
     ids are not sampling defaults."""
-    assert from_generation_config(LLAMA3_INSTRUCT, "g.json") == {"temperature": 0.6,
-                                                                 "top_p": 0.9}
+    assert from_generation_config(LLAMA3_INSTRUCT) == {"temperature": 0.6, "top_p": 0.9}
     qwen3 = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
              "repetition_penalty": 1.05, "min_p": 0.0, "max_new_tokens": 256, "seed": None}
-    assert from_generation_config(qwen3, "g.json") == {
+    assert from_generation_config(qwen3) == {
         "temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.05,
         "min_p": 0.0, "max_tokens": 256}
-    assert from_generation_config({"temperature": None, "top_k": None}, "g.json") == {}
-    assert from_generation_config(None, "g.json") == {} == from_generation_config({}, "g")
+    assert from_generation_config({"temperature": None, "top_k": None}) == {}
+    assert from_generation_config(None) == {} == from_generation_config({})
+    # integral floats of the int keys are ints; past int32 they are capped (same meaning,
+    # and the gRPC API's int32 fields hold them); other values are kept for check_defaults
+    assert from_generation_config({"top_k": 50.0, "max_new_tokens": 2**40}) == {
+        "top_k": 50, "max_tokens": 2**31 - 1}
+    assert from_generation_config({"top_k": 1.5, "top_p": "x"}) == {"top_k": 1.5,
+                                                                   "top_p": "x"}
     sp = default_sampling_params({"temperature": 0.6, "top_p": 0.9})
     assert (sp.temperature, sp.top_p, sp.max_tokens) == (0.6, 0.9, 16)
     assert default_sampling_params({}) == SamplingParams()
@@ -46,7 +56,7 @@ def test_reads_vllm_keys_only():
 ])
 def test_bad_value_names_the_file_and_key(gen, needle):
     with pytest.raises(ValueError, match=needle):
-        from_generation_config(gen, "/m/generation_config.json")
+        check_defaults(from_generation_config(gen), "/m/generation_config.json")
 
 
 def _checkpoint(tmp_path: Path, gen: dict) -> Path:
@@ -66,11 +76,28 @@ def test_hf_checkpoint_carries_its_defaults(tmp_path):
     assert ModelConfig.from_json(cfg.to_json()) == cfg
 
 
-def test_hf_checkpoint_with_a_bad_default_is_refused(tmp_path):
+def test_hf_checkpoint_with_a_bad_default_is_refused_where_defaults_apply(tmp_path, capsys):
+    """The engine ("auto") and `jaxinfer compile` refuse a bad default, naming the file and
+    key; generation_config="vllm" and `jaxinfer generate` (explicit values) load the model."""
+    from jaxinfer import cli
+    from jaxinfer.engine import LLMEngine
+
     d = _checkpoint(tmp_path, {"eos_token_id": 2, "repetition_penalty": -1})
-    with pytest.raises(CheckpointError, match=rf"^{d}/generation_config.json: "
-                                              r"repetition_penalty -1 is not a default"):
-        read_hf_header(d, with_tokenizer=False)
+    assert read_hf_header(d, with_tokenizer=False)[0].sampling_defaults == {
+        "repetition_penalty": -1}
+    args = dict(max_model_len=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=64)
+    needle = rf"^{re.escape(str(d))}/generation_config.json: repetition_penalty -1 is not a default"
+    with pytest.raises(CheckpointError, match=needle):
+        LLMEngine(str(d), **args)
+    assert LLMEngine(str(d), generation_config="vllm", **args).sampling_defaults == {}
+    compile_argv = ["compile", "--model", str(d), "--max-num-seqs", "2", "--max-model-len",
+                    "64", "--list"]
+    assert cli.main(compile_argv) == 2  # the CLI's one-line error
+    assert re.search(needle.replace("^", r"^jaxinfer: error: "), capsys.readouterr().err,
+                     re.M)
+    assert cli.main([*compile_argv, "--generation-config", "vllm"]) == 0
+    ns = cli.build_parser().parse_args(["generate", "--model", str(d), "--token-ids", "5 6"])
+    assert cli._engine_args(ns)["generation_config"] == "vllm"
 
 
 @pytest.mark.parametrize("defaults, extra", [
@@ -95,7 +122,9 @@ def test_compile_lists_the_default_requests_k_step_programs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert ("greedy.k4 multistep 2, temperature.k4 multistep 2, top_p.k4 multistep 2)"
             in out)
-    (d / "generation_config.json").write_text('{"eos_token_id": 2}')
-    assert cli.main(argv) == 0
-    out = capsys.readouterr().out
-    assert "temperature.k4 multistep 2)" in out and "top_p.k4" not in out
+    for change in (["--generation-config", "vllm"], []):
+        if not change:
+            (d / "generation_config.json").write_text('{"eos_token_id": 2}')
+        assert cli.main([*argv, *change]) == 0
+        out = capsys.readouterr().out
+        assert "temperature.k4 multistep 2)" in out and "top_p.k4" not in out

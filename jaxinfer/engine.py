@@ -87,9 +87,9 @@ class LLMEngine:
       **engine_args: fields of :class:`EngineConfig` (max_model_len, block_size, ...).
     Raises:
       CheckpointError: the model cannot be found or read, or (``generation_config="auto"``)
-        its generation_config.json holds a default SamplingParams refuses. ConfigError: bad
-        engine options,
-        an unknown option (named, with the closest field) or a model of the wrong type.
+        its generation_config.json holds a default SamplingParams refuses.
+      ConfigError: bad engine options, an unknown option (named, with the closest field) or
+        a model of the wrong type.
     """
 
     def __init__(self, model: Any = DEFAULT_MODEL, compile_cache_dir: str | None = None,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxinfer import engine_logits, prompts
+from jaxinfer import engine_logits, engine_outputs, prompts
 from jaxinfer.batch import SlotTable, StepInputs, build_step
 from jaxinfer.config import ConfigError, ModelConfig
 from jaxinfer.engine_async import plan_next_decode
@@ -33,10 +33,8 @@ from jaxinfer.layers.attention import get_backend
 from jaxinfer.models.params import fp8_names
 from jaxinfer.models.transformer import CausalLM, model_options
 from jaxinfer.outputs import (
-    Logprobs,
     RequestOutput,
     RequestStates,
-    logprobs_entry,
 )
 from jaxinfer.prompts import PromptTooLongError, RequestError
 from jaxinfer.request_checks import checked_params, masked_stops
@@ -429,69 +427,14 @@ class LLMEngine:
         touched: dict[int, Sequence] = {}
         finished: list[Sequence] = []
         for out, res in steps:
-            finished += self._record(out, res, touched)
+            finished += engine_outputs.record_step(self, out, res, touched)
         for seq in finished:
             touched[seq.seq_id] = seq
-        results = [self._output(seq) for seq in touched.values()
+        results = [engine_outputs.request_output(self, seq) for seq in touched.values()
                    if seq.sampling_params.output_kind != "final_only" or seq.group.is_finished]
         for seq in finished:
             self._finished(seq)
         return results
-
-    def _record(self, out: SchedulerOutput, res: SampleResult,
-                touched: dict[int, Sequence]) -> list[Sequence]:
-        """Append step ``out``'s tokens (``Scheduler.postprocess``, stop strings, logprobs);
-        adds the requests that advanced to ``touched``; returns the sequences it finished."""
-        for c in out.chunks:  # before postprocess: a request may finish and free its pages
-            seq = c.seq
-            if (seq.sampling_params.prompt_logprobs is not None and c.samples
-                    and not seq.output_token_ids):
-                st = self._states.get(seq.seq_id)
-                if st is not None and st.prompt_logprobs is None:
-                    st.prompt_logprobs = self._prompt_logprobs(seq)
-        row = ({c.seq.key: i for i, c in enumerate(out.chunks)} if res.logprobs is not None
-               else {})  # logprobs rows: only when some row asked for them
-        new_tokens, finished = self.scheduler.postprocess(
-            out, res.tokens[:len(out.chunks)].tolist())
-        now = time.monotonic()
-        states, first_token_time = self._states, self._first_token_time
-        for seq, tok in new_tokens:
-            rid = seq.seq_id
-            touched[rid] = seq
-            if rid not in first_token_time:
-                first_token_time[rid] = now
-            st = states[rid].samples[seq.sample_index]
-            lp: Logprobs | None = None
-            k = seq.sampling_params.logprobs
-            if k is not None and res.logprobs is not None:
-                r = row[seq.key]
-                lp = logprobs_entry(tok, res.logprobs[r], res.top_ids[r], res.top_logprobs[r], k)
-            stop_token = seq.is_finished and seq.finish_reason == "stop"  # EOS, a stop id
-            if st.add_token(tok, lp, stop_token):  # a stop string ("stop" over "length")
-                if seq.is_finished:
-                    seq.finish_reason = "stop"
-                else:
-                    self.scheduler.finish_sample(seq, "stop")
-                    finished.append(seq)
-        return finished
-
-    def _output(self, seq: Sequence) -> RequestOutput:
-        """The RequestOutput of ``seq``'s request: every sample's CompletionOutput."""
-        rid, group = seq.seq_id, seq.group
-        st = self._states[rid]
-        metrics = {"arrival_time": seq.arrival_time,  # prefix-cache hit of sample 0
-                   "num_cached_tokens": group.samples[0].num_cached_tokens}
-        first = self._first_token_time.get(rid)
-        if first is not None:
-            metrics["first_token_time"] = first
-        return RequestOutput(
-            request_id=rid, prompt=self._prompts.get(rid),
-            prompt_token_ids=st.prompt_token_ids, outputs=st.completions(group.samples),
-            finished=group.is_finished, metrics=metrics, prompt_logprobs=st.prompt_logprobs)
-
-    def _prompt_logprobs(self, seq: Sequence) -> list[Logprobs | None]:
-        """vLLM's prompt_logprobs of ``seq`` (jaxinfer/engine_logits.py)."""
-        return engine_logits.prompt_logprobs(self, seq)
 
     # ------------------------------------------------------------------ research
     def prompt_logits(self, prompt: str | Seq[int]) -> np.ndarray:

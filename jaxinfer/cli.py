@@ -157,11 +157,11 @@ def _sampling(ns: argparse.Namespace):
 
 def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_len: int):
     """``chat``'s params for a prompt of ``prompt_len`` tokens: without ``--max-tokens``, the
-    default capped to the room ``max_model_len`` leaves (``llm.fit_max_tokens``; vLLM's
+    default capped to the room ``max_model_len`` leaves (``prompts.fit_max_tokens``; vLLM's
     OpenAI server does alike); an explicit ``--max-tokens`` is kept, and the engine's
     add_request refuses it if it does not fit. (``generate`` needs none of this:
     ``LLM.generate`` caps any max_tokens at max_model_len, as vLLM's offline LLM.)"""
-    from jaxinfer.llm import fit_max_tokens
+    from jaxinfer.prompts import fit_max_tokens
 
     return params if ns.max_tokens is not None else fit_max_tokens(params, prompt_len,
                                                                    max_model_len)

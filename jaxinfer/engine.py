@@ -248,7 +248,9 @@ class LLMEngine:
             raise prompts.no_room_error(len(ids), limit, params.truncate_prompt_tokens)
         if params.max_tokens is None or defaulted and params.max_tokens > limit - len(ids):
             # vLLM: as many as fit (params is the request's copy); a model's max_new_tokens
-            # default is capped there too (vLLM's OpenAI server), an explicit one refused
+            # default is capped there too (vLLM's OpenAI server), an explicit one refused.
+            # In place, not prompts.fit_max_tokens: a replaced copy would drop the
+            # bad_words_token_ids that checked_params set (not a dataclass field)
             params.max_tokens = limit - len(ids)
             params.min_tokens = min(params.min_tokens, params.max_tokens)
         rid = self._request_id(request_id)

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from typing import Any, Iterable
 from typing import Sequence as Seq
@@ -16,18 +15,8 @@ import numpy as np
 
 from jaxinfer.engine import DEFAULT_MODEL, LLMEngine, RequestError
 from jaxinfer.outputs import RequestOutput
+from jaxinfer.prompts import fit_max_tokens
 from jaxinfer.sampling_params import ParameterError, SamplingParams, with_output_kind
-
-
-def fit_max_tokens(sp: SamplingParams, num_prompt: int, max_model_len: int
-                   ) -> SamplingParams:
-    """``sp`` with ``max_tokens`` (and ``min_tokens``) capped at the room ``max_model_len``
-    leaves after a prompt of ``num_prompt`` tokens; ``sp`` itself when it fits or the prompt
-    leaves no room (``add_request`` then refuses it)."""
-    room = max_model_len - num_prompt
-    if room < 1 or sp.max_tokens is not None and sp.max_tokens <= room:
-        return sp
-    return dataclasses.replace(sp, max_tokens=room, min_tokens=min(sp.min_tokens, room))
 
 
 def _truncation_of(sampling_params: Any, i: int) -> int | None:

@@ -9,12 +9,14 @@ each refusal has one wording (as vLLM's ``InputPreprocessor`` does for its entry
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any
 from typing import Sequence as Seq
 
 import numpy as np
 
+from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.tokenizer import Tokenizer, check_messages, text_contents, utf8_problem
 
 
@@ -121,6 +123,20 @@ def encode_prompt(tokenizer: Tokenizer | None, prompt: str | Seq[int], max_model
         if not 0 <= t < vocab_size:
             raise RequestError(f"prompt token id {int(t)} is not in [0, {vocab_size})")
     return [int(t) for t in ids]
+
+
+def fit_max_tokens(sp: SamplingParams, num_prompt: int, max_model_len: int
+                   ) -> SamplingParams:
+    """``sp`` with ``max_tokens`` (and ``min_tokens``) capped at the room ``max_model_len``
+    leaves after a prompt of ``num_prompt`` tokens (``max_tokens=None``: all of it, vLLM's);
+    ``sp`` itself when it fits or the prompt leaves no room (``add_request`` then refuses
+    it). Used by ``LLM.generate`` (vLLM's offline LLM caps any max_tokens), the server for
+    a model's default max_tokens, and ``jaxinfer chat``; before ``checked_params``, whose
+    ``bad_words_token_ids`` a replaced copy would not keep."""
+    room = max_model_len - num_prompt
+    if room < 1 or sp.max_tokens is not None and sp.max_tokens <= room:
+        return sp
+    return dataclasses.replace(sp, max_tokens=room, min_tokens=min(sp.min_tokens, room))
 
 
 def no_room_error(num_prompt: int, max_model_len: int,

@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from jaxinfer.llm import fit_max_tokens
-from jaxinfer.prompts import check_text_fits
+from jaxinfer.prompts import check_text_fits, fit_max_tokens
 from jaxinfer.serving import jaxinfer_pb2 as pb
 from jaxinfer.serving import jaxinfer_pb2_grpc as pb_grpc
 from jaxinfer.serving.engine_thread import (

@@ -94,6 +94,16 @@ def test_bad_words_ban_greedy_tokens_as_vllm(monkeypatch, engine_kw):
     two = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, n=2,
                                                 ignore_eos=True, bad_words=["a", "b"]))[0]
     assert [s.token_ids for s in two.outputs] == [want, want]  # forked samples: own tables
+    # max_tokens=None through add_request: the engine fills in the room on the request's
+    # checked copy, which keeps its encoded bad words
+    engine = llm.engine
+    rid = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=None,
+                                                    ignore_eos=True, bad_words=["a", "b"]))
+    done = {}
+    while engine.has_unfinished_requests():
+        done |= {o.request_id: o for o in engine.step() if o.finished}
+    got = done[rid].outputs[0].token_ids
+    assert len(got) == ENGINE["max_model_len"] - len(prompt) and got[:12] == want
     assert not llm.engine.has_unfinished_requests()
 
 

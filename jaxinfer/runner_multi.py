@@ -46,8 +46,8 @@ MULTI_STEP = "multistep"  # the programs' mode in a compile cache (compile_cache
 # The sampler variants whose k-step programs `jaxinfer compile` and the server's warm-up
 # build (with the model's default one: warm_variants): greedy requests and the OpenAI-style
 # default (temperature only); other top-k / top-p / penalty batches build theirs at their
-# first window: in the background while their
-# windows run as one step when the one-step programs are built (engine_multi.py), else then.
+# first window: in the background while their windows run as one step when the one-step
+# programs are built (engine_multi.py), else then.
 MULTI_STEP_WARM_VARIANTS = ("greedy", "temperature")
 
 
@@ -67,6 +67,7 @@ def warm_variants(sampling_defaults: dict[str, Any], vocab_size: int) -> tuple[s
     _fill_row(sa, 0, row, 1, 0, 0)  # as the engine fills a decode row (input_batch.py)
     return tuple(dict.fromkeys((*MULTI_STEP_WARM_VARIANTS,
                                 sampler_variant(sa, vocab_size))))
+
 
 # Python's switch interval while a k-step program builds on a background thread (the default
 # is 5 ms). The build traces in Python and keeps the GIL until another thread asks for it

@@ -65,8 +65,9 @@ class SamplingArrays(NamedTuple):
         ``MAX_LOGPROBS`` best of every row; the host keeps as many as each request wants).
       min_tokens: int32, the request's ``min_tokens``: while ``sample_index`` is below it,
         the row's stop tokens (flagged in its slot's penalty state) are masked; 0 = off.
-      allowed_only: bool, the request has ``allowed_token_ids`` (flagged in its slot's
-        penalty state): every other token is masked.
+      allowed_only: bool, the request has ``allowed_token_ids`` or ``structured_outputs``
+        (the allowed tokens flagged in its slot's penalty state): every other token is
+        masked.
       has_bias: bool, the request has a ``logit_bias`` or ``bad_words`` (loaded in its
         slot's ``sampling_penalties.LogitBias`` row): the bias is added to the row's logits,
         the bad words' tokens masked.
@@ -252,6 +253,7 @@ def _fill_row(sa: SamplingArrays, row: int, seq: Any, end: int, seed: int, slot:
     sa.slots[row] = slot
     sa.want_logprobs[row] = sp.logprobs is not None
     sa.min_tokens[row] = sp.min_tokens if slot >= 0 else 0  # its stop flags live in the slot
-    sa.allowed_only[row] = bool(sp.allowed_token_ids) and slot >= 0  # (so do these)
+    sa.allowed_only[row] = (bool(sp.allowed_token_ids) or sp.structured_outputs is not None
+                            ) and slot >= 0  # (so do these)
     has_tables = bool(sp.logit_bias) or bool(sp.bad_words)  # (in the slot too)
     sa.has_bias[row] = has_tables and slot >= 0

@@ -67,7 +67,9 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES,
     0), the runner's ``copy_bucket``), the penalty-history program (mode "history",
     Bucket("history", max_model_len, 1, 0): the engine pads a sequence's tokens to
     max_model_len for ``runner.load_history``), the logit-bias program (mode "bias",
-    ``runner.BIAS_BUCKET``: ``runner.load_logit_bias``) and the sampler programs (mode "sampler",
+    ``runner.BIAS_BUCKET``: ``runner.load_logit_bias``), the structured-outputs mask
+    loaders (mode "mask", ``runner_slots.mask_bucket(B)`` for every decode batch bucket B:
+    ``runner.load_allowed_masks``) and the sampler programs (mode "sampler",
     ``sampling.sampler_bucket(S, variant)``): every variant of
     ``sampling.SAMPLER_VARIANTS`` for every row count S of the sample programs, and the
     token-gather program of async scheduling (mode "gather", ``runner.gather_bucket(B)``)
@@ -107,8 +109,9 @@ def enumerate_programs(ec: EngineConfig, modes: Iterable[str] = MODES,
                 for B in ec.decode_buckets for P in ec.page_buckets]
         out.append(Program("copy", Bucket("kv", max(1, ec.max_num_seqs), 1, 0)))
         out.append(Program("history", Bucket("history", ec.max_model_len, 1, 0)))
-        from jaxinfer.runner_slots import BIAS, BIAS_BUCKET
+        from jaxinfer.runner_slots import BIAS, BIAS_BUCKET, MASK, mask_bucket
         out.append(Program(BIAS, BIAS_BUCKET))
+        out += [Program(MASK, mask_bucket(B)) for B in ec.decode_buckets]
         from jaxinfer.runner import SAMPLER
         from jaxinfer.sampling import SAMPLER_VARIANTS, sampler_bucket
 

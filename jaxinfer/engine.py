@@ -54,6 +54,7 @@ from jaxinfer.scheduler import (
     SchedulerOutput,
 )
 from jaxinfer.sequence import Sequence
+from jaxinfer.structured_outputs import GrammarError, GrammarMatchers
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ class LLMEngine:
             eos |= set(self.tokenizer.eos_token_ids)
         self.scheduler = Scheduler(SchedulerConfig.from_engine_config(
             ec, eos_token_ids=tuple(sorted(eos)), num_pages=self.kv_sizing.num_pages))
+        self.structured = GrammarMatchers(self.tokenizer, cfg.vocab_size, sorted(eos))
         self._ids = itertools.count()
         self._seed_rng = np.random.default_rng(ec.seed)
         self._seeds: dict[int, int] = {}
@@ -254,6 +256,12 @@ class LLMEngine:
             params.max_tokens = limit - len(ids)
             params.min_tokens = min(params.min_tokens, params.max_tokens)
         rid = self._request_id(request_id)
+        grammar = None
+        if params.structured_outputs is not None:
+            try:
+                grammar = self.structured.check(params.structured_outputs)
+            except GrammarError as e:
+                raise RequestError(str(e)) from e
         seq = Sequence(rid, ids, params)
         try:
             self.scheduler.add(seq)
@@ -267,6 +275,8 @@ class LLMEngine:
                             else int(self._seed_rng.integers(0, 2**63)))
         self._prompts[rid] = prompt if isinstance(prompt, str) else None
         self._states[rid] = RequestStates(params, ids, self.tokenizer)
+        if grammar is not None:
+            self.structured.add(rid, grammar)
         return rid
 
     def _request_id(self, request_id: Any) -> int:
@@ -308,11 +318,14 @@ class LLMEngine:
         st = self._states.pop(rid, None)
         for i in range(len(st.samples) if st is not None else 1):
             self._slots.release((rid, i))
+            self.structured.forget_sequence((rid, i))
+        self.structured.forget_request(rid)
 
     def _finished(self, seq: Sequence) -> None:
         """Drop a finished sample's slot, and the request's state once all its samples are
         done."""
         self._slots.release(seq.key)
+        self.structured.forget_sequence(seq.key)
         if seq.group.is_finished:
             self._forget(seq.seq_id)
 
@@ -338,8 +351,9 @@ class LLMEngine:
         it; a penalty-state slot for every sequence of the step (preempted ones lose theirs),
         loaded from its tokens, stop tokens and allowed tokens for a newly (re)admitted
         sequence with penalties, ``min_tokens`` (its stop tokens are masked until then) or
-        ``allowed_token_ids`` (the others are masked); and its ``logit_bias`` and
-        ``bad_words`` tables (matching from the outputs it has)."""
+        ``allowed_token_ids`` (the others are masked); its ``logit_bias`` and
+        ``bad_words`` tables (matching from the outputs it has); and, for every row with
+        ``structured_outputs`` that samples, the tokens its grammar allows next."""
         if out.page_copies:
             self.runner.copy_pages(out.page_copies)
         for seq in out.preempted:
@@ -362,6 +376,12 @@ class LLMEngine:
             if sp.logit_bias or sp.bad_words:
                 self.runner.load_logit_bias(slot, sp.logit_bias, sp.bad_words_token_ids or (),
                                             seq.output_token_ids)
+        rows = [c.seq for c in out.chunks
+                if c.samples and c.seq.sampling_params.structured_outputs is not None]
+        if rows:
+            self.runner.load_allowed_masks([held[q.key] for q in rows],
+                                           self.structured.masks(rows),
+                                           self.config.decode_buckets)
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns outputs of requests that advanced or finished.

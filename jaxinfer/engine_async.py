@@ -114,7 +114,8 @@ def plan_next_decode(scheduler: Scheduler, prev: SchedulerOutput, prev_rows: int
             continue
         if (seq.status is not SequenceStatus.RUNNING or c.num_tokens != 1 or not c.samples
                 or seq.fork_pending or c.start != seq.num_computed_tokens
-                or c.start + 1 != seq.num_tokens):
+                or c.start + 1 != seq.num_tokens
+                or seq.sampling_params.structured_outputs is not None):  # mask from step k
             return None
         live.append((i, c))
     if len(live) != len(scheduler.running):  # a running sequence outside step k

@@ -55,6 +55,11 @@ def record_step(engine: LLMEngine, out: SchedulerOutput, res: SampleResult,
             else:
                 engine.scheduler.finish_sample(seq, "stop")
                 finished.append(seq)
+        if seq.sampling_params.structured_outputs is not None and not seq.is_finished:
+            ended = engine.structured.accept(seq, tok)  # "stop": the grammar is complete
+            if ended is not None:
+                engine.scheduler.finish_sample(seq, "stop" if ended == "stop" else "abort")
+                finished.append(seq)
     return finished
 
 

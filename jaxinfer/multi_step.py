@@ -65,6 +65,7 @@ def plan_multi_step(scheduler: Scheduler, out: SchedulerOutput, k: int,
         if (c.num_tokens != 1 or not c.samples or seq.fork_pending
                 or seq.status is not SequenceStatus.RUNNING
                 or seq.sampling_params.logprobs is not None
+                or seq.sampling_params.structured_outputs is not None  # a mask a token
                 or seq.num_tokens + k - 1 > max_model_len):  # positions fed < max_model_len
             return None
     if scheduler.waiting and not admission_blocked(scheduler, out.chunks):

@@ -45,7 +45,7 @@ from jaxinfer.compile_cache import KeyLocks, xla_compilations
 from jaxinfer.layers.attention import AttentionBackend, AttentionMetadata, allocate_kv_cache
 from jaxinfer.layers.page_copy import copy_pages
 from jaxinfer.models.transformer import CausalLM
-from jaxinfer.runner_slots import BIAS, HISTORY, SlotStateLoaders
+from jaxinfer.runner_slots import BIAS, HISTORY, MASK, SlotStateLoaders
 from jaxinfer.sampling import (
     SAMPLER_VARIANTS,
     SampleOutput,
@@ -57,6 +57,7 @@ from jaxinfer.sampling import (
 from jaxinfer.sampling_penalties import (
     STOP_IDS_PER_CALL,
     LogitBias,
+    load_allowed_masks,
     load_logit_bias,
     load_token_history,
 )
@@ -131,7 +132,8 @@ def _make_sampler(needs: SamplerNeeds):
 _SHARED_SAMPLERS = {name: _make_sampler(needs) for name, needs in SAMPLER_VARIANTS.items()}
 _SHARED = {HISTORY: jax.jit(load_token_history, donate_argnums=(0,)),
            COPY: jax.jit(copy_pages, donate_argnums=(0,)), GATHER: jax.jit(_gather_tokens),
-           BIAS: jax.jit(load_logit_bias, donate_argnums=(0,))}
+           BIAS: jax.jit(load_logit_bias, donate_argnums=(0,)),
+           MASK: jax.jit(load_allowed_masks, donate_argnums=(0,))}
 
 
 def _metadata(inputs: StepInputs) -> AttentionMetadata:
@@ -242,6 +244,8 @@ class ModelRunner(SlotStateLoaders):
             #                                            ids, keep, flag)
             return (counts, sds((), i32), sds((T,), i32), sds((), i32),
                     sds((STOP_IDS_PER_CALL,), i32), sds((), jnp.bool_), sds((), i32))
+        if bucket.kind == MASK:  # load_allowed_masks(counts, slots [R], masks [R, W])
+            return (counts, sds((S,), i32), sds((S, (counts.shape[1] + 31) // 32), i32))
         if bucket.kind == GATHER:  # _gather_tokens(tokens [S], rows [S])
             return (sds((S,), i32), sds((S,), i32))
         if bucket.kind == "kv":  # copy_pages(cache, src [C], dst [C], count)
@@ -279,11 +283,11 @@ class ModelRunner(SlotStateLoaders):
         return (SAMPLE, bucket) in self._executables
 
     def _build(self, bucket: Bucket, mode: str):
-        # jaxinfer compile builds neither the history, copy, gather nor bias program
+        # jaxinfer compile builds neither the history, copy, gather, bias nor mask program
         # without --modes sample (nor those added since a store was built): load them
         # only if present.
         exe = self.load_or_compile(mode, bucket, lambda: self.lower(bucket, mode),
-                                   stored=mode not in (HISTORY, COPY, GATHER, BIAS),
+                                   stored=mode not in (HISTORY, COPY, GATHER, BIAS, MASK),
                                    what=f"{mode} {bucket}")
         if mode == SAMPLE:
             for name in SAMPLER_VARIANTS:

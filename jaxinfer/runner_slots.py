@@ -2,7 +2,8 @@
 penalty-count row of a sequence (``load_history``: its tokens, stop and allowed token flags)
 and its ``logit_bias`` and ``bad_words`` tables (``load_logit_bias``), each by a small
 compiled program of its own mode (HISTORY, BIAS), run when the engine admits a sequence that
-needs them.
+needs them; and the allowed-token flags of structured-outputs rows (``load_allowed_masks``,
+mode MASK), run before every step that samples such a row.
 """
 
 from __future__ import annotations
@@ -22,10 +23,19 @@ from jaxinfer.sampling_penalties import ALLOWED_FLAG, STOP_FLAG, STOP_IDS_PER_CA
 # (``load_logit_bias``); its bucket is ``BIAS_BUCKET``.
 HISTORY, BIAS = "history", "bias"
 BIAS_BUCKET = Bucket(BIAS, MAX_LOGIT_BIAS, 1, 0)
+# MASK loads the allowed-token flags of R slots from [R, W] bitmasks (``load_allowed_masks``);
+# its buckets are ``mask_bucket(R)``, R one of the engine's decode batch buckets.
+MASK = "mask"
+
+
+def mask_bucket(num_rows: int) -> Bucket:
+    """Bucket of the program that loads ``num_rows`` slots' allowed-token bitmasks."""
+    return Bucket(MASK, num_rows, num_rows, 0)
 
 
 class SlotStateLoaders:
-    """``load_history`` and ``load_logit_bias`` of ``ModelRunner`` (which provides
+    """``load_history``, ``load_allowed_masks`` and ``load_logit_bias`` of ``ModelRunner``
+    (which provides
     ``num_slots``, ``counts``, ``logit_bias`` and ``executable``)."""
 
     num_slots: int
@@ -65,6 +75,37 @@ class SlotStateLoaders:
             toks = token_ids if j == 0 else np.full(token_ids.shape, -1, np.int32)
             self.counts = exe(self.counts, np.int32(slot), np.asarray(toks, np.int32),
                               np.int32(num_prompt), part, np.bool_(j > 0), np.int32(flag))
+
+    def load_allowed_masks(self, slots: Sequence[int], masks: np.ndarray,
+                           row_buckets: Sequence[int]) -> None:
+        """Set the allowed-token flags of ``slots`` from ``masks`` (the next token's allowed
+        set of each, ``structured_outputs.GrammarMatchers.masks``); the rows' other state is
+        kept. Their rows in a step need ``SamplingArrays.allowed_only``.
+
+        Args:
+          slots: the rows' slots, each in [0, num_slots).
+          masks: [len(slots), W] int32 bitmasks, W = ceil(V / 32).
+          row_buckets: the row counts compiled (the engine's decode batch buckets): a call
+            pads to the smallest that holds the rows (the scratch slot), or runs in chunks of
+            the largest.
+        Raises:
+          ValueError: a slot out of range, or masks of another shape.
+        """
+        V = int(self.counts.shape[1])
+        W = (V + 31) // 32
+        if masks.shape != (len(slots), W):
+            raise ValueError(f"masks have shape {masks.shape}; expected ({len(slots)}, {W})")
+        if bad := [s for s in slots if not 0 <= s < self.num_slots]:
+            raise ValueError(f"slots {bad[:8]} are not in [0, {self.num_slots})")
+        top = max(row_buckets)
+        for start in range(0, len(slots), top):
+            part = list(slots[start:start + top])
+            R = min(b for b in row_buckets if b >= len(part))
+            rows = np.full(R, self.num_slots, np.int32)  # padding: the scratch row
+            rows[:len(part)] = part
+            bits = np.zeros((R, W), np.int32)
+            bits[:len(part)] = masks[start:start + top]
+            self.counts = self.executable(mask_bucket(R), MASK)(self.counts, rows, bits)
 
     def load_logit_bias(self, slot: int, logit_bias: dict[int, float] | None,
                         bad_words: Sequence[Sequence[int]] = (),

@@ -190,6 +190,12 @@ class SamplingParams:
         prompt is prefilled once; the samples share its KV pages and each has its own
         decode pages (``RequestOutput.outputs`` holds n ``CompletionOutput``s, index 0..n-1).
         Greedy samples are identical.
+      structured_outputs: a ``structured_outputs.StructuredOutputsParams`` (or a dict of its
+        fields): the output must match a JSON schema, any JSON object, a regex, one of a list
+        of strings or a grammar (vLLM's structured outputs; tokens that would leave it are
+        masked before sampling, as ``allowed_token_ids`` masks; the engine checks the grammar
+        against the model's tokenizer). Such a request decodes one step a program (no
+        multi-step windows or pipelined steps while it runs). None = unconstrained.
       output_kind: what ``LLMEngine.step`` returns for the request (vLLM's
         ``RequestOutputKind``): "cumulative" (every step: all tokens, text and logprobs so
         far), "delta" (every step: only what is new since the request's previous output) or
@@ -226,6 +232,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     bad_words: list[str] | None = None
     output_kind: str = "cumulative"
+    structured_outputs: Any = None
     # The engine's encoding of ``bad_words`` (``sampling_bad_words.bad_words_token_ids``:
     # list[list[int]]), set on its own copy when it accepts the request. Not a field (no
     # annotation): not an argument, and ``dataclasses.replace`` copies start without it.
@@ -291,6 +298,19 @@ class SamplingParams:
             raise ParameterError("stop strings need detokenize=True (they are matched in the "
                                  "text); use stop_token_ids")
         self.bad_words = _strings("bad_words", self.bad_words, blank_ok=False) or None
+        if self.structured_outputs is not None:
+            from jaxinfer.structured_outputs import StructuredOutputsParams
+
+            so = self.structured_outputs
+            if isinstance(so, dict):
+                try:
+                    so = StructuredOutputsParams(**so)
+                except TypeError as e:  # an unknown key
+                    raise ParameterError(f"structured_outputs: {e}") from None
+            if not isinstance(so, StructuredOutputsParams):
+                raise ParameterError("structured_outputs must be a StructuredOutputsParams "
+                                     f"(or a dict of its fields), got {_kind(so)}")
+            self.structured_outputs = so
 
     @property
     def greedy(self) -> bool:

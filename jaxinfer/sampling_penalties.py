@@ -152,6 +152,27 @@ def load_token_history(counts: jax.Array, slot: jax.Array, token_ids: jax.Array,
     return jax.lax.dynamic_update_slice(counts, new[None, :], (slot, 0))
 
 
+def load_allowed_masks(counts: jax.Array, slots: jax.Array, masks: jax.Array) -> jax.Array:
+    """Set the ``ALLOWED_FLAG`` bits of rows ``slots`` of ``counts`` from token bitmasks (a
+    structured-outputs grammar's next allowed tokens, ``jaxinfer.structured_outputs``),
+    keeping the rows' other bits.
+
+    Args:
+      counts: [N + 1, V] int32 packed counts.
+      slots: [R] int32 rows; padding rows name the scratch row N.
+      masks: [R, W] int32, W = ceil(V / 32): token t is allowed when bit t % 32 of word
+        t // 32 is set (llguidance's layout).
+    Returns:
+      the updated counts.
+    """
+    V = counts.shape[1]
+    t = jnp.arange(V)
+    allowed = ((masks[:, t >> 5] >> (t & 31)) & 1) != 0  # [R, V]
+    rows = counts[slots]
+    rows = (rows & ~ALLOWED_FLAG) | jnp.where(allowed, ALLOWED_FLAG, 0).astype(jnp.int32)
+    return counts.at[slots].set(rows)
+
+
 def add_logit_bias(penalized: jax.Array, logits: jax.Array, counts: jax.Array,
                    bias: LogitBias, slots: jax.Array, has_bias: jax.Array,
                    **penalties: jax.Array | None) -> jax.Array:

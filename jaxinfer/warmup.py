@@ -62,7 +62,8 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
     async scheduling, the k-step programs of ``runner_multi.warm_variants`` (greedy,
     temperature-only and the engine's default sampling params' variant) when
     ``num_scheduler_steps`` > 1, the page-copy program of ``n > 1`` requests and the
-    loaders of a slot's penalty history and logit_bias / bad_words tables; with
+    loaders of a slot's penalty history and logit_bias / bad_words tables and of
+    structured-outputs rows' masks (one per decode batch bucket); with
     ``prefill_buckets`` every reachable prefill program of the sample mode
     (``compile.enumerate_programs``; prompt_logprobs' logits programs stay on first use).
     The largest programs (the slowest to compile) come first."""
@@ -72,7 +73,7 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
     from jaxinfer.compile import enumerate_programs
     from jaxinfer.runner import COPY, GATHER, SAMPLE, gather_bucket
     from jaxinfer.runner_multi import warm_variants
-    from jaxinfer.runner_slots import BIAS, BIAS_BUCKET, HISTORY
+    from jaxinfer.runner_slots import BIAS, BIAS_BUCKET, HISTORY, MASK, mask_bucket
 
     ec, runner = engine.config, engine.runner
     variants = warm_variants(engine.sampling_defaults, engine.model_config.vocab_size)
@@ -97,6 +98,8 @@ def warm_up_builds(engine: LLMEngine, decode_buckets: bool = True,
     # allowed_token_ids (history) or a logit_bias / bad_words (bias) is admitted.
     builds += [partial(runner.executable, Bucket(HISTORY, ec.max_model_len, 1, 0), HISTORY),
                partial(runner.executable, BIAS_BUCKET, BIAS)]
+    # and, before each step that samples rows with structured_outputs, their grammar masks
+    builds += [partial(runner.executable, mask_bucket(b), MASK) for b in ec.decode_buckets]
     return builds
 
 

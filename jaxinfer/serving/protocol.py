@@ -90,7 +90,10 @@ def sampling_params_from_proto(msg: pb.SamplingParameters,
         name = field.name
         if name not in known:
             raise InvalidRequest(f"sampling.{name} is not supported by this server version")
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        if name == "structured_outputs":  # a message: its set fields, choice's list
+            value = {f.name: list(v.choices) if f.name == "choice" else v
+                     for f, v in value.ListFields()}
+        elif field.message_type is not None and field.message_type.GetOptions().map_entry:
             value = dict(value)  # a map field's container (logit_bias)
         elif not isinstance(value, (str, bytes, bool, int, float)):
             value = list(value)  # a repeated field's container

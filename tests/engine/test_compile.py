@@ -189,8 +189,8 @@ def test_list_prints_the_table_and_compiles_nothing(tmp_path, capsys):
     ec = EngineConfig(**ENGINE)
     kv = kv_pool_bytes(DUMMY_CONFIGS["tiny-llama"], ec, jnp.float32)
     assert f"= {kv:,} bytes" in out
-    assert (f"programs: {10 + 2 * NV} (prefill sample 2, prefill logits 1, decode sample 2, "
-            f"kv copy 1, history 1, bias 1, gather 2, sampler {2 * NV})" in out)
+    assert (f"programs: {12 + 2 * NV} (prefill sample 2, prefill logits 1, decode sample 2, "
+            f"kv copy 1, history 1, bias 1, mask 2, gather 2, sampler {2 * NV})" in out)
     assert ("sampling variants x rows: " + ", ".join(f"{v} [1, 2]" for v in SAMPLER_VARIANTS)
             in out)
     rows = [ln.split() for ln in out.splitlines()
@@ -268,7 +268,8 @@ def test_programs_from_jax_persistent_cache_are_never_stored():
 
 def test_fresh_process_loads_everything_and_compiles_nothing(cache_dir):
     manifest = json.loads((cache_dir / "manifest.json").read_text())
-    assert len(manifest["programs"]) == 10 + 2 * NV  # with the gather programs of B 1, 2
+    assert len(manifest["programs"]) == 12 + 2 * NV  # with the gather and mask programs of
+    #                                                     B 1, 2
     assert all(p["compile_seconds"] > 0 and (cache_dir / p["file"]).is_file()
                for p in manifest["programs"])
     fp = manifest["fingerprint"]

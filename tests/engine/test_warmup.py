@@ -13,7 +13,7 @@ from jaxinfer.compile_cache import xla_compilations
 from jaxinfer.config import ConfigError
 from jaxinfer.llm import LLM
 from jaxinfer.runner import COPY, SAMPLE
-from jaxinfer.runner_slots import BIAS, BIAS_BUCKET, HISTORY
+from jaxinfer.runner_slots import BIAS, BIAS_BUCKET, HISTORY, MASK, mask_bucket
 from jaxinfer.sampling import SAMPLER_VARIANTS
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.warmup import warm_up, warm_up_builds
@@ -102,13 +102,15 @@ def test_warm_up_builds_largest_bucket_first_and_none_without_decode_buckets():
     assert warm_up_builds(eng, decode_buckets=False) == []
     builds = warm_up_builds(eng)
     rows = sorted(ENGINE["decode_buckets"], reverse=True)
-    assert [(f.args[0].kind, f.args[0].num_seqs) for f in builds[:-3]] == [
+    loaders = 3 + len(rows)  # copy, history, bias, a structured-outputs mask loader a bucket
+    assert [(f.args[0].kind, f.args[0].num_seqs) for f in builds[:-loaders]] == [
         (kind, b) for b in rows for kind in ("decode", "gather")]
-    assert [f.args for f in builds[-3:]] == [
+    assert [f.args for f in builds[-loaders:]] == [
         (eng.runner.copy_bucket, COPY),
-        (Bucket(HISTORY, ENGINE["max_model_len"], 1, 0), HISTORY), (BIAS_BUCKET, BIAS)]
+        (Bucket(HISTORY, ENGINE["max_model_len"], 1, 0), HISTORY), (BIAS_BUCKET, BIAS),
+        *((mask_bucket(b), MASK) for b in ENGINE["decode_buckets"])]
     sync = LLM(tiny_loaded("llama"), **ENGINE, async_scheduling=False).engine
-    assert [f.args[0].kind for f in warm_up_builds(sync)[:-3]] == ["decode"] * len(rows)
+    assert [f.args[0].kind for f in warm_up_builds(sync)[:-loaders]] == ["decode"] * len(rows)
 
 
 def test_warm_up_with_prefill_buckets_leaves_nothing_to_compile():

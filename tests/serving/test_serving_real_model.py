@@ -5,6 +5,8 @@ unary responses agree with streams; bad words are banned; tokenizer RPCs round-t
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
 import grpc
 import numpy as np
@@ -21,6 +23,9 @@ from tests.serving.conftest import ServerThread
 TEXTS = ["The capital of France is", "def fibonacci(n):"]
 CHAT = [{"role": "user", "content": "What is 2+2?"}]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+CAT = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+       "properties": {"name": {"type": "string", "maxLength": 20},
+                      "age": {"type": "integer", "minimum": 0, "maximum": 40}}}
 # (name, input kwargs of build_request, sampling kwargs): served and run offline alike.
 CASES = [
     ("stop_dot", {"prompt": TEXTS[0]}, {"stop": ["."], "max_tokens": 32}),
@@ -36,6 +41,12 @@ CASES = [
     # Greedy says " Paris."; without Paris, " the capital of the French Republic."
     ("bad_words", {"prompt": TEXTS[0]}, {"bad_words": ["Paris", "French Republic"],
                                          "max_tokens": 16}),
+    # Structured outputs (a dict: SamplingParams and the proto message both take it).
+    ("json_schema", {"messages": [{"role": "user", "content": "Describe a cat as JSON."}]},
+     {"structured_outputs": {"json": json.dumps(CAT), "disable_any_whitespace": True},
+      "max_tokens": 64}),
+    ("regex", {"prompt": TEXTS[0]},
+     {"structured_outputs": {"regex": r" (Rome|London|Paris)\."}, "max_tokens": 8}),
 ]
 
 
@@ -222,3 +233,17 @@ def test_unary_agrees_with_stream(served_cases):
         for f in ("finish_reason", "usage", "cumulative_logprob", "stop_str", "stop_token_id"):
             assert getattr(unary, f) == getattr(last, f), (name, f)
         assert unary.usage.completion_tokens == len(unary.token_ids) > 0
+
+
+def test_structured_outputs_stream_equals_offline(served_cases):
+    got, cases = served_cases
+    for name in ("json_schema", "regex"):
+        o = cases[name].outputs[0]
+        assert o.finish_reason == "stop", (name, o)  # the grammar ended it
+        msgs, unary = got[name]
+        text = "".join(m.text for m in msgs)
+        assert text == o.text == unary.text and list(unary.token_ids) == o.token_ids, name
+    cat = json.loads(cases["json_schema"].outputs[0].text)
+    assert set(cat) == {"name", "age"} and isinstance(cat["name"], str), cat
+    assert isinstance(cat["age"], int) and 0 <= cat["age"] <= 40, cat
+    assert re.fullmatch(r" (Rome|London|Paris)\.", cases["regex"].outputs[0].text)

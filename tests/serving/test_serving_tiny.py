@@ -199,6 +199,16 @@ def _bad_requests() -> list[tuple[str, pb.GenerateRequest, str]]:
         ("stop id out of vocab", build_request(token_ids=[5], stop_token_ids=[7, 500], **ok),
          "stop_token_ids [500] are not in the vocabulary: ids must be in [0, 96)"),
         ("text without tokenizer", build_request("hello", **ok), "tokenizer"),
+        ("structured outputs without tokenizer", build_request(
+            token_ids=[5], structured_outputs=pb.StructuredOutputs(regex="[a-z]+"), **ok),
+         "structured_outputs need a tokenizer; this model has none"),
+        ("structured outputs, none set", build_request(
+            token_ids=[5], structured_outputs=pb.StructuredOutputs(), **ok),
+         "structured_outputs must set exactly one of json, regex, choice, grammar, "
+         "json_object; got none"),
+        ("structured outputs, json_object false", build_request(
+            token_ids=[5], structured_outputs={"json_object": False}, **ok),
+         "structured_outputs.json_object must be True, got False"),
         ("empty chat", build_request(messages=[], **ok), "chat.messages is empty"),
         ("chat without role", build_request(messages=[{"role": "", "content": "hi"}], **ok),
          "role is empty"),

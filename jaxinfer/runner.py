@@ -23,8 +23,10 @@ int32 (see ``sampling.py``), donated to every sampler program like the pool to t
 program, a small "history" program that loads one slot's row from a sequence's tokens, the
 per-slot ``logit_bias`` and ``bad_words`` tables (``sampling_penalties.LogitBias``, donated to
 the sampler, which appends each token of a row with a table to its slot's last outputs) and a
-"bias" program that loads one slot's tables, and a "copy" program that copies KV pages for
-the copy-on-write of forked ``n > 1`` samples (``layers/page_copy.py``).
+"bias" program that loads one slot's tables, a "mask" program that sets the allowed-token
+flags of structured-outputs rows before a step (``load_allowed_masks``), and a "copy" program
+that copies KV pages for the copy-on-write of forked ``n > 1`` samples
+(``layers/page_copy.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
 Penalty state lives on the device: ``counts`` [N + 1, V] int32, one row per persistent slot
 (the engine gives every running sequence a slot; row N is a scratch row for padding and rows
 that do not sample). Bits 0-27 count the token in the output so far; bit 28 flags it as one
-of the request's ``allowed_token_ids`` (a row that has them masks every other token); bit 29
+of the request's ``allowed_token_ids`` or of the tokens its structured-outputs grammar allows
+next (:func:`load_allowed_masks`, before each step; a row that has them masks every other
+token); bit 29
 flags it as one of the sequence's stop tokens (EOS unless ``ignore_eos``,
 ``stop_token_ids``), masked while the row has fewer than ``min_tokens`` outputs; bit 30
 flags it as present in the prompt. The step adds each sampled token to its row; the engine

@@ -167,9 +167,10 @@ def load_allowed_masks(counts: jax.Array, slots: jax.Array, masks: jax.Array) ->
     Returns:
       the updated counts.
     """
+    R, W = masks.shape
     V = counts.shape[1]
-    t = jnp.arange(V)
-    allowed = ((masks[:, t >> 5] >> (t & 31)) & 1) != 0  # [R, V]
+    bits = (masks[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1  # [R, W, 32], no gather
+    allowed = bits.reshape(R, W * 32)[:, :V] != 0  # [R, V]
     rows = counts[slots]
     rows = (rows & ~ALLOWED_FLAG) | jnp.where(allowed, ALLOWED_FLAG, 0).astype(jnp.int32)
     return counts.at[slots].set(rows)

@@ -42,6 +42,28 @@ def token_id_list(text: str) -> list[int]:
     return ids
 
 
+def json_schema_arg(text: str) -> str:
+    """argparse type: a JSON schema as JSON text, or ``@PATH`` of a file holding one; returns
+    the text (structured outputs check it further)."""
+    import json
+
+    if text.startswith("@"):
+        try:
+            text = open(text[1:], encoding="utf-8").read()
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"cannot read the schema file {text[1:]!r}: "
+                                             f"{e.strerror or e}") from None
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON schema (JSON text or @file): {e}") \
+            from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON schema (a JSON object), got "
+                                         f"{type(obj).__name__}")
+    return text
+
+
 def logit_bias_json(text: str) -> dict[int, float]:
     """argparse type: a JSON object of token id -> bias, OpenAI's ``logit_bias`` form
     (``'{"50256": -100, "13": 2.5}'``; keys strings of ints >= 0, values numbers)."""

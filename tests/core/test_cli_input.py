@@ -56,3 +56,39 @@ def test_compile_with_no_modes_is_refused_and_writes_no_cache(monkeypatch, capsy
     assert capsys.readouterr().err.strip().splitlines() == [
         f"jaxinfer: error: --modes names no program mode (got {modes!r}); use sample, logits"]
     assert not cache.exists()
+
+
+def _generate_sampling(argv: list[str]):
+    from jaxinfer.cli import _sampling, build_parser
+
+    return _sampling(build_parser().parse_args(["generate", "--model", "m", "p", *argv]))
+
+
+def test_structured_output_flags_make_structured_outputs(tmp_path):
+    from jaxinfer.structured_outputs import StructuredOutputsParams as SO
+
+    schema = '{"type": "object", "required": ["a"]}'
+    (tmp_path / "s.json").write_text(schema)
+    assert _generate_sampling([]).structured_outputs is None
+    assert _generate_sampling(["--json-schema", schema]).structured_outputs == SO(json=schema)
+    assert (_generate_sampling(["--json-schema", f"@{tmp_path / 's.json'}"]).structured_outputs
+            == SO(json=schema))
+    assert _generate_sampling(["--regex", "[a-z]+"]).structured_outputs == SO(regex="[a-z]+")
+    assert (_generate_sampling(["--choice", "yes", "--choice", "no"]).structured_outputs
+            == SO(choice=["yes", "no"]))
+    with pytest.raises(ValueError, match="give at most one of --json-schema, --regex, --choice"):
+        _generate_sampling(["--regex", "a", "--choice", "b"])
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("[1]", "must be a JSON schema (a JSON object), got list"),
+    ("{bad", "must be a JSON schema (JSON text or @file)"),
+    ("@/nonexistent/s.json", "cannot read the schema file '/nonexistent/s.json'"),
+])
+def test_bad_json_schema_flag_is_a_usage_error(capsys, value, needle):
+    from jaxinfer.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", "dummy:tiny-llama", "x", "--json-schema", value])
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err

@@ -15,8 +15,9 @@ import warnings
 from typing import Sequence as Seq
 
 from jaxinfer.bench.cli import (  # argparse types (no JAX)
-    json_schema_arg,
+    add_structured_output_flags,
     logit_bias_json,
+    structured_from_flags,
     token_id_list,
 )
 
@@ -157,17 +158,7 @@ def _sampling(ns: argparse.Namespace):
                           seed=ns.sample_seed, min_tokens=ns.min_tokens,
                           ignore_eos=ns.ignore_eos, stop_token_ids=ns.stop_token_ids,
                           logit_bias=ns.logit_bias, bad_words=ns.bad_words,
-                          structured_outputs=_structured(ns))
-
-
-def _structured(ns: argparse.Namespace) -> dict | None:
-    """The structured-outputs flags as SamplingParams' dict form; None when none is given.
-    Raises ValueError for more than one."""
-    given = {k: v for k, v in (("json", ns.json_schema), ("regex", ns.regex),
-                               ("choice", ns.choice)) if v is not None}
-    if len(given) > 1:
-        raise ValueError("give at most one of --json-schema, --regex, --choice")
-    return given or None
+                          structured_outputs=structured_from_flags(ns))
 
 
 def _fit_max_tokens(ns: argparse.Namespace, params, prompt_len: int, max_model_len: int):
@@ -200,12 +191,7 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
                    help='JSON token id -> bias added to its logit, e.g. \'{"13": -100}\'')
     p.add_argument("--bad-words", action="append", default=None, metavar="WORD",
                    help="a word never generated (vLLM's bad_words; repeat the flag for more)")
-    so = p.add_argument_group("structured outputs (at most one; vLLM's StructuredOutputsParams)")
-    so.add_argument("--json-schema", type=json_schema_arg, default=None, metavar="SCHEMA",
-                    help="the output is JSON matching this schema (JSON text, or @FILE)")
-    so.add_argument("--regex", default=None, help="the output matches this regex")
-    so.add_argument("--choice", action="append", default=None, metavar="TEXT",
-                    help="the output is one of these strings (repeat the flag for more)")
+    add_structured_output_flags(p)
 
 
 def _token_ids(text: str) -> list[int]:

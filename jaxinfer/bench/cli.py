@@ -42,6 +42,26 @@ def token_id_list(text: str) -> list[int]:
     return ids
 
 
+def add_structured_output_flags(p: argparse.ArgumentParser) -> None:
+    """``--json-schema``, ``--regex``, ``--choice`` (read by :func:`structured_from_flags`)."""
+    so = p.add_argument_group("structured outputs (at most one; vLLM's StructuredOutputsParams)")
+    so.add_argument("--json-schema", type=json_schema_arg, default=None, metavar="SCHEMA",
+                    help="the output is JSON matching this schema (JSON text, or @FILE)")
+    so.add_argument("--regex", default=None, help="the output matches this regex")
+    so.add_argument("--choice", action="append", default=None, metavar="TEXT",
+                    help="the output is one of these strings (repeat the flag for more)")
+
+
+def structured_from_flags(ns: argparse.Namespace) -> dict[str, Any] | None:
+    """The structured-outputs flags in SamplingParams' dict form (``{"regex": ...}``); None
+    when none is given. Raises ValueError for more than one."""
+    given = {k: v for k, v in (("json", ns.json_schema), ("regex", ns.regex),
+                               ("choice", ns.choice)) if v is not None}
+    if len(given) > 1:
+        raise ValueError("give at most one of --json-schema, --regex, --choice")
+    return given or None
+
+
 def json_schema_arg(text: str) -> str:
     """argparse type: a JSON schema as JSON text, or ``@PATH`` of a file holding one; returns
     the text (structured outputs check it further)."""

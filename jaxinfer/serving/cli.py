@@ -8,7 +8,13 @@ import json
 import sys
 from typing import Any
 
-from jaxinfer.bench.cli import logit_bias_json, non_negative_float, token_id_list
+from jaxinfer.bench.cli import (
+    add_structured_output_flags,
+    logit_bias_json,
+    non_negative_float,
+    structured_from_flags,
+    token_id_list,
+)
 
 
 def port_number(text: str) -> int:
@@ -132,6 +138,7 @@ def add_client_parser(sub: Any) -> None:
     p.add_argument("--truncate-prompt-tokens", type=int, default=None,
                    help="keep only the prompt's last k tokens (-1: max_model_len)")
     p.add_argument("--seed", type=int, default=None)
+    add_structured_output_flags(p)
     p.add_argument("--show-ids", action="store_true", help="print token ids after the text")
     p.add_argument("prompt", nargs="?", default=None)
     p.set_defaults(func=cmd_client)
@@ -194,6 +201,9 @@ def cmd_client(ns: argparse.Namespace) -> int:
                         if getattr(ns, k) is not None}
             if ns.ignore_eos:
                 sampling["ignore_eos"] = True
+            if (so := structured_from_flags(ns)) is not None:  # (the message's choice form)
+                sampling["structured_outputs"] = (
+                    {"choice": {"choices": so["choice"]}} if "choice" in so else so)
             if ns.chat:
                 inp: dict[str, Any] = {"messages": [{"role": "user", "content": ns.prompt}]}
             elif ns.token_ids:

@@ -247,3 +247,18 @@ def test_structured_outputs_stream_equals_offline(served_cases):
     assert set(cat) == {"name", "age"} and isinstance(cat["name"], str), cat
     assert isinstance(cat["age"], int) and 0 <= cat["age"] <= 40, cat
     assert re.fullmatch(r" (Rome|London|Paris)\.", cases["regex"].outputs[0].text)
+
+
+@pytest.mark.parametrize("flags, ok", [
+    (["--choice", " yes", "--choice", " no"], lambda t: t in (" yes", " no")),
+    (["--regex", r" [0-9]{4}\."], lambda t: re.fullmatch(r" [0-9]{4}\.", t) is not None),
+    (["--json-schema", json.dumps(CAT)], lambda t: set(json.loads(t)) == {"name", "age"}),
+])
+def test_client_structured_output_flags(real_server, capsys, flags, ok):
+    from jaxinfer.cli import main
+
+    st, _, _ = real_server
+    assert main(["client", "--address", st.target, "--unary", *flags, "--max-tokens", "48",
+                 "The Eiffel Tower was built in"]) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    assert ok(text), text

@@ -56,17 +56,25 @@ KV_WRITE_METHOD = "auto"
 KV_WRITE_ROWS_BELOW = 64
 
 
-def kv_write_method(method: str | None, num_tokens: int, pool_rows: int) -> str:
+def kv_write_method(method: str | None, num_tokens: int, pool_rows: int,
+                    num_kv_heads: int = 1) -> str:
     """The concrete method ("scatter", "unique" or "rows") of a write of ``num_tokens`` tokens
-    into a pool of ``pool_rows`` = L * Hkv * P * ps rows; ``method`` None means
-    :data:`KV_WRITE_METHOD`. Raises ValueError for a method not in :data:`KV_WRITE_METHODS`."""
+    of ``num_kv_heads`` KV heads into a pool of ``pool_rows`` = L * Hkv * P * ps rows;
+    ``method`` None means :data:`KV_WRITE_METHOD`. Raises ValueError for a method not in
+    :data:`KV_WRITE_METHODS`.
+
+    "rows" becomes "unique" for a pool of 2**31 rows or more (row numbers past int32), and for
+    a write of one row (one token of a one-KV-head model: Gemma 3 270M's batch-1 decode):
+    XLA:CPU turns a one-row scatter into a dynamic-update-slice that it then duplicates for
+    the attention that reads the pool, which copies the whole pool twice a layer (Gemma 3
+    270M, 1,024 pages: ~34 ms a layer against ~0.1 ms; tests/kernels/test_kv_write.py)."""
     method = KV_WRITE_METHOD if method is None else method
     if method not in KV_WRITE_METHODS:
         raise ValueError(f"write_kv_ref: method {method!r} is not one of {KV_WRITE_METHODS}")
     if method == "auto":
         method = "rows" if num_tokens < KV_WRITE_ROWS_BELOW else "unique"
-    if method == "rows" and pool_rows >= 2**31:
-        method = "unique"  # row numbers past int32
+    if method == "rows" and (pool_rows >= 2**31 or num_tokens * num_kv_heads == 1):
+        method = "unique"
     return method
 
 
@@ -107,7 +115,7 @@ def write_kv_ref(k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
       ValueError: an unknown ``method``. No shape checks: mismatched shapes fail inside jnp.
     """
     L, Hkv, P, ps, D = k_cache.shape
-    method = kv_write_method(method, slot_mapping.shape[0], L * Hkv * P * ps)
+    method = kv_write_method(method, slot_mapping.shape[0], L * Hkv * P * ps, Hkv)
 
     def quant(x, scale):
         return quantize_kv(x, scale, k_cache.dtype)

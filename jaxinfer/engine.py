@@ -265,12 +265,14 @@ class LLMEngine:
         seq = Sequence(rid, ids, params)
         try:
             self.scheduler.add(seq)
-        except QueueFullError:
-            raise  # overload, not bad input: max_queue_len requests are waiting
-        except RequestTooLongError as e:
-            raise PromptTooLongError(str(e)) from e
-        except ValueError as e:
-            raise RequestError(str(e)) from e
+        except ValueError as e:  # the scheduler's "request <id>: ..." without an id the
+            # caller never got (an automatic one)
+            msg = str(e) if request_id is not None else str(e).removeprefix(f"request {rid}: ")
+            if isinstance(e, QueueFullError):  # overload, not bad input: max_queue_len
+                e.args = (msg, *e.args[1:])
+                raise
+            raise (PromptTooLongError if isinstance(e, RequestTooLongError)
+                   else RequestError)(msg) from e
         self._seeds[rid] = (params.seed if params.seed is not None
                             else int(self._seed_rng.integers(0, 2**63)))
         self._prompts[rid] = prompt if isinstance(prompt, str) else None

@@ -834,3 +834,19 @@ def test_warm_up_builds_the_default_requests_k_step_program(mode, variants):
     assert {v for _, v, _ in multi} == variants
     assert sorted(b.num_seqs for b, v, _ in multi if v == "greedy") == [2, 4]
     assert all(k == 2 for _, _, k in multi) and len(multi) == 2 * len(variants)
+
+
+def test_admission_errors_name_no_engine_request_number():
+    """The scheduler's "request <id>: ..." names an automatic id the caller never got (it
+    read "prompt 0 of the batch: request 3: n = 9 samples ..."); a caller's own id stays."""
+    llm = _llm("llama", max_num_seqs=4)
+    llm.generate([[5, 6]], SamplingParams(max_tokens=2))  # ids 0.. are taken
+    with pytest.raises(RequestError) as e:
+        llm.generate([[5, 6]], SamplingParams(n=9))
+    assert str(e.value) == ("prompt 0 of the batch: n = 9 samples, but at most max_num_seqs = "
+                            "4 sequences run at once")
+    with pytest.raises(PromptTooLongError, match=r"^prompt \(3 tokens\)"):
+        llm.engine.add_request([5, 6, 7], SamplingParams(max_tokens=1000))
+    with pytest.raises(RequestError, match=r"^request 77: n = 9 samples"):
+        llm.engine.add_request([5], SamplingParams(n=9), request_id=77)
+    assert not llm.engine.has_unfinished_requests()

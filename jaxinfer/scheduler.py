@@ -65,7 +65,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from jaxinfer.block_manager import BlockManager, PageCopy
-from jaxinfer.prefill_plan import plan_prefill
+from jaxinfer.prefill_plan import places, plan_prefill
 from jaxinfer.scheduler_types import (
     DuplicateRequestError,
     QueueFullError,
@@ -143,8 +143,8 @@ class Scheduler:
                 f"request {seq.seq_id}: prompt ({p} tokens) + max_tokens ({m}){samples} needs "
                 f"{pages} KV pages of {cfg.page_size} tokens, the pool has "
                 f"{self.block_manager.num_usable_pages}")
-        if cfg.max_queue_len is not None and len(self.waiting) >= cfg.max_queue_len:
-            raise QueueFullError(f"request {seq.seq_id}: {len(self.waiting)} requests waiting, "
+        if cfg.max_queue_len is not None and (q := self._queued()) >= cfg.max_queue_len:
+            raise QueueFullError(f"request {seq.seq_id}: {q} requests waiting for a place, "
                                  f"max_queue_len is {cfg.max_queue_len}")
         self._groups[seq.seq_id] = seq.group
         self._rank[seq.seq_id] = next(self._counter)
@@ -196,6 +196,17 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    def _queued(self) -> int:
+        """Waiting requests beyond those the free places of ``max_num_seqs`` take in order
+        (what ``max_queue_len`` bounds: with 2 places free, 2 requests added between steps
+        are admitted by the next one, so they are not queued; KV pages are not counted)."""
+        free = self.cfg.max_num_seqs - sum(places(s) for s in self.running)
+        for i, seq in enumerate(self.waiting):
+            free -= seq.group.n
+            if free < 0:
+                return len(self.waiting) - i
+        return 0
 
     @property
     def num_running(self) -> int:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class QueueFullError(ValueError):
-    """``add()`` past ``max_queue_len`` waiting requests."""
+    """``add()`` past ``max_queue_len`` requests waiting for a place."""
 
 
 class RequestTooLongError(ValueError):
@@ -52,7 +52,8 @@ class SchedulerConfig:
       page_size: tokens per KV page.
       num_pages: pages in the pool, null page 0 included.
       max_prefill_seqs: most sequences (chunks) in one prefill step.
-      max_queue_len: most waiting requests accepted by ``add()``; None = unbounded.
+      max_queue_len: most requests waiting for a place that ``add()`` accepts (those the
+        free ``max_num_seqs`` places take at the next step do not count); None = unbounded.
       enable_chunked_prefill: split prompts longer than the step's token budget; when off,
         max_num_batched_tokens must be >= max_model_len.
       enable_prefix_caching: share computed full prompt pages between requests (default on).

@@ -564,7 +564,8 @@ def test_stop_rules() -> None:
 
 
 def test_request_errors() -> None:
-    s = make(page_size=4, num_pages=5, max_model_len=32, max_queue_len=2)  # 16 slots
+    s = make(page_size=4, num_pages=5, max_model_len=32, max_queue_len=1,  # 16 slots
+             max_num_seqs=1)
     with pytest.raises(RequestTooLongError, match=r"prompt \(30 tokens\) \+ max_tokens \(8\)"):
         s.add(seq(0, 30, max_tokens=8))
     with pytest.raises(RequestTooLongError, match="needs 5 KV pages"):
@@ -572,8 +573,9 @@ def test_request_errors() -> None:
     s.add(seq(0, 10, max_tokens=7))  # exactly 16 slots: accepted
     with pytest.raises(DuplicateRequestError):
         s.add(seq(0, 2))
-    s.add(seq(1, 2))
-    with pytest.raises(QueueFullError, match="max_queue_len is 2"):
+    s.add(seq(1, 2))  # request 0 takes the one free place: 1 is queued
+    with pytest.raises(QueueFullError, match="1 requests waiting for a place, max_queue_len "
+                                             "is 1"):
         s.add(seq(2, 2))
     used = seq(3, 2)
     used.output_token_ids.append(4)

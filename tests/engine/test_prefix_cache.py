@@ -114,18 +114,27 @@ def test_alternation_off_gives_same_outputs():
 
 
 def test_max_queue_len_rejects_new_requests():
+    """max_queue_len bounds the requests waiting for one of max_num_seqs' places: those the
+    free places take at the next step are not queued (a helper sent 6 requests at once to a
+    server with 2 places and max_queue_len 1: 2 were taken, not 3)."""
     eng = LLM(tiny_loaded("llama"), max_model_len=64, block_size=PS, max_num_seqs=2,
-              max_queue_len=2).engine
+              max_queue_len=1).engine
     eng.add_request([3, 4, 5], GREEDY)
     eng.add_request([3, 4, 6], GREEDY)
-    with pytest.raises(QueueFullError, match="max_queue_len is 2"):
-        eng.add_request([3, 4, 7], GREEDY)
-    eng.step()  # both admitted: the queue has room again
-    rid = eng.add_request([3, 4, 7], GREEDY)
-    done = {}
+    eng.add_request([3, 4, 7], GREEDY)  # the two places are taken: this one is queued
+    with pytest.raises(QueueFullError, match="1 requests waiting for a place, max_queue_len "
+                                             "is 1"):
+        eng.add_request([3, 4, 8], GREEDY)
+    eng.step()  # two admitted, the third still waits for a place
+    with pytest.raises(QueueFullError):
+        eng.add_request([3, 4, 8], GREEDY)
+    done: dict[int, list[int]] = {}
+    rid = None
     while eng.has_unfinished_requests():
         for o in eng.step():
             if o.finished:
                 done[o.request_id] = o.outputs[0].token_ids
-    assert sorted(done) == [0, 1, rid] and all(len(t) == GREEDY.max_tokens
-                                                for t in done.values())
+        if rid is None and eng.scheduler.num_waiting == 0:  # the queue has room again
+            rid = eng.add_request([3, 4, 8], GREEDY)
+    assert rid is not None and sorted(done) == [0, 1, 2, rid]
+    assert all(len(t) == GREEDY.max_tokens for t in done.values())

@@ -155,7 +155,7 @@ def _sampling(ns: argparse.Namespace):
     return SamplingParams(temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
                           max_tokens=(ns.max_tokens if ns.max_tokens is not None
                                       else ns.default_max_tokens),
-                          seed=ns.sample_seed, min_tokens=ns.min_tokens,
+                          seed=ns.sample_seed, min_tokens=ns.min_tokens, n=ns.n,
                           ignore_eos=ns.ignore_eos, stop_token_ids=ns.stop_token_ids,
                           logit_bias=ns.logit_bias, bad_words=ns.bad_words,
                           structured_outputs=structured_from_flags(ns))
@@ -182,6 +182,8 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--n", type=int, default=1, dest="n",
+                   help="samples per prompt (vLLM's n; sample i draws with seed + i)")
     p.add_argument("--min-tokens", type=int, default=0,
                    help="EOS and stop token ids are masked until this many new tokens")
     p.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
@@ -225,15 +227,17 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     t_compile = sum(runner.compile_seconds.values())
     for prompt, out in zip(ns.prompt, outs):
-        c = out.outputs[0]
         if len(ns.prompt) > 1:
             print(f"### {prompt}")
-        if ns.token_ids:
-            print(" ".join(map(str, c.token_ids)) + (f"  {c.text!r}" if c.text else ""),
-                  flush=True)
-        else:
-            print(c.text if ns.chat else prompt + c.text, flush=True)
-    n = sum(len(o.outputs[0].token_ids) for o in outs)
+        for c in out.outputs:
+            if len(out.outputs) > 1:
+                print(f"--- sample {c.index}")
+            if ns.token_ids:
+                print(" ".join(map(str, c.token_ids)) + (f"  {c.text!r}" if c.text else ""),
+                      flush=True)
+            else:
+                print(c.text if ns.chat else prompt + c.text, flush=True)
+    n = sum(len(c.token_ids) for o in outs for c in o.outputs)
     run = max(dt - t_compile, 1e-9)
     print(f"[{n} tokens in {run:.2f} s ({n / run:.1f} tok/s) after {t_load:.1f} s loading and "
           f"{t_compile:.1f} s building {runner.num_compilations} compiled + "
@@ -246,10 +250,12 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     from jaxinfer.llm import iter_stream
     from jaxinfer.prompts import PromptTooLongError
 
+    params = _sampling(ns)
+    if params.n != 1:
+        raise ValueError(f"chat streams one reply a turn: --n must be 1, got {params.n}")
     engine = LLMEngine(ns.model, **_engine_args(ns))
     if engine.tokenizer is None:
         raise SystemExit("jaxinfer: error: this model has no tokenizer, so no chat")
-    params = _sampling(ns)
     V = engine.model_config.vocab_size
     for flag, ids in (("--stop-token-ids", params.stop_token_ids),
                       ("--logit-bias", params.logit_bias or ())):

@@ -92,3 +92,19 @@ def test_bad_json_schema_flag_is_a_usage_error(capsys, value, needle):
         main(["generate", "--model", "dummy:tiny-llama", "x", "--json-schema", value])
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_n_flag_sets_samples_and_chat_refuses_more_than_one(monkeypatch, capsys):
+    from jaxinfer import engine as engine_module
+    from jaxinfer.cli import main
+
+    assert _generate_sampling(["--n", "3"]).n == 3
+    assert _generate_sampling([]).n == 1
+
+    def no_model(*args, **kw):
+        raise AssertionError("the model was loaded before --n was checked")
+
+    monkeypatch.setattr(engine_module.LLMEngine, "__init__", no_model)
+    assert main(["chat", "--model", "dummy:tiny-llama", "--n", "2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "jaxinfer: error: chat streams one reply a turn: --n must be 1, got 2")

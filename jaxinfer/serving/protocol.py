@@ -250,7 +250,7 @@ def model_info(engine: Any) -> pb.ModelInfoResponse:
     return pb.ModelInfoResponse(
         model=str(engine.model_name), family=mc.family, vocab_size=mc.vocab_size,
         max_model_len=ec.max_model_len, max_position_embeddings=mc.max_position_embeddings,
-        block_size=ec.block_size, num_kv_pages=ec.total_kv_pages,
+        block_size=ec.block_size, num_kv_pages=engine.runner.num_pages,  # as sized
         max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
         decode_buckets=ec.decode_buckets, prefill_buckets=ec.prefill_buckets,
         page_buckets=ec.page_buckets, eos_token_ids=sorted(eos),

@@ -121,6 +121,9 @@ def test_unary_and_model_info(tiny_server):
         assert (info.max_model_len, info.block_size, info.vocab_size) == (128, 8, 96)
         assert list(info.decode_buckets) == [32] and list(info.prefill_buckets) == [64]
         assert not info.has_tokenizer
+        # the pool as sized (null page included; the metric kv_pages_total leaves it out)
+        bm = st.engine.scheduler.block_manager
+        assert info.num_kv_pages == st.engine.runner.num_pages == bm.num_usable_pages + 1
         with pytest.raises(grpc.RpcError) as e:
             c.tokenize("hello")
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION

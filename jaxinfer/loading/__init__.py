@@ -134,7 +134,10 @@ def load_model(model: str = DEFAULT_MODEL, *, dtype: str = "float32", progress: 
         linked = cached.is_symlink()
         if state == "ok":
             try:
-                return load_converted(cached, dtype)
+                loaded = load_converted(cached, dtype)
+                if loaded.tokenizer is not None:  # messages name what the user gave, not
+                    loaded.tokenizer.source = model  # the cache's directory
+                return loaded
             except CheckpointError as e:  # damage the cheap checks do not see
                 state, why = "damaged", str(e)
                 if linked:

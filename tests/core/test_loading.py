@@ -334,6 +334,7 @@ def test_smollm2_gguf_params_and_cache_reuse(monkeypatch: pytest.MonkeyPatch,
         np.testing.assert_array_equal(again.params[k], v)
     assert again.tokenizer.encode("Hello world") == first.tokenizer.encode("Hello world")
     assert again.tokenizer.eos_token_ids == first.tokenizer.eos_token_ids
+    assert again.tokenizer.source == "smollm2-135m"  # its messages name the model, not the cache
 
 
 # ------------------------------------------------------------------ GGUF cache (synthetic)

@@ -119,7 +119,9 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True, jobs: int | None = N
     anything later; what is left compiles on first use (``runner.num_compilations`` counts
     it): prefill programs of other token counts, prompt_logprobs' logits programs, the
     k-step programs of other sampler variants (built in the background while their windows
-    run as one step: engine_multi.py). Raises ValueError for
+    run as one step: engine_multi.py). A model with a tokenizer also builds llguidance's
+    tokenizer for structured outputs (else the first such request would, seconds at a large
+    vocabulary, holding up the running streams). Raises ValueError for
     ``jobs`` < 1; a build's error (out of memory, say) is raised once the request and the
     other builds are done.
     """
@@ -131,6 +133,8 @@ def warm_up(engine: LLMEngine, decode_buckets: bool = True, jobs: int | None = N
     t0 = time.perf_counter()
     preload(engine)  # with a compile cache: no request waits for a program later
     builds = warm_up_builds(engine, decode_buckets, prefill_buckets)
+    if engine.tokenizer is not None and decode_buckets:  # structured outputs' tokenizer
+        builds.append(engine.structured.ll_tokenizer)  # (Gemma 3's 262k tokens: ~4 s)
     ec, V = engine.config, engine.model_config.vocab_size
     n = max(1, min(8, ec.max_model_len - 2))
     with ThreadPoolExecutor(max(1, min(jobs, len(builds))),

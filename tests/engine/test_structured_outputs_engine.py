@@ -146,3 +146,13 @@ def test_a_model_without_a_tokenizer_refuses_them() -> None:
                                            "has none"):
         llm.engine.add_request([5, 6], SamplingParams(structured_outputs=SO(regex="a")))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_warm_up_builds_the_grammar_tokenizer(smollm_tokenizer) -> None:
+    from jaxinfer.warmup import warm_up
+
+    eng = _llm(smollm_tokenizer, decode_buckets=(8,)).engine
+    assert eng.structured._ll_tokenizer is None  # built on first use, or by the warm-up
+    warm_up(eng, jobs=2)
+    assert eng.structured._ll_tokenizer is not None
+    assert eng.structured._ll_tokenizer.vocab_size == V

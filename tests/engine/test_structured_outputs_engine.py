@@ -156,3 +156,19 @@ def test_warm_up_builds_the_grammar_tokenizer(smollm_tokenizer) -> None:
     warm_up(eng, jobs=2)
     assert eng.structured._ll_tokenizer is not None
     assert eng.structured._ll_tokenizer.vocab_size == V
+
+
+def test_preempted_rows_resume_their_grammar(llm, smollm_tokenizer) -> None:
+    """A pool too small for all rows preempts some (recompute): their matchers keep their
+    state, and the tokens equal the roomy engine's."""
+    sps = [SamplingParams(temperature=1.0, seed=20 + i, max_tokens=40, structured_outputs=SO(
+        json=SCHEMA, disable_any_whitespace=True)) for i in range(6)]
+    prompts = [f"row {i} says" for i in range(6)]
+    ref = llm.generate(prompts, sps)
+    small = _llm(smollm_tokenizer, num_kv_pages=24, enable_prefix_caching=False)
+    got = small.generate(prompts, sps)
+    assert small.engine.scheduler.num_preemptions_total > 0
+    assert _tokens(got) == _tokens(ref)
+    for o in got:
+        assert o.outputs[0].finish_reason == "stop" and _valid(sps[0].structured_outputs,
+                                                                 o.outputs[0].text)

@@ -110,11 +110,16 @@ def test_tokenizer_rpcs_and_info(real_server):
         assert info.has_tokenizer and info.has_chat_template and info.model == "smollm2-135m"
         assert set(info.eos_token_ids) >= set(tok.eos_token_ids)
         for bad, needle in (({"prompt": ""}, "empty"),
-                            ({"messages": [{"role": "user", "content": ""}]}, "content")):
+                            ({"messages": [{"role": "user", "content": ""}]}, "content"),
+                            ({"prompt": "x", "structured_outputs": {"regex": "(a"}},
+                             "structured_outputs.regex is not a valid regex for this model"),
+                            ({"prompt": "x", "structured_outputs": {"json": "{"}},
+                             "structured_outputs.json is not JSON text")):
             with pytest.raises(grpc.RpcError) as e:
                 c.generate(**bad, max_tokens=4)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert needle in e.value.details()
+        assert c.generate(prompt="x", max_tokens=2).usage.completion_tokens == 2  # serving
 
 
 def _req(inp: dict, sampling: dict) -> pb.GenerateRequest:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxinfer import engine_logits, engine_outputs, prompts
+from jaxinfer import engine_logits, engine_outputs, engine_slots, prompts
 from jaxinfer.batch import SlotTable, StepInputs, build_step
 from jaxinfer.config import ConfigError, ModelConfig
 from jaxinfer.engine_async import plan_next_decode
@@ -37,7 +37,7 @@ from jaxinfer.outputs import (
     RequestStates,
 )
 from jaxinfer.prompts import PromptTooLongError, RequestError
-from jaxinfer.request_checks import checked_params, masked_stops
+from jaxinfer.request_checks import checked_params
 from jaxinfer.runner import ModelRunner, SampleResult
 from jaxinfer.runner_multi import MultiStepPrograms
 from jaxinfer.sampling_defaults import (
@@ -348,43 +348,6 @@ class LLMEngine:
                           page_buckets=ec.page_buckets, request_seeds=self._seeds,
                           slots=self._slots.mapping)
 
-    def _prepare_device(self, out: SchedulerOutput) -> None:
-        """Device state the step needs: the copy-on-write page copies of samples forked for
-        it; a penalty-state slot for every sequence of the step (preempted ones lose theirs),
-        loaded from its tokens, stop tokens and allowed tokens for a newly (re)admitted
-        sequence with penalties, ``min_tokens`` (its stop tokens are masked until then) or
-        ``allowed_token_ids`` (the others are masked); its ``logit_bias`` and
-        ``bad_words`` tables (matching from the outputs it has); and, for every row with
-        ``structured_outputs`` that samples, the tokens its grammar allows next."""
-        if out.page_copies:
-            self.runner.copy_pages(out.page_copies)
-        for seq in out.preempted:
-            self._slots.release(seq.key)
-        held = self._slots.mapping
-        for c in out.chunks:
-            seq = c.seq
-            if seq.key in held:
-                continue
-            slot = self._slots.assign(seq.key)
-            sp = seq.sampling_params
-            if sp.has_penalties or sp.min_tokens > 0 or sp.allowed_token_ids:
-                ids = seq.all_token_ids  # prompt + outputs kept across preemption
-                toks = np.full(self.config.max_model_len, -1, np.int32)
-                toks[:len(ids)] = ids
-                self.runner.load_history(slot, toks, seq.num_prompt_tokens,
-                                         sorted(masked_stops(sp, self.model_config.vocab_size,
-                                                             self.scheduler.cfg.eos_token_ids)),
-                                         sorted(set(sp.allowed_token_ids or ())))
-            if sp.logit_bias or sp.bad_words:
-                self.runner.load_logit_bias(slot, sp.logit_bias, sp.bad_words_token_ids or (),
-                                            seq.output_token_ids)
-        rows = [c.seq for c in out.chunks
-                if c.samples and c.seq.sampling_params.structured_outputs is not None]
-        if rows:
-            self.runner.load_allowed_masks([held[q.key] for q in rows],
-                                           self.structured.masks(rows),
-                                           self.config.decode_buckets)
-
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns outputs of requests that advanced or finished.
 
@@ -403,7 +366,7 @@ class LLMEngine:
             out = self.scheduler.schedule()
             if out.is_empty:
                 return []
-            self._prepare_device(out)
+            engine_slots.prepare_device(self, out)
             if ec.num_scheduler_steps > 1:  # k decode steps in one program (engine_multi.py)
                 cur = launch_window(self, out)
             if cur is None:

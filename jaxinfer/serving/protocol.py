@@ -78,7 +78,8 @@ def sampling_params_from_proto(msg: pb.SamplingParameters,
     names), so fields added to ``SamplingParams`` later need no change here; a set field that
     ``SamplingParams`` does not have yet is rejected. Unset fields take ``defaults`` (the
     engine's ``sampling_defaults``: the model's generation-config defaults, as vLLM's OpenAI
-    server), else SamplingParams' own (temperature 1.0, max_tokens 16, ...).
+    server), else SamplingParams' own (temperature 1.0, ...; the servicer then gives an
+    unset max_tokens the room the prompt leaves, as vLLM's OpenAI server).
 
     Raises:
       InvalidRequest: unknown field for this engine version, or a value out of range

@@ -26,6 +26,7 @@ request; the server keeps serving).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -105,8 +106,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         except InvalidRequest as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e),
                               "invalid_argument")
-        if "max_tokens" in self.engine.sampling_defaults and not req.sampling.HasField(
-                "max_tokens"):  # the model's max_new_tokens: at most the room left (vLLM's)
+        if not req.sampling.HasField("max_tokens"):  # vLLM's OpenAI server: the model's
+            # max_new_tokens capped at the room the prompt leaves, else all of that room
+            if "max_tokens" not in self.engine.sampling_defaults:
+                params = dataclasses.replace(params, max_tokens=None)
             params = fit_max_tokens(params, len(ids), self.engine.config.max_model_len)
         handle = RequestHandle(ids, params, text)
         handle.arrival = arrival

@@ -451,26 +451,31 @@ def test_tokenize_refuses_a_text_over_max_model_len_after_encoding(tiny_server, 
 
 
 def test_full_queue_gives_resource_exhausted(tiny_server):
+    """max_queue_len 2: of max_num_seqs + 5 requests at once, the max_num_seqs places take
+    as many, 2 wait for a place, 3 are refused."""
     st = tiny_server[0]
     wait_until(lambda: _all_free(st))
     gate, paused = threading.Event(), threading.Event()
     st.et.call(lambda e: (set_max_queue_len(e, 2), paused.set(), gate.wait(30)))
     assert paused.wait(10)
-    results: list = [None] * 5
+    places = st.engine.config.max_num_seqs
+    n = places + 5
+    results: list = [None] * n
 
     def one(i: int) -> None:
         with InferenceClient(st.target, timeout=60) as c:
             try:
-                results[i] = c.generate(token_ids=[3 + i, 4], max_tokens=3, temperature=0.0)
+                results[i] = c.generate(token_ids=[3 + i % 90, 4], max_tokens=3,
+                                        temperature=0.0)
             except grpc.RpcError as e:
                 results[i] = e
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     try:
         for t in threads:
             t.start()
-        # All five wait in the inbox; the engine admits them in one go once released.
-        wait_until(lambda: st.et._inbox.qsize() >= 5)
+        # All wait in the inbox; the engine admits them in one go once released.
+        wait_until(lambda: st.et._inbox.qsize() >= n)
     finally:
         gate.set()
         for t in threads:
@@ -478,7 +483,7 @@ def test_full_queue_gives_resource_exhausted(tiny_server):
         st.et.call(lambda e: set_max_queue_len(e, None))
     errs = [r for r in results if isinstance(r, grpc.RpcError)]
     oks = [r for r in results if isinstance(r, pb.GenerateResponse)]
-    assert len(oks) == 2 and len(errs) == 3
+    assert len(oks) == places + 2 and len(errs) == 3
     assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in errs)
     assert all("max_queue_len" in e.details() for e in errs)
     wait_until(lambda: _all_free(st))
@@ -1005,3 +1010,14 @@ def test_serve_takes_generation_config():
     assert _engine_args(ns)["generation_config"] == "vllm"
     with pytest.raises(SystemExit):
         p.parse_args(["serve", "--generation-config", "hf"])
+
+
+def test_unset_max_tokens_takes_the_room_left(tiny_server):
+    """As vLLM's OpenAI server: without max_tokens (and no model default) a request may
+    generate up to max_model_len (128 here); it took SamplingParams' 16 before."""
+    st = tiny_server[0]
+    with InferenceClient(st.target, timeout=60) as c:
+        r = c.generate(token_ids=[5, 6, 7], temperature=0.0, ignore_eos=True)
+    assert r.usage.completion_tokens == 128 - 3
+    assert r.finish_reason == pb.FINISH_REASON_LENGTH
+    wait_until(lambda: _all_free(st))

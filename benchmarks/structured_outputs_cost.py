@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -48,30 +49,90 @@ def _median_us(fn, iters: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def mask_part(out: Path | None, command: str) -> None:
+TEXT = "the quick brown fox jumps over the lazy dog, and then it sleeps."
+FREE = "[a-z ,.]{1,400}"  # free text: most tokens fit, the costliest masks
+
+
+class _Seq:  # what GrammarMatchers reads of a sequence
+    def __init__(self, key, outputs):
+        from jaxinfer.sampling_params import SamplingParams
+
+        self.seq_id, self.key, self.output_token_ids = 0, key, list(outputs)
+        self.sampling_params = SamplingParams()
+
+
+def _tokenizer(source: str):
+    """(vocab size, Tokenizer) of a model name, or of a directory ``Tokenizer.save`` wrote."""
+    if Path(source).is_dir():
+        from jaxinfer.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_pretrained(source)
+        return len(tok.hf), tok
+    from jaxinfer.loading import read_header
+
+    cfg, tok = read_header(source)
+    return cfg.vocab_size, tok
+
+
+def mask_part(out: Path | None, command: str, sources: list[str]) -> None:
+    """One row's mask as the engine meets it (the first fill after each token: a repeated
+    fill of one state is cached by llguidance), then rows filled together, one by one vs on
+    llguidance's threads."""
     import llguidance
     import llguidance.numpy as lnp
 
-    from jaxinfer.loading import read_header
     from jaxinfer.structured_outputs import GrammarMatchers, StructuredOutputsParams
 
-    for model in ("smollm2-135m", "gemma3-270m"):
-        cfg, tok = read_header(model)
-        gm = GrammarMatchers(tok, cfg.vocab_size, tok.eos_token_ids)
-        grammar = gm.check(StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True))
-        ids = tok.encode(DOC, add_special_tokens=False)
-        m = llguidance.LLMatcher(gm.ll_tokenizer(), grammar, log_level=0)
-        mask = lnp.allocate_token_bitmask(1, cfg.vocab_size)
-        per = []
-        for t in ids:
-            per.append(_median_us(lambda: lnp.fill_next_token_bitmask(m, mask, 0), 5))
-            assert m.consume_token(t), t
-        rec = record(f"structured_mask_fill_{model}", statistics.median(per), "us",
-                     {"vocab": cfg.vocab_size, "positions": len(ids), "max_us": max(per),
-                      "what": "llguidance fill_next_token_bitmask, one row, JSON schema"},
-                     out, command)
-        print(f"mask fill {model:14s} V={cfg.vocab_size:6d}: median {rec['value']:.1f} us, "
-              f"max {max(per):.1f} us over {len(ids)} positions")
+    for model in sources:
+        vocab, tok = _tokenizer(model)
+        model = Path(model).name
+        gm = GrammarMatchers(tok, vocab, tok.eos_token_ids)
+        for kind, so, text in (
+                ("json", StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
+                 DOC), ("free_text", StructuredOutputsParams(regex=FREE), TEXT)):
+            grammar = gm.check(so)
+            ids = tok.encode(text, add_special_tokens=False)
+            m = llguidance.LLMatcher(gm.ll_tokenizer(), grammar, log_level=0)
+            mask = lnp.allocate_token_bitmask(1, vocab)
+            per = []
+            for t in ids:
+                t0 = time.perf_counter()
+                lnp.fill_next_token_bitmask(m, mask, 0)
+                per.append((time.perf_counter() - t0) * 1e6)
+                assert m.consume_token(t), t
+            record(f"structured_mask_fill_{model}_{kind}", statistics.median(per), "us",
+                   {"vocab": vocab, "positions": len(ids), "max_us": max(per),
+                    "what": "llguidance fill_next_token_bitmask, one row, first fill of "
+                            "each state"}, out, command)
+            print(f"mask fill {model:14s} {kind:9s} V={vocab:6d}: median "
+                  f"{statistics.median(per):7.1f} us, max {max(per):7.1f} us over {len(ids)}")
+        grammar = gm.check(StructuredOutputsParams(regex=FREE))
+        words = TEXT.split()
+        for rows in (8, 64):
+            res = {}
+            for threads in (1, None):
+                g = GrammarMatchers(tok, vocab, tok.eos_token_ids, threads=threads)
+                g._ll_tokenizer = gm.ll_tokenizer()
+                g.add(0, grammar)
+                seqs = [_Seq((0, i), tok.encode(" ".join(words[:1 + i % len(words)]),
+                                                add_special_tokens=False))
+                        for i in range(rows)]
+                g.masks(seqs)  # the matchers made (and fed their outputs) outside the timing
+                times = []
+                for _ in range(5):  # each time from fresh states: advance every row
+                    for s in seqs:
+                        t = tok.encode(" a", add_special_tokens=False)[0]
+                        assert g.accept(s, t) is None
+                    t0 = time.perf_counter()
+                    g.masks(seqs)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                res[threads] = statistics.median(times)
+                how = "threads" if threads is None else "one"
+                record(f"structured_masks_{model}_R{rows}_{how}", res[threads], "ms",
+                       {"vocab": vocab, "rows": rows, "threads": threads, "constraint": FREE,
+                        "cpus": os.cpu_count()}, out, command)
+            print(f"masks {model:14s} R={rows:3d}: one by one {res[1]:7.2f} ms, llguidance's "
+                  f"threads {res[None]:7.2f} ms ({os.cpu_count()} CPUs)")
 
 
 def program_part(out: Path | None, command: str, iters: int) -> None:
@@ -174,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="attach this saved tokenizer (Tokenizer.save) to a dummy: model")
     ap.add_argument("--engine-args", default="{}", help="JSON of more LLM(...) options")
     ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--mask-tokenizers", nargs="+", default=["smollm2-135m", "gemma3-270m"],
+                    help="model names, or directories Tokenizer.save wrote")
     ap.add_argument("--max-tokens", type=int, default=32)
     args = ap.parse_args(argv)
     command = " ".join(["python", *sys.argv])
     if "mask" in args.parts:
-        mask_part(args.out, command)
+        mask_part(args.out, command, args.mask_tokenizers)
     if "program" in args.parts:
         program_part(args.out, command, args.iters)
     if "engine" in args.parts:

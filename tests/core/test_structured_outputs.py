@@ -167,3 +167,26 @@ def test_matcher_replays_outputs_and_keeps_allowed_ids(matchers, smollm_tokenize
     narrowed = _Seq(2, outputs=prefix, allowed=only, index=1)
     assert _allowed(matchers, narrowed) == set(sorted(digits)[:3])  # grammar AND allowed ids
     matchers.forget_request(2)
+
+
+def test_rows_filled_in_parallel_equal_one_by_one(matchers, smollm_tokenizer) -> None:
+    tok = smollm_tokenizer
+    one_by_one = GrammarMatchers(tok, 49152, tok.eos_token_ids, threads=1)
+    grammar = matchers.check(StructuredOutputsParams(regex=r"[a-z ]{1,40}\\.|[0-9]+"))
+    for gm in (matchers, one_by_one):
+        gm.add(3, grammar)
+    prefixes = ["", "the", "the cat sat", "12", "the cat sat on the mat", "7 "]
+    seqs = []
+    for i, p in enumerate(prefixes):
+        ids = tok.encode(p, add_special_tokens=False) if p else []
+        seqs.append(_Seq(3, outputs=ids, index=i))
+    par, seq_masks = matchers.masks(seqs), one_by_one.masks(seqs)
+    np.testing.assert_array_equal(par, seq_masks)
+    assert matchers._executor is not None and one_by_one._executor is None
+    assert len({m.tobytes() for m in par}) >= 4  # the states differ
+    # "7 " left the grammar when replayed: that row's matcher is in error, every token allowed
+    assert matchers._matcher(seqs[-1]).is_error() and (par[-1] == -1).all()
+    for gm in (matchers, one_by_one):
+        for s in seqs:
+            gm.forget_sequence(s.key)
+        gm.forget_request(3)

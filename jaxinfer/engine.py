@@ -366,14 +366,14 @@ class LLMEngine:
             out = self.scheduler.schedule()
             if out.is_empty:
                 return []
-            engine_slots.prepare_device(self, out)
+            masks = engine_slots.prepare_device(self, out)  # structured outputs' masks
             if ec.num_scheduler_steps > 1:  # k decode steps in one program (engine_multi.py)
-                cur = launch_window(self, out)
+                cur = launch_window(self, out)  # (never with structured rows)
             if cur is None:
                 inputs = self._inputs(out.chunks, out.is_prefill)
                 if not ec.async_scheduling:
-                    return self._collect(out, self.runner.execute(inputs))
-                cur = self._launch(out, inputs)
+                    return self._collect(out, self.runner.execute(inputs, before_sample=masks))
+                cur = self._launch(out, inputs, before_sample=masks)
         if isinstance(cur, Window):
             if ec.async_scheduling:
                 self._pending = launch_next_window(self, cur)
@@ -384,9 +384,9 @@ class LLMEngine:
         want_logprobs = bool(cur.inputs.sampling.want_logprobs.any())
         return self._collect(cur.out, self.runner.fetch(cur.result, want_logprobs))
 
-    def _launch(self, out: SchedulerOutput, inputs: StepInputs,
-                token_ids: Any = None) -> _Launched:
-        return _Launched(out, inputs, self.runner.launch(inputs, token_ids))
+    def _launch(self, out: SchedulerOutput, inputs: StepInputs, token_ids: Any = None,
+                before_sample: Any = None) -> _Launched:
+        return _Launched(out, inputs, self.runner.launch(inputs, token_ids, before_sample))
 
     def _launch_next(self, cur: _Launched) -> _Launched | None:
         """Dispatch the decode step after ``cur`` (in flight) if it pipelines; else None."""

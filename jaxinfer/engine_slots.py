@@ -6,6 +6,7 @@ sequence's sampling parameters keep there, and loads the structured-outputs rows
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,8 +24,9 @@ def prepare_device(engine: LLMEngine, out: SchedulerOutput) -> None:
     loaded from its tokens, stop tokens and allowed tokens for a newly (re)admitted
     sequence with penalties, ``min_tokens`` (its stop tokens are masked until then) or
     ``allowed_token_ids`` (the others are masked); its ``logit_bias`` and
-    ``bad_words`` tables (matching from the outputs it has); and, for every row with
-    ``structured_outputs`` that samples, the tokens its grammar allows next."""
+    ``bad_words`` tables (matching from the outputs it has). Returns the loader of the
+    masks of the step's rows with ``structured_outputs`` (:func:`structured_masks`), for
+    ``ModelRunner.launch(before_sample=...)``, or None when it has none."""
     if out.page_copies:
         engine.runner.copy_pages(out.page_copies)
     for seq in out.preempted:
@@ -47,9 +49,23 @@ def prepare_device(engine: LLMEngine, out: SchedulerOutput) -> None:
         if sp.logit_bias or sp.bad_words:
             engine.runner.load_logit_bias(slot, sp.logit_bias,
                                           sp.bad_words_token_ids or (), seq.output_token_ids)
+    return structured_masks(engine, out)
+
+
+def structured_masks(engine: LLMEngine, out: SchedulerOutput) -> Callable[[], None] | None:
+    """For step ``out``'s rows with ``structured_outputs`` that sample: a function that
+    computes the tokens each row's grammar allows next (``GrammarMatchers.masks``, host) and
+    loads them into the rows' slots (``load_allowed_masks``); None when the step has none.
+    The runner calls it after dispatching the model program, so the host's masks overlap
+    the device's forward pass."""
     rows = [c.seq for c in out.chunks
             if c.samples and c.seq.sampling_params.structured_outputs is not None]
-    if rows:
-        engine.runner.load_allowed_masks([held[q.key] for q in rows],
-                                         engine.structured.masks(rows),
+    if not rows:
+        return None
+    slots = [engine._slots.mapping[q.key] for q in rows]
+
+    def load() -> None:
+        engine.runner.load_allowed_masks(slots, engine.structured.masks(rows),
                                          engine.config.decode_buckets)
+
+    return load

@@ -343,7 +343,8 @@ class ModelRunner(SlotStateLoaders):
         return list(self._executables)
 
     # ----------------------------------------------------------------- running
-    def launch(self, inputs: StepInputs, token_ids: Any = None) -> SampleOutput:
+    def launch(self, inputs: StepInputs, token_ids: Any = None,
+               before_sample: Callable[[], None] | None = None) -> SampleOutput:
         """Dispatch one padded sample step (the model program, then the sampler program) and
         return its SampleOutput on the device, not waited for (``fetch`` reads it back).
 
@@ -351,6 +352,9 @@ class ModelRunner(SlotStateLoaders):
           inputs: the step's host arrays; ``inputs.token_ids`` is ignored when ``token_ids``
             is given.
           token_ids: [S] int32 device array of the step's input tokens (``gather_tokens``).
+          before_sample: host work run after the model program is dispatched and before the
+            sampler's (so it overlaps the model's device time): structured outputs' masks,
+            loaded into the penalty state the sampler reads.
         """
         exe = self.executable(inputs.bucket, SAMPLE)
         # The host arrays go to the programs as they are: the compiled call transfers its
@@ -358,6 +362,8 @@ class ModelRunner(SlotStateLoaders):
         # arrays first (CPU, batch 256). ``inputs`` must not change while the step runs.
         toks = inputs.token_ids if token_ids is None else token_ids
         logits, self.cache = exe(self.weights, self.cache, toks, _metadata(inputs))
+        if before_sample is not None:
+            before_sample()
         return self.sample(logits, inputs.sampling)
 
     @staticmethod
@@ -375,7 +381,8 @@ class ModelRunner(SlotStateLoaders):
         exe = self.executable(gather_bucket(int(rows.shape[0])), GATHER)
         return exe(tokens, np.asarray(rows, np.int32))
 
-    def execute(self, inputs: StepInputs, mode: str = SAMPLE) -> Any:
+    def execute(self, inputs: StepInputs, mode: str = SAMPLE,
+                before_sample: Callable[[], None] | None = None) -> Any:
         """Run one padded step: mode "sample" runs the model program of ``inputs.bucket``,
         then the sampler program of ``sampling.sampler_variant(inputs.sampling, V)`` on its
         logits (on the device, dispatched back to back).
@@ -386,7 +393,8 @@ class ModelRunner(SlotStateLoaders):
           mode "logits": [T, V] float32 logits of every token (numpy).
         """
         if mode == SAMPLE:
-            return self.fetch(self.launch(inputs), bool(inputs.sampling.want_logprobs.any()))
+            return self.fetch(self.launch(inputs, before_sample=before_sample),
+                              bool(inputs.sampling.want_logprobs.any()))
         exe = self.executable(inputs.bucket, mode)
         logits, self.cache = exe(self.weights, self.cache, inputs.token_ids, _metadata(inputs))
         return np.asarray(logits)

@@ -79,9 +79,9 @@ def test_eight_parameter_sets_share_one_compiled_step():
 
     # Every sample step is dispatched by runner.launch (runner.execute calls it; async
     # scheduling calls it directly).
-    def spy(inputs, token_ids=None):
+    def spy(inputs, token_ids=None, before_sample=None):
         steps.append(("sample", inputs.bucket, inputs.sampling))
-        return launch(inputs, token_ids)
+        return launch(inputs, token_ids, before_sample)
 
     runner.launch = spy
     llm.generate(_prompts(8, 1), _eight(100))  # warm-up: every program these shapes need

@@ -172,3 +172,14 @@ def test_preempted_rows_resume_their_grammar(llm, smollm_tokenizer) -> None:
     for o in got:
         assert o.outputs[0].finish_reason == "stop" and _valid(sps[0].structured_outputs,
                                                                  o.outputs[0].text)
+
+
+def test_a_grammar_left_no_token_aborts_the_row(llm, smollm_tokenizer) -> None:
+    """allowed_token_ids that the grammar allows none of: the sampler has no finite logit;
+    the token it takes is refused by the grammar and the row finishes "abort" (logged)."""
+    no = smollm_tokenizer.encode("no", add_special_tokens=False)
+    sp = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=no,
+                        structured_outputs=SO(choice=["yes"]))
+    out = llm.generate(["Answer:"], sp)[0].outputs[0]
+    assert out.finish_reason == "abort" and len(out.token_ids) == 1
+    assert not llm.engine.has_unfinished_requests()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -303,10 +303,11 @@ class SamplingParams:
 
             so = self.structured_outputs
             if isinstance(so, dict):
-                try:
-                    so = StructuredOutputsParams(**so)
-                except TypeError as e:  # an unknown key
-                    raise ParameterError(f"structured_outputs: {e}") from None
+                known = [f.name for f in fields(StructuredOutputsParams)]
+                if unknown := [k for k in so if k not in known]:
+                    raise ParameterError(f"structured_outputs has no field {unknown[0]!r} "
+                                         f"(fields: {', '.join(known)})")
+                so = StructuredOutputsParams(**so)
             if not isinstance(so, StructuredOutputsParams):
                 raise ParameterError("structured_outputs must be a StructuredOutputsParams "
                                      f"(or a dict of its fields), got {_kind(so)}")

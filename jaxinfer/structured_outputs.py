@@ -35,7 +35,23 @@ log = logging.getLogger(__name__)
 # The fields of StructuredOutputsParams that name a constraint, in vLLM's order, and the
 # llguidance format of the text ones (``llguidance.grammar_from``).
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
-_FORMATS = {"regex": "regex", "choice": "choice", "grammar": "grammar"}
+_FORMATS = {"regex": "regex", "grammar": "grammar"}
+_ERROR_CHARS = 300  # of llguidance's error messages (they can hold its whole parser state)
+
+
+def _literal(text: str) -> str:
+    r"""``text`` as a Rust-regex literal: ASCII letters and digits as they are, every other
+    character as ``\x{HEX}`` (valid for any Unicode scalar, unlike backslash escapes)."""
+    return "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):X}}}" for c in text)
+
+
+def _short_error(error: str) -> str:
+    """A matcher's error without llguidance's dump of its parser state and grammar: its
+    "Error: ..." line, else its first line, at most ``_ERROR_CHARS`` characters."""
+    lines = [ln.strip() for ln in (error or "").strip().splitlines() if ln.strip()]
+    line = next((ln for ln in lines if ln.startswith("Error:") and ln != "Error: None"),
+                lines[0] if lines else "")
+    return line if len(line) <= _ERROR_CHARS else line[:_ERROR_CHARS] + " [...]"
 _ANY_OBJECT = '{"type": "object"}'  # json_object: any JSON object (OpenAI's json_object mode)
 
 
@@ -80,10 +96,13 @@ class StructuredOutputsParams:
         if kind == "json":
             if isinstance(v, str):
                 try:
-                    json.loads(v)
+                    schema = json.loads(v)
                 except ValueError as e:
                     raise ParameterError(f"structured_outputs.json is not JSON text: {e}") \
                         from None
+                if not isinstance(schema, dict):  # (true / false schemas: not supported)
+                    raise ParameterError("structured_outputs.json must be a JSON schema "
+                                         f"object, got {type(schema).__name__} text")
             elif not isinstance(v, dict):
                 raise ParameterError("structured_outputs.json must be a JSON schema (a dict "
                                      f"or its JSON text), got {type(v).__name__}")
@@ -118,7 +137,10 @@ class StructuredOutputsParams:
             schema = _ANY_OBJECT if kind == "json_object" else v
             return llguidance.LLMatcher.grammar_from_json_schema(
                 schema, defaults={"whitespace_flexible": not self.disable_any_whitespace})
-        return llguidance.grammar_from(_FORMATS[kind], json.dumps(v) if kind == "choice" else v)
+        if kind == "choice":  # one regex lexeme: llguidance's parser takes at most ~2,000
+            # alternatives in a grammar rule (a longer list failed at its second token)
+            return llguidance.grammar_from("regex", "|".join(map(_literal, v)))
+        return llguidance.grammar_from(_FORMATS[kind], v)
 
 
 class GrammarError(ValueError):
@@ -189,6 +211,15 @@ class GrammarMatchers:
         except (ValueError, TypeError) as e:  # GBNF not convertible, a dict not JSON
             raise GrammarError(f"structured_outputs.{kind}: {e}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer())
+        if not error:  # the first token's mask: a grammar that matches nothing, or one
+            # too complex for the parser, fails there (validation does not see either)
+            import llguidance.numpy as lnp
+
+            m = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
+            lnp.fill_next_token_bitmask(m, np.zeros((1, self.words), np.int32), 0)
+            if m.is_error():
+                raise GrammarError(f"structured_outputs.{kind}: no output can match it "
+                                   f"(llguidance: {_short_error(m.get_error())})")
         if error:
             raise GrammarError(f"structured_outputs.{kind} is not a valid {kind} for this "
                                f"model: {error.strip()}")
@@ -212,7 +243,7 @@ class GrammarMatchers:
                                      log_level=0)
             if seq.output_token_ids and not m.consume_tokens(list(seq.output_token_ids)):
                 log.warning("request %s: its outputs so far do not match its grammar: %s",
-                            seq.seq_id, m.get_error())
+                            seq.seq_id, _short_error(m.get_error()))
             self._matchers[seq.key] = m
         return m
 
@@ -254,7 +285,7 @@ class GrammarMatchers:
         m = self._matcher(seq)
         if not m.consume_token(int(token)):
             log.warning("request %s: token %d does not match its structured_outputs grammar: "
-                        "%s", seq.seq_id, token, m.get_error())
+                        "%s", seq.seq_id, token, _short_error(m.get_error()))
             return "rejected"
         return "stop" if m.is_stopped() else None
 

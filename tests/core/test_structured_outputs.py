@@ -26,6 +26,7 @@ from jaxinfer.structured_outputs import (
     ({}, "exactly one of json, regex, choice, grammar, json_object; got none"),
     ({"regex": "a", "choice": ["a"]}, "got regex, choice"),
     ({"json": "{not json"}, "structured_outputs.json is not JSON text"),
+    ({"json": "true"}, "structured_outputs.json must be a JSON schema object, got bool text"),
     ({"json": ["a"]}, "must be a JSON schema (a dict or its JSON text), got list"),
     ({"regex": ""}, "structured_outputs.regex must be a non-empty str"),
     ({"grammar": 5}, "structured_outputs.grammar must be a non-empty str"),
@@ -47,7 +48,8 @@ def test_sampling_params_take_the_object_or_a_dict() -> None:
     assert SamplingParams(structured_outputs=so).structured_outputs is so
     sp = SamplingParams(structured_outputs={"regex": "[0-9]+"})
     assert sp.structured_outputs == StructuredOutputsParams(regex="[0-9]+")
-    with pytest.raises(ParameterError, match="structured_outputs: .*unexpected keyword"):
+    with pytest.raises(ParameterError, match="structured_outputs has no field 'regexp' "
+                                             r"\(fields: json, regex, choice, grammar, "):
         SamplingParams(structured_outputs={"regexp": "a"})
     with pytest.raises(ParameterError, match="must be a StructuredOutputsParams"):
         SamplingParams(structured_outputs="[0-9]+")
@@ -107,6 +109,9 @@ class _Seq:  # what GrammarMatchers reads of a sequence.Sequence
     (StructuredOutputsParams(json={"type": "object", "x": {1, 2}}),
      "structured_outputs.json: Value is not JSON serializable: {1, 2}"),
     (StructuredOutputsParams(json={"type": "objectx"}), "Invalid type: objectx"),
+    # validation passes these; the first token's mask finds that nothing can match
+    (StructuredOutputsParams(regex=r"[^\x00-\x{10FFFF}]"),
+     "structured_outputs.regex: no output can match it (llguidance: NoExtensionBias)"),
 ])
 def test_invalid_grammars_are_refused(matchers, so, needle) -> None:
     with pytest.raises(GrammarError) as e:
@@ -190,3 +195,36 @@ def test_rows_filled_in_parallel_equal_one_by_one(matchers, smollm_tokenizer) ->
         for s in seqs:
             gm.forget_sequence(s.key)
         gm.forget_request(3)
+
+
+def _walk(matchers, rid: int, text: str, tok) -> list[str | None]:
+    """Feed ``text``'s tokens to a fresh sequence of request ``rid``: accept()'s answers."""
+    seq = _Seq(rid)
+    got = []
+    for t in tok.encode(text, add_special_tokens=False):
+        assert t in _allowed(matchers, seq), (text, t)
+        seq.output_token_ids.append(t)
+        got.append(matchers.accept(seq, t))
+    matchers.forget_sequence(seq.key)
+    return got
+
+
+def test_choices_with_any_characters_and_long_lists(matchers, smollm_tokenizer) -> None:
+    """Choices compile to one regex of literal characters (\\x{..} escapes): every
+    character means itself; and a 5,000-item list (over llguidance's ~2,000 alternatives a
+    grammar rule: it used to fail at the second token, finishing "abort") works."""
+    tok = smollm_tokenizer
+    special = ['a-b', 'x.y', 'q"uote', "back\\slash", 'sp ace', 'ü', '(paren)', 'a*', '[br]',
+               '{c}', '^$', '#hash', "it's", "tab\there", "new\nline", "&amp", "日本"]
+    matchers.add(4, matchers.check(StructuredOutputsParams(choice=special)))
+    for c in special:
+        got = _walk(matchers, 4, c, tok)
+        assert got == [None] * (len(got) - 1) + ["stop"], (c, got)  # complete at its end
+    many = [f"item-{i:05d}" for i in range(5000)]
+    matchers.add(5, matchers.check(StructuredOutputsParams(choice=many)))
+    for c in ("item-00000", "item-04999", "item-02345"):
+        assert _walk(matchers, 5, c, tok)[-1] == "stop", c
+    assert _walk(matchers, 5, "item-0", tok) == [None] * len(
+        tok.encode("item-0", add_special_tokens=False))
+    matchers.forget_request(4)
+    matchers.forget_request(5)

@@ -3,7 +3,8 @@ penalty-count row of a sequence (``load_history``: its tokens, stop and allowed 
 and its ``logit_bias`` and ``bad_words`` tables (``load_logit_bias``), each by a small
 compiled program of its own mode (HISTORY, BIAS), run when the engine admits a sequence that
 needs them; and the allowed-token flags of structured-outputs rows (``load_allowed_masks``,
-mode MASK), run before every step that samples such a row.
+mode MASK), run in every step that samples such a row, between its model and sampler
+programs.
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ def mask_bucket(num_rows: int) -> Bucket:
 
 class SlotStateLoaders:
     """``load_history``, ``load_allowed_masks`` and ``load_logit_bias`` of ``ModelRunner``
-    (which provides
-    ``num_slots``, ``counts``, ``logit_bias`` and ``executable``)."""
+    (which provides ``num_slots``, ``counts``, ``logit_bias`` and ``executable``)."""
 
     num_slots: int
     counts: Any

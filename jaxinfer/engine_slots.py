@@ -58,6 +58,8 @@ def structured_masks(engine: LLMEngine, out: SchedulerOutput) -> Callable[[], No
     loads them into the rows' slots (``load_allowed_masks``); None when the step has none.
     The runner calls it after dispatching the model program, so the host's masks overlap
     the device's forward pass."""
+    if not engine.structured.active:  # the common step: no scan of its rows
+        return None
     rows = [c.seq for c in out.chunks
             if c.samples and c.seq.sampling_params.structured_outputs is not None]
     if not rows:

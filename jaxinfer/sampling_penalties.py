@@ -5,14 +5,13 @@ Penalty state lives on the device: ``counts`` [N + 1, V] int32, one row per pers
 (the engine gives every running sequence a slot; row N is a scratch row for padding and rows
 that do not sample). Bits 0-27 count the token in the output so far; bit 28 flags it as one
 of the request's ``allowed_token_ids`` or of the tokens its structured-outputs grammar allows
-next (:func:`load_allowed_masks`, before each step; a row that has them masks every other
-token); bit 29
-flags it as one of the sequence's stop tokens (EOS unless ``ignore_eos``,
-``stop_token_ids``), masked while the row has fewer than ``min_tokens`` outputs; bit 30
-flags it as present in the prompt. The step adds each sampled token to its row; the engine
-(re)loads a row from the host with :func:`load_token_history` when a sequence with
-penalties, ``min_tokens`` or ``allowed_token_ids`` is admitted (its prompt may come from the
-prefix cache and was never fed through a step).
+next (:func:`load_allowed_masks`, each step between the model and sampler programs; a row
+that has them masks every other token); bit 29 flags it as one of the sequence's stop
+tokens (EOS unless ``ignore_eos``, ``stop_token_ids``), masked while the row has fewer than
+``min_tokens`` outputs; bit 30 flags it as present in the prompt. The step adds each sampled
+token to its row; the engine (re)loads a row from the host with :func:`load_token_history`
+when a sequence with penalties, ``min_tokens`` or ``allowed_token_ids`` is admitted (its
+prompt may come from the prefix cache and was never fed through a step).
 
 The ``min_tokens`` mask follows vLLM v1's ``MinTokensLogitsProcessor``
 (vllm/v1/sample/logits_processor): the logits of a row's stop tokens are -inf while its

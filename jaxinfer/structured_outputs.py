@@ -232,6 +232,12 @@ class GrammarMatchers:
     def has(self, request_id: int) -> bool:
         return request_id in self._grammars
 
+    @property
+    def active(self) -> bool:
+        """Whether some live request has structured outputs (else a step has no rows to
+        mask, and the engine skips looking for them)."""
+        return bool(self._grammars)
+
     def _matcher(self, seq: Any) -> Any:
         """The matcher of ``seq`` (a ``sequence.Sequence`` of a request :meth:`add` took),
         made on first use and fed the outputs it already has."""

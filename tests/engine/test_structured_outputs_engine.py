@@ -183,3 +183,31 @@ def test_a_grammar_left_no_token_aborts_the_row(llm, smollm_tokenizer) -> None:
     out = llm.generate(["Answer:"], sp)[0].outputs[0]
     assert out.finish_reason == "abort" and len(out.token_ids) == 1
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_structured_active_only_while_such_a_request_lives(llm) -> None:
+    """``GrammarMatchers.active`` (which lets a step skip looking for rows to mask) is false
+    in every step of unconstrained requests, and true, with a mask loader, in a constrained
+    one's first step."""
+    from jaxinfer import engine_slots
+
+    eng = llm.engine
+    seen = []
+    real = engine_slots.structured_masks
+
+    def spy(engine, out):
+        loader = real(engine, out)
+        seen.append((engine.structured.active, loader is not None))
+        return loader
+
+    engine_slots.structured_masks = spy
+    try:
+        llm.generate(["x"], SamplingParams(temperature=0.0, max_tokens=3))
+        plain = list(seen)
+        seen.clear()
+        llm.generate(["x"], SamplingParams(temperature=0.0, max_tokens=3,
+                                           structured_outputs=SO(choice=CHOICES)))
+    finally:
+        engine_slots.structured_masks = real
+    assert plain and all(s == (False, False) for s in plain)
+    assert seen and seen[0] == (True, True)

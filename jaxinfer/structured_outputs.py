@@ -178,6 +178,7 @@ class GrammarMatchers:
         self._lock = threading.Lock()  # the tokenizer's one build (add_request's threads)
         self._grammars: dict[int, str] = {}  # request id -> grammar text
         self._matchers: dict[Any, Any] = {}  # sequence key -> LLMatcher
+        self._allowed: dict[int, np.ndarray] = {}  # request id -> allowed_token_ids' bits
 
     def ll_tokenizer(self) -> Any:
         """llguidance's ``LLTokenizer`` of the model (built once, on first use)."""
@@ -279,8 +280,11 @@ class GrammarMatchers:
                 lnp.fill_next_token_bitmask(m, out, i)
         for i, seq in enumerate(seqs):
             allowed = seq.sampling_params.allowed_token_ids
-            if allowed:
-                out[i] &= token_bitmask(allowed, self.words)
+            if allowed:  # packed once a request, not every step
+                bits = self._allowed.get(seq.seq_id)
+                if bits is None:
+                    bits = self._allowed[seq.seq_id] = token_bitmask(allowed, self.words)
+                out[i] &= bits
         return out
 
     def accept(self, seq: Any, token: int) -> str | None:
@@ -300,6 +304,7 @@ class GrammarMatchers:
 
     def forget_request(self, request_id: int) -> None:
         self._grammars.pop(request_id, None)
+        self._allowed.pop(request_id, None)
 
 
 def token_bitmask(token_ids: Iterable[int], words: int) -> np.ndarray:

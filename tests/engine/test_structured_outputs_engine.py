@@ -114,6 +114,7 @@ def test_allowed_token_ids_narrow_the_grammar(llm, smollm_tokenizer) -> None:
                         allowed_token_ids=no + list(tok.eos_token_ids))
     out = llm.generate(["Answer:"], sp)[0].outputs[0]
     assert (out.text, out.finish_reason) == ("no", "stop")
+    assert not llm.engine.structured._allowed  # its packed allowed ids freed with it
 
 
 def test_bad_grammar_is_refused_and_nothing_is_lost(llm) -> None:

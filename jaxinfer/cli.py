@@ -37,6 +37,8 @@ def _engine_args(ns: argparse.Namespace) -> dict:
             args[name] = getattr(ns, name)
     if getattr(ns, "async_scheduling", None) is not None:
         args["async_scheduling"] = ns.async_scheduling
+    if getattr(ns, "jump_forward", False):
+        args["jump_forward"] = True
     if ns.scan_layers is not None:
         args["scan_layers"] = ns.scan_layers == "true"
     if getattr(ns, "generation_config", "auto") != "auto":  # "auto": the engine's default
@@ -109,6 +111,10 @@ def _add_engine_options(p: argparse.ArgumentParser, compile_cmd: bool = False) -
                    help="decode steps per compiled program when every running sequence "
                         "decodes (vLLM's multi-step scheduling: host cost paid once per K "
                         "tokens; outputs unchanged, streamed K tokens at a time; default 1)")
+    p.add_argument("--jump-forward", action="store_true",
+                   help="jump-forward decoding of structured outputs: tokens a grammar forces "
+                        "are appended unsampled and computed by one prefill step (pays at "
+                        "small batches; see EngineConfig.jump_forward)")
     b = p.add_argument_group("buckets (README 'Buckets'; defaults derive from the limits)")
     b.add_argument("--max-num-batched-tokens", type=int,
                    help="most tokens in a prefill step (default: 8192 on a GPU, 512 on the CPU)")

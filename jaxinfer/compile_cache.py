@@ -214,7 +214,8 @@ def fingerprint(model_config: ModelConfig, engine_config: EngineConfig, runner: 
     # one k serves another, whose k-step programs then compile at first use.
     engine.pop("num_scheduler_steps")
     # Scheduling policy only: which requests run when, never a program's shape or code.
-    for name in ("enable_prefix_caching", "max_consecutive_prefills", "max_queue_len"):
+    for name in ("enable_prefix_caching", "max_consecutive_prefills", "max_queue_len",
+                 "jump_forward"):
         engine.pop(name)
     backend = jax.extend.backend.get_backend()
     dev = jax.devices()[0]

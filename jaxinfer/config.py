@@ -255,6 +255,17 @@ class EngineConfig:
         admitted one step later (as in vLLM's async scheduler). On by default since
         it measured faster on the H200 (8B bf16 TPOT 6.25 -> 4.76 ms at batch 1, 8.02 -> 5.80
         ms at 64 streams; benchmarks/RESULTS.md); False = the synchronous engine.
+      jump_forward: jump-forward decoding of structured outputs (SGLang's; Zheng et al.
+        2024, arXiv 2312.07104; jaxinfer/jump_forward.py): after a constrained row samples a
+        token, the tokens its grammar then forces (a JSON key, ``":"``, a closing ``"}``)
+        are appended without sampling them, and the next prefill step computes them all
+        and samples the token after them: one step for several tokens. Rows jump only
+        when no other row would wait for that prefill step (every decoding row jumps, or a
+        prefill step comes next anyway); rows with ``logprobs``, penalties, ``bad_words``,
+        ``logit_bias`` or ``allowed_token_ids`` never do. Greedy text follows the grammar
+        either way, but the token ids may differ (the forced text is tokenized
+        canonically, not as the model would have split it). Off by default
+        (benchmarks/RESULTS.md "Jump-forward decoding").
       num_scheduler_steps: decode steps run by one compiled program (vLLM's multi-step
         scheduling, ``--num-scheduler-steps``): when every running sequence decodes and
         none asks for logprobs, k steps run on the device, each feeding its sampled tokens
@@ -289,6 +300,7 @@ class EngineConfig:
     seed: int = 0
     async_scheduling: bool = True
     num_scheduler_steps: int = 1
+    jump_forward: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -373,7 +385,8 @@ class EngineConfig:
         s = self.seed  # numpy's SeedSequence takes ints >= 0 only, and names no option
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
             raise ConfigError(f"seed must be an integer in [0, 2**63), got {s!r}")
-        for name in ("enable_prefix_caching", "async_scheduling", "scan_layers"):
+        for name in ("enable_prefix_caching", "async_scheduling", "scan_layers",
+                     "jump_forward"):
             v = getattr(self, name)  # a string such as "false" would be taken as True
             if not isinstance(v, bool) and not (v is None and name == "scan_layers"):
                 raise ConfigError(f"{name} must be True or False, got {v!r}")

@@ -176,6 +176,7 @@ class LLMEngine:
         # async scheduling: the step (or multi-step window) in flight
         self._pending: _Launched | Window | None = None
         self.num_pipelined_steps = 0  # steps dispatched before the previous was read
+        self.num_jump_forward_tokens = 0  # forced tokens appended unsampled (jump_forward)
         self.multi_step_programs = MultiStepPrograms(self.runner)  # num_scheduler_steps > 1
         self.num_multi_steps = 0  # multi-step windows run
         self.num_one_step_windows = 0  # windows run as one step while their program builds

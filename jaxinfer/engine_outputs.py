@@ -8,9 +8,9 @@ the stop rules (``Scheduler.postprocess``, then stop strings) with its logprobs,
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from jaxinfer import engine_logits
+from jaxinfer import engine_logits, jump_forward
 from jaxinfer.outputs import Logprobs, RequestOutput, logprobs_entry
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ def record_step(engine: LLMEngine, out: SchedulerOutput, res: SampleResult,
         out, res.tokens[:len(out.chunks)].tolist())
     now = time.monotonic()
     states, first_token_time = engine._states, engine._first_token_time
+    jumpers: list[tuple[Sequence, Any]] = []  # rows that may take forced tokens
     for seq, tok in new_tokens:
         rid = seq.seq_id
         touched[rid] = seq
@@ -60,6 +61,10 @@ def record_step(engine: LLMEngine, out: SchedulerOutput, res: SampleResult,
             if ended is not None:
                 engine.scheduler.finish_sample(seq, "stop" if ended == "stop" else "abort")
                 finished.append(seq)
+            elif engine.config.jump_forward:
+                jumpers.append((seq, st))
+    if jumpers:  # tokens the rows' grammars force, appended unsampled (jump_forward.py)
+        finished += jump_forward.jump(engine, jumpers)
     return finished
 
 

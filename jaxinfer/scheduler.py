@@ -359,6 +359,25 @@ class Scheduler:
                 finished.append(seq)
         return StepResult(new_tokens, finished)
 
+    def append_forced(self, seq: Sequence, tok: int) -> bool:
+        """Append ``tok`` to running ``seq``'s outputs without a step (a token its
+        structured-outputs grammar forces: jump-forward decoding) under the stop rules of a
+        sampled token; its K/V is computed by the next prefill step, which feeds it with the
+        sequence's other uncomputed tokens and samples the token after them. Returns True
+        when the token finished the sequence (its pages are free).
+
+        Raises:
+          SequenceStateError: ``seq`` is not running.
+        """
+        if seq.status is not SequenceStatus.RUNNING:
+            raise SequenceStateError(f"append_forced: {seq!r} is not running")
+        seq.output_token_ids.append(int(tok))
+        reason = self._stop_reason(seq, int(tok))
+        if reason is not None:
+            self._finish(seq, reason)
+            return True
+        return False
+
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
         sp, n_out = seq.sampling_params, seq.num_output_tokens
         if n_out >= sp.min_tokens and (

@@ -299,6 +299,15 @@ class GrammarMatchers:
             return "rejected"
         return "stop" if m.is_stopped() else None
 
+    def forced(self, seq: Any) -> list[int]:
+        """The tokens ``seq``'s grammar forces next (llguidance's ``compute_ff_tokens``: the
+        canonical tokens of the bytes every continuation starts with, less a last token a
+        longer token could still extend), for jump-forward decoding (jaxinfer/jump_forward.py);
+        [] when none is forced or the matcher is in error. The matcher is not advanced:
+        :meth:`accept` each token that is used."""
+        m = self._matcher(seq)
+        return [] if m.is_error() else [int(t) for t in m.compute_ff_tokens()]
+
     def forget_sequence(self, key: Any) -> None:
         self._matchers.pop(key, None)
 

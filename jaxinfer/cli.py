@@ -7,6 +7,7 @@ print one line ``jaxinfer: error: ...`` and exit with status 2; nothing else is 
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import os
 import sys
@@ -245,9 +246,12 @@ def cmd_generate(ns: argparse.Namespace) -> int:
                 print(c.text if ns.chat else prompt + c.text, flush=True)
     n = sum(len(c.token_ids) for o in outs for c in o.outputs)
     run = max(dt - t_compile, 1e-9)
+    reasons = collections.Counter(c.finish_reason for o in outs for c in o.outputs)
+    finish = ", ".join(r if k == 1 and len(reasons) == 1 else f"{r} {k}"
+                       for r, k in sorted(reasons.items()))  # "stop" | "length 2, stop 1"
     print(f"[{n} tokens in {run:.2f} s ({n / run:.1f} tok/s) after {t_load:.1f} s loading and "
           f"{t_compile:.1f} s building {runner.num_compilations} compiled + "
-          f"{runner.num_loaded} cached programs]", file=sys.stderr)
+          f"{runner.num_loaded} cached programs; finish_reason: {finish}]", file=sys.stderr)
     return 0
 
 

@@ -676,16 +676,22 @@ def test_jaxinfer_generate_default_max_tokens_fits_each_prompt(monkeypatch, caps
     long, short = " ".join(["3"] * 60), "3 4"  # max_model_len 64: room 4 and 62
     args = ["generate", "--model", "dummy:tiny-llama", "--token-ids"]
     assert cli.main([*args, long, short]) == 0
-    out = capsys.readouterr().out.splitlines()
+    first = capsys.readouterr()
+    out = first.out.splitlines()
     assert len(out[1].split()) <= 4 and out[0] == f"### {long}"  # fits the room
     with_eos = [o.outputs[0] for o in llama_llm.generate(
         [[3] * 60, [3, 4]], [SamplingParams(temperature=0, max_tokens=4),
                              SamplingParams(temperature=0, max_tokens=62)])]
     assert out[1].split() == [str(t) for t in with_eos[0].token_ids]
     assert out[3].split() == [str(t) for t in with_eos[1].token_ids]
+    a, b = sorted(o.finish_reason for o in with_eos)  # the summary line counts them
+    want = f"{a} 1, {b} 1" if a != b else f"{a} 2"
+    assert f"finish_reason: {want}]" in first.err
     assert cli.main([*args, "--max-tokens", "5", long]) == 0
-    assert capsys.readouterr().out.splitlines()[0].split() == [
+    got = capsys.readouterr()
+    assert got.out.splitlines()[0].split() == [
         str(t) for t in with_eos[0].token_ids]  # the 4 tokens of the room, not refused
+    assert f"finish_reason: {with_eos[0].finish_reason}]" in got.err
     assert not llama_llm.engine.has_unfinished_requests()
 
 

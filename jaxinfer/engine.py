@@ -260,7 +260,8 @@ class LLMEngine:
         grammar = None
         if params.structured_outputs is not None:
             try:
-                grammar = self.structured.check(params.structured_outputs)
+                grammar = self.structured.check(params.structured_outputs,
+                                                params.allowed_token_ids)
             except GrammarError as e:
                 raise RequestError(str(e)) from e
         seq = Sequence(rid, ids, params)

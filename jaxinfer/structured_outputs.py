@@ -194,13 +194,15 @@ class GrammarMatchers:
                          self.vocab_size, time.perf_counter() - t0)
             return self._ll_tokenizer
 
-    def check(self, params: StructuredOutputsParams) -> str:
+    def check(self, params: StructuredOutputsParams,
+              allowed_token_ids: Iterable[int] | None = None) -> str:
         """``params``' llguidance grammar, checked against the model's tokenizer (for
         :meth:`add` once the request is queued).
 
         Raises:
-          GrammarError: the model has no tokenizer, or the grammar does not compile (the
-            message is llguidance's, prefixed with the field).
+          GrammarError: the model has no tokenizer, the grammar does not compile (the
+            message is llguidance's, prefixed with the field), no output can match it, or
+            none of the request's ``allowed_token_ids`` may start an output it matches.
         """
         import llguidance
 
@@ -217,10 +219,15 @@ class GrammarMatchers:
             import llguidance.numpy as lnp
 
             m = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
-            lnp.fill_next_token_bitmask(m, np.zeros((1, self.words), np.int32), 0)
+            first = np.zeros((1, self.words), np.int32)
+            lnp.fill_next_token_bitmask(m, first, 0)
             if m.is_error():
                 raise GrammarError(f"structured_outputs.{kind}: no output can match it "
                                    f"(llguidance: {_short_error(m.get_error())})")
+            if allowed_token_ids and not (first[0] & token_bitmask(
+                    [t for t in allowed_token_ids if t < 32 * self.words], self.words)).any():
+                raise GrammarError(f"structured_outputs.{kind}: none of allowed_token_ids "
+                                   "may start an output it matches")
         if error:
             raise GrammarError(f"structured_outputs.{kind} is not a valid {kind} for this "
                                f"model: {error.strip()}")

@@ -176,13 +176,22 @@ def test_preempted_rows_resume_their_grammar(llm, smollm_tokenizer) -> None:
 
 
 def test_a_grammar_left_no_token_aborts_the_row(llm, smollm_tokenizer) -> None:
-    """allowed_token_ids that the grammar allows none of: the sampler has no finite logit;
-    the token it takes is refused by the grammar and the row finishes "abort" (logged)."""
+    """allowed_token_ids that the grammar allows none of at the first token: refused when
+    the request is added (nothing queued); at a later token: the sampler has no finite
+    logit, the token it takes is refused by the grammar and the row finishes "abort"
+    (logged)."""
+    yes = smollm_tokenizer.encode("yes", add_special_tokens=False)
     no = smollm_tokenizer.encode("no", add_special_tokens=False)
     sp = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=no,
                         structured_outputs=SO(choice=["yes"]))
+    with pytest.raises(RequestError, match="choice: none of allowed_token_ids may start"):
+        llm.engine.add_request("Answer:", sp)
+    assert not llm.engine.has_unfinished_requests()
+    sp = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=yes + no,
+                        structured_outputs=SO(choice=["yes sir"]))
     out = llm.generate(["Answer:"], sp)[0].outputs[0]
-    assert out.finish_reason == "abort" and len(out.token_ids) == 1
+    assert out.finish_reason == "abort" and out.token_ids[:len(yes)] == yes
+    assert len(out.token_ids) == len(yes) + 1
     assert not llm.engine.has_unfinished_requests()
 
 

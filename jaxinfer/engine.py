@@ -185,7 +185,8 @@ class LLMEngine:
                  self.kv_sizing.describe(ec.max_model_len))
         if self.sampling_defaults:  # as vLLM says it
             log.warning("default sampling parameters come from the model's "
-                        "generation_config.json: %s (generation_config='vllm' ignores them)",
+                        "generation_config.json (GGUF: general.sampling.*): %s "
+                        "(generation_config='vllm' ignores them)",
                         self.sampling_defaults)
 
     # ------------------------------------------------------------------ requests

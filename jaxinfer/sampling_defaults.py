@@ -10,7 +10,9 @@ fields a request leaves out from them. Llama 3.x Instruct's file, for instance, 
 file sets to null counts as unset; ``do_sample`` is ignored (as vLLM does: ``temperature 0``
 is how a request asks for greedy decoding). ``generation_config="vllm"`` ignores the file:
 SamplingParams' own defaults (temperature 1.0, ...), vLLM's other mode. vLLM's third form, a
-folder holding another ``generation_config.json``, is not supported. GGUF files and the
+folder holding another ``generation_config.json``, is not supported. A GGUF file may carry
+the same defaults as ``general.sampling.*`` metadata (:data:`GGUF_SAMPLING_KEYS`, which
+llama.cpp's converter writes from the generation config and llama.cpp applies); the
 ``dummy:`` models carry none. A value SamplingParams refuses is an error where the defaults
 apply (the engine with ``generation_config="auto"``, ``jaxinfer compile``), naming the file
 and key; ``"vllm"`` and the CLI's ``generate`` / ``chat`` (which pass every sampling value
@@ -28,6 +30,13 @@ from jaxinfer.sampling_params import ParameterError, SamplingParams
 GENERATION_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature",
                    "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                    "max_new_tokens": "max_tokens"}
+# GGUF metadata key (llama.cpp's convert_hf_to_gguf writes them from generation_config.json;
+# gguf.Keys.General.SAMPLING_*) -> SamplingParams field. llama.cpp's others (sequence,
+# penalty_last_n, xtc_*, mirostat*) have no SamplingParams field and are not read.
+GGUF_SAMPLING_KEYS = {"general.sampling.temp": "temperature",
+                      "general.sampling.top_k": "top_k", "general.sampling.top_p": "top_p",
+                      "general.sampling.min_p": "min_p",
+                      "general.sampling.penalty_repeat": "repetition_penalty"}
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _INT32_MAX = 2**31 - 1
 
@@ -54,11 +63,12 @@ def from_generation_config(gen: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def check_defaults(defaults: dict[str, Any], where: str) -> None:
+def check_defaults(defaults: dict[str, Any], where: str,
+                   keys: dict[str, str] | None = None) -> None:
     """Raise ValueError for a default SamplingParams refuses, naming ``where`` (the file)
     and the file's key, e.g. ``.../generation_config.json: top_p 2.0 is not a default
     SamplingParams accepts: top_p must be in (0, 1]``."""
-    keys = {name: key for key, name in GENERATION_KEYS.items()}
+    keys = keys or {name: key for key, name in GENERATION_KEYS.items()}
     for name, value in defaults.items():
         try:
             SamplingParams(**{name: value})
@@ -77,10 +87,14 @@ def default_sampling_params(defaults: dict[str, Any]) -> SamplingParams:
 
 def check_sampling_defaults(defaults: dict[str, Any], source: str) -> None:
     """:func:`check_defaults` for the model read from ``source``, as CheckpointError naming
-    its ``generation_config.json``."""
+    its ``generation_config.json``, or the GGUF file and its ``general.sampling.*`` key."""
     from jaxinfer.loading.base import CheckpointError  # (the loaders import this module)
 
     try:
-        check_defaults(defaults, f"{Path(source) / 'generation_config.json'}")
+        if str(source).endswith(".gguf"):
+            check_defaults(defaults, str(source),
+                           {name: key for key, name in GGUF_SAMPLING_KEYS.items()})
+        else:
+            check_defaults(defaults, f"{Path(source) / 'generation_config.json'}")
     except ValueError as e:
         raise CheckpointError(str(e)) from e

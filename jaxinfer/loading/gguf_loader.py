@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from jaxinfer.config import ConfigError, ModelConfig, check_positive_int, check_positive_number
 from jaxinfer.loading.base import CheckpointError, LoadedModel, ParamBuilder, split_layer_name
+from jaxinfer.sampling_defaults import GGUF_SAMPLING_KEYS, from_generation_config
 from jaxinfer.tokenizer import Tokenizer, TokenizerError
 
 SUPPORTED_GGUF_ARCHS = ("llama", "gemma3")
@@ -228,6 +229,9 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str,
         kw.update(family="llama", rope_theta=opt("rope.freq_base", 1e4, "float"))
     else:
         kw.update(_gemma3_facts(reader, kw, source))
+    kw["sampling_defaults"] = from_generation_config({  # general.sampling.*, if any
+        name: _typed(reader, key, source, "int" if name == "top_k" else "float", None)
+        for key, name in GGUF_SAMPLING_KEYS.items()})
     kw["bos_token_id"] = _typed(reader, "tokenizer.ggml.bos_token_id", source, "int", None)
     eos = _typed(reader, "tokenizer.ggml.eos_token_id", source, "int", None)
     if tokenizer is not None:

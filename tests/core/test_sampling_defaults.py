@@ -128,3 +128,35 @@ def test_compile_lists_the_default_requests_k_step_programs(tmp_path, capsys):
         assert cli.main([*argv, *change]) == 0
         out = capsys.readouterr().out
         assert "temperature.k4 multistep 2)" in out and "top_p.k4" not in out
+
+
+def test_gguf_general_sampling_keys_are_the_defaults(tmp_path):
+    """A GGUF's general.sampling.* metadata (llama.cpp's converter writes it from the
+    generation config) gives the same defaults; llama.cpp's keys without a SamplingParams
+    field are not read; a file without them has none; a value of the wrong type, or one
+    SamplingParams refuses, is refused naming the file and key."""
+    from jaxinfer.loading.gguf_loader import read_gguf_header
+    from jaxinfer.sampling_defaults import check_sampling_defaults
+    from tests.core.test_loading_config_values import write_gguf
+
+    plain = write_gguf(tmp_path / "plain.gguf")
+    assert read_gguf_header(plain)[1].sampling_defaults == {}
+    p = write_gguf(tmp_path / "m.gguf", meta={
+        "general.sampling.temp": 0.6, "general.sampling.top_k": 20,
+        "general.sampling.top_p": 0.95, "general.sampling.min_p": 0.05,
+        "general.sampling.penalty_repeat": 1.1, "general.sampling.penalty_last_n": 64,
+        "general.sampling.mirostat": 0})
+    cfg = read_gguf_header(p)[1]
+    assert cfg.sampling_defaults == pytest.approx({
+        "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.05,
+        "repetition_penalty": 1.1})
+    assert isinstance(cfg.sampling_defaults["top_k"], int)
+    check_sampling_defaults(cfg.sampling_defaults, str(p))  # all acceptable
+    bad = write_gguf(tmp_path / "bad.gguf", meta={"general.sampling.top_p": 2.0})
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(bad))}: "
+                       r"general.sampling.top_p \(the default top_p\) 2.0 is not a default"):
+        check_sampling_defaults(read_gguf_header(bad)[1].sampling_defaults, str(bad))
+    typed = write_gguf(tmp_path / "typed.gguf", meta={"general.sampling.top_k": "forty"})
+    with pytest.raises(CheckpointError, match="general.sampling.top_k is 'forty', expected an "
+                                              "integer"):
+        read_gguf_header(typed)

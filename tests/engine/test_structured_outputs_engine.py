@@ -201,7 +201,6 @@ def test_structured_active_only_while_such_a_request_lives(llm) -> None:
     one's first step."""
     from jaxinfer import engine_slots
 
-    eng = llm.engine
     seen = []
     real = engine_slots.structured_masks
 

@@ -138,6 +138,9 @@ def add_client_parser(sub: Any) -> None:
     p.add_argument("--truncate-prompt-tokens", type=int, default=None,
                    help="keep only the prompt's last k tokens (-1: max_model_len)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--n", type=int, default=None, metavar="K",
+                   help="K samples of the prompt (vLLM's n), printed one after the other "
+                        "under '--- sample i' (a stream's are collected, then printed)")
     add_structured_output_flags(p)
     p.add_argument("--show-ids", action="store_true", help="print token ids after the text")
     p.add_argument("prompt", nargs="?", default=None)
@@ -197,7 +200,7 @@ def cmd_client(ns: argparse.Namespace) -> int:
                                                     "top_p", "min_tokens", "seed",
                                                     "stop_token_ids", "truncate_prompt_tokens",
                                                     "allowed_token_ids", "logit_bias",
-                                                    "bad_words")
+                                                    "bad_words", "n")
                         if getattr(ns, k) is not None}
             if ns.ignore_eos:
                 sampling["ignore_eos"] = True
@@ -214,6 +217,9 @@ def cmd_client(ns: argparse.Namespace) -> int:
                 inp = {"token_ids": ids_or_error}
             else:
                 inp = {"prompt": ns.prompt}
+            if (ns.n or 1) > 1:
+                _print_samples(c, inp, sampling, ns.unary, ns.show_ids)
+                return 0
             ids: list[int] = []
             if ns.unary:
                 r = c.generate(**inp, **sampling)
@@ -226,11 +232,37 @@ def cmd_client(ns: argparse.Namespace) -> int:
                     print(r.text, end="", flush=True)
             print()
             if ns.show_ids:
-                from jaxinfer.serving import jaxinfer_pb2 as pb
-
-                print(json.dumps({"token_ids": ids,
-                                  "finish_reason": pb.FinishReason.Name(reason)}))
+                _print_ids(ids, reason)
         except grpc.RpcError as e:
             print(f"jaxinfer: error: {e.code().name}: {e.details()}", file=sys.stderr)
             return 2
     return 0
+
+
+def _print_ids(ids: list[int], reason: int) -> None:
+    from jaxinfer.serving import jaxinfer_pb2 as pb
+
+    print(json.dumps({"token_ids": ids, "finish_reason": pb.FinishReason.Name(reason)}))
+
+
+def _print_samples(c: Any, inp: dict[str, Any], sampling: dict[str, Any], unary: bool,
+                   show_ids: bool) -> None:
+    """``client --n K``: each sample's text (and ids) under ``--- sample i``, in index
+    order; a stream's messages (tagged by ``index``) are collected first."""
+    texts: dict[int, str] = {}
+    ids: dict[int, list[int]] = {}
+    reasons: dict[int, int] = {}
+    if unary:
+        for r in c.generate(**inp, **sampling).samples:
+            texts[r.index], ids[r.index], reasons[r.index] = r.text, list(r.token_ids), \
+                r.finish_reason
+    else:
+        for r in c.generate_stream(**inp, **sampling):
+            texts[r.index] = texts.get(r.index, "") + r.text
+            ids.setdefault(r.index, []).extend(r.token_ids)
+            reasons[r.index] = r.finish_reason
+    for i in sorted(texts):
+        print(f"--- sample {i}")
+        print(texts[i])
+        if show_ids:
+            _print_ids(ids[i], reasons[i])

@@ -618,6 +618,21 @@ def test_client_cli(tiny_server, capsys):
                  " ".join(map(str, long_ids[:5]))]) == 0
     shown = capsys.readouterr().out
     assert json.loads(shown[shown.index('{'):])["token_ids"] == [15, 15, 15]
+    # --n 2: each sample under its header, as the Python client's unary samples (a seed
+    # makes them reproducible), from a stream and from a unary call
+    with InferenceClient(st.target, timeout=60) as c:
+        want = c.generate(token_ids=long_ids[:5], max_tokens=4, temperature=1.0, seed=7, n=2,
+                          ignore_eos=True).samples
+    assert len(want) == 2 and want[0].token_ids != want[1].token_ids
+    for unary in ([], ["--unary"]):
+        assert main(["client", "--address", st.target, "--token-ids", "--show-ids", *unary,
+                     "--max-tokens", "4", "--temperature", "1", "--seed", "7", "--n", "2",
+                     "--ignore-eos", " ".join(map(str, long_ids[:5]))]) == 0
+        blocks = capsys.readouterr().out.split("--- sample ")
+        assert blocks[0] == "" and len(blocks) == 3, blocks
+        for i, b in enumerate(blocks[1:]):
+            assert b.startswith(f"{i}\n"), b
+            assert f'"token_ids": {list(want[i].token_ids)}' in b, (unary, b)
     for bad, msg in (('{"x": 1}', "keys must be token ids"), ("[1]", "must be a JSON object"),
                      ('{"13": 1, "013": 2}', "token 13 is given twice"),
                      ('{"3": "a"}', "the bias of token 3 must be a number")):

@@ -18,9 +18,9 @@ from jaxinfer.llm import LLM
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.structured_outputs import StructuredOutputsParams as SO
 from jaxinfer.structured_outputs import unpack_bitmask
-from tests.conftest import tiny_loaded
+from tests.engine.test_structured_outputs_engine import V
+from tests.engine.test_structured_outputs_engine import _llm as structured_llm
 
-V = 49152  # SmolLM2's vocabulary
 SCHEMA = {"type": "object", "additionalProperties": False,
           "required": ["name", "ok", "count"],
           "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
@@ -29,12 +29,8 @@ JSON = SO(json=SCHEMA, disable_any_whitespace=True)
 
 
 def _llm(tokenizer, **kw) -> LLM:
-    args = dict(max_model_len=96, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
-                jump_forward=True, async_scheduling=False)
-    args.update(kw)
-    loaded = tiny_loaded("llama", vocab_size=V)
-    loaded.tokenizer = tokenizer
-    return LLM(loaded, **args)
+    """The structured-outputs tests' engine, with jumps, synchronous unless ``kw`` says."""
+    return structured_llm(tokenizer, **{"jump_forward": True, "async_scheduling": False, **kw})
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,10 @@ class ServingMetrics:
         self.preemptions = Counter("jaxinfer_num_preemptions", "Recompute preemptions: a "
                                    "running sequence lost its KV pages to make room",
                                    registry=r)
-        self._preemptions_seen = 0
+        self.jump_forward_tokens = Counter(
+            "jaxinfer_jump_forward_tokens", "Structured-output tokens a grammar forced, "
+            "appended without sampling (jump-forward decoding)", registry=r)
+        self._preemptions_seen = self._jumped_seen = 0
         self._http: Any = None
 
     # engine-thread hooks -------------------------------------------------------------------
@@ -80,6 +83,10 @@ class ServingMetrics:
         if total > self._preemptions_seen:
             self.preemptions.inc(total - self._preemptions_seen)
         self._preemptions_seen = total
+        jumped = getattr(engine, "num_jump_forward_tokens", 0)  # only grows, too
+        if jumped > self._jumped_seen:
+            self.jump_forward_tokens.inc(jumped - self._jumped_seen)
+        self._jumped_seen = jumped
         self.refresh_gauges(engine)
 
     def refresh_gauges(self, engine: Any) -> None:

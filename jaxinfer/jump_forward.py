@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jaxinfer.prefill_plan import places
+from jaxinfer.request_checks import masked_stops
 
 if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
@@ -80,12 +81,19 @@ def plan(engine: LLMEngine, rows: list[tuple[Sequence, Any]]
 
 def jump(engine: LLMEngine, rows: list[tuple[Sequence, Any]]) -> list[Sequence]:
     """Append the forced tokens of the rows :func:`plan` picks, each under the rules of a
-    sampled token: the scheduler's stop rules (``Scheduler.append_forced``: EOS and stop
-    ids, ``max_tokens``, ``max_model_len``), stop strings, the grammar's end. Adds their
-    count to ``engine.num_jump_forward_tokens``; returns the sequences they finished."""
+    sampled token: the ``min_tokens`` mask (a stop token it would mask ends the jump before
+    it), the scheduler's stop rules (``Scheduler.append_forced``: EOS and stop ids,
+    ``max_tokens``, ``max_model_len``), stop strings, the grammar's end. Adds their count
+    to ``engine.num_jump_forward_tokens``; returns the sequences they finished."""
     finished = []
     for seq, st, forced in plan(engine, rows):
+        sp = seq.sampling_params
+        masked = masked_stops(sp, engine.model_config.vocab_size,
+                              engine.scheduler.cfg.eos_token_ids)
         for tok in forced:
+            if tok in masked and seq.num_output_tokens < sp.min_tokens:
+                break  # the sampler masks it there: the row samples it (and aborts), as
+                # without jumps
             engine.num_jump_forward_tokens += 1
             ended = engine.scheduler.append_forced(seq, tok)
             stop_token = ended and seq.finish_reason == "stop"

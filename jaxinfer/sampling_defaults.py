@@ -87,12 +87,18 @@ def default_sampling_params(defaults: dict[str, Any]) -> SamplingParams:
 
 def check_sampling_defaults(defaults: dict[str, Any], source: str) -> None:
     """:func:`check_defaults` for the model read from ``source``, as CheckpointError naming
-    its ``generation_config.json``, or the GGUF file and its ``general.sampling.*`` key."""
+    its ``generation_config.json``, or the GGUF file (also for a converted copy of one: its
+    manifest names the file) and its ``general.sampling.*`` key."""
     from jaxinfer.loading.base import CheckpointError  # (the loaders import this module)
+    from jaxinfer.loading.converted_check import read_manifest
 
+    src = str(source)
+    if not src.endswith(".gguf") and Path(src).is_dir():  # a converted copy of a GGUF file
+        made_from = str((read_manifest(src) or {}).get("from") or "")  # names the file
+        src = made_from if made_from.endswith(".gguf") else src
     try:
-        if str(source).endswith(".gguf"):
-            check_defaults(defaults, str(source),
+        if src.endswith(".gguf"):
+            check_defaults(defaults, src,
                            {name: key for key, name in GGUF_SAMPLING_KEYS.items()})
         else:
             check_defaults(defaults, f"{Path(source) / 'generation_config.json'}")

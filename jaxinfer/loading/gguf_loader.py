@@ -149,6 +149,15 @@ def _typed(reader: gguf.GGUFReader, key: str, source: str, kind: str,
     return v if kind == "int" else float(v)
 
 
+def sampling_defaults_of(reader: gguf.GGUFReader) -> dict[str, Any]:
+    """The default sampling params a GGUF's ``general.sampling.*`` metadata sets
+    (:data:`~jaxinfer.sampling_defaults.GGUF_SAMPLING_KEYS`), unchecked as a
+    generation_config.json's are: a value of the wrong type loads, and is refused naming
+    its key only where the defaults apply (``check_sampling_defaults``)."""
+    return from_generation_config({name: _field(reader, key)
+                                   for key, name in GGUF_SAMPLING_KEYS.items()})
+
+
 # ModelConfig field -> GGUF metadata key (after "<arch>.") that sets it.
 _GGUF_NAMES = {
     "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
@@ -229,9 +238,7 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str,
         kw.update(family="llama", rope_theta=opt("rope.freq_base", 1e4, "float"))
     else:
         kw.update(_gemma3_facts(reader, kw, source))
-    kw["sampling_defaults"] = from_generation_config({  # general.sampling.*, if any
-        name: _typed(reader, key, source, "int" if name == "top_k" else "float", None)
-        for key, name in GGUF_SAMPLING_KEYS.items()})
+    kw["sampling_defaults"] = sampling_defaults_of(reader)
     kw["bos_token_id"] = _typed(reader, "tokenizer.ggml.bos_token_id", source, "int", None)
     eos = _typed(reader, "tokenizer.ggml.eos_token_id", source, "int", None)
     if tokenizer is not None:

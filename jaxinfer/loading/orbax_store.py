@@ -60,6 +60,16 @@ from jaxinfer.tokenizer import Tokenizer, TokenizerError
 _E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
+# Manifest key of a GGUF file's converted copy: its model_config.json holds the file's
+# general.sampling.* defaults (read since session 44). The cache is keyed by the file's size
+# and time, so an entry without the key, made before, is stale and re-made from the file.
+GGUF_SAMPLING_READ = "gguf_sampling_defaults"
+
+
+def _is_gguf(source: str | Path | None) -> bool:
+    return source is not None and str(source).endswith(".gguf")
+
+
 def checkpoint_dir() -> Path:
     """Where named models are assembled and converted copies live.
 
@@ -135,6 +145,9 @@ def _dir_state(path: Path, source: str | Path,
     same = q is None if scheme is None else q_scheme == scheme
     if not same or manifest.get("source") != source_stamp(source):
         return path, "stale", f"its {MANIFEST} names another source file or quantization"
+    if _is_gguf(source) and not manifest.get(GGUF_SAMPLING_READ):
+        return path, "stale", ("it was made by a jaxinfer that did not read the file's "
+                               "general.sampling.* default sampling params")
     why = damage(path, manifest)
     return (path, "damaged", why) if why else (path, "ok", "")
 
@@ -257,6 +270,8 @@ def save_converted(out: str | Path, model: LoadedModel,
         manifest = {"format": FORMAT, "created_unix": time.time(), "dtype": "float32",
                     "source": source_stamp(source) if source is not None else None,
                     "from": model.source, "quantization": quant, "files": file_sizes(tmp)}
+        if _is_gguf(source):
+            manifest[GGUF_SAMPLING_READ] = True  # model_config.json holds its defaults
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if replace is not None and out.exists():
             if not replace(out):  # re-made by another process meanwhile: keep it

@@ -156,7 +156,48 @@ def test_gguf_general_sampling_keys_are_the_defaults(tmp_path):
     with pytest.raises(CheckpointError, match=rf"^{re.escape(str(bad))}: "
                        r"general.sampling.top_p \(the default top_p\) 2.0 is not a default"):
         check_sampling_defaults(read_gguf_header(bad)[1].sampling_defaults, str(bad))
-    typed = write_gguf(tmp_path / "typed.gguf", meta={"general.sampling.top_k": "forty"})
-    with pytest.raises(CheckpointError, match="general.sampling.top_k is 'forty', expected an "
-                                              "integer"):
-        read_gguf_header(typed)
+    # Read as generation_config.json's values: an integral float top_k is an int; a value
+    # of the wrong type loads (generation_config="vllm" ignores it) and is refused by name
+    # where the defaults apply.
+    typed = write_gguf(tmp_path / "typed.gguf", meta={"general.sampling.top_k": 40.0,
+                                                      "general.sampling.temp": "hot"})
+    got = read_gguf_header(typed)[1].sampling_defaults
+    assert got == {"top_k": 40, "temperature": "hot"} and isinstance(got["top_k"], int)
+    with pytest.raises(CheckpointError, match=r"general.sampling.temp \(the default "
+                                              r"temperature\) 'hot' is not a default"):
+        check_sampling_defaults(got, str(typed))
+
+
+def test_gguf_defaults_from_the_converted_cache(tmp_path, monkeypatch, capsys):
+    """A GGUF file's converted copy in the cache holds its defaults; a copy made before they
+    were read (no manifest key) is stale and re-made from the file; a bad default read from
+    the copy names the GGUF file and key, not the cache."""
+    from jaxinfer.loading import load_model
+    from jaxinfer.loading.orbax_store import GGUF_SAMPLING_READ, find_cached
+    from jaxinfer.sampling_defaults import check_sampling_defaults
+    from tests.core.test_loading_config_values import write_gguf
+
+    monkeypatch.setenv("JAXINFER_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+    p = write_gguf(tmp_path / "m.gguf", meta={"general.sampling.top_p": 0.0,
+                                             "general.sampling.top_k": 7})
+    want = {"top_p": 0.0, "top_k": 7}
+    assert load_model(str(p), progress=False).config.sampling_defaults == want
+    cached = find_cached(p)
+    assert cached is not None
+    again = load_model(str(p), progress=False)
+    assert again.source == str(cached) and again.config.sampling_defaults == want
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(p))}: general.sampling.top_p "
+                                              r"\(the default top_p\) 0.0 is not a default"):
+        check_sampling_defaults(again.config.sampling_defaults, again.source)
+    # An older version's copy: no manifest key, no defaults in its model_config.json
+    manifest = json.loads((cached / "manifest.json").read_text())
+    del manifest[GGUF_SAMPLING_READ]
+    (cached / "manifest.json").write_text(json.dumps(manifest))
+    cfg = json.loads((cached / "model_config.json").read_text())
+    cfg["sampling_defaults"] = {}
+    (cached / "model_config.json").write_text(json.dumps(cfg))
+    assert find_cached(p) is None  # stale
+    remade = load_model(str(p), progress=False)
+    assert "is stale (it was made by a jaxinfer that did not read the file's " \
+        "general.sampling.* default" in capsys.readouterr().err
+    assert remade.config.sampling_defaults == want and find_cached(p) == cached

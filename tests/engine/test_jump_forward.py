@@ -120,6 +120,26 @@ def test_stop_rules_cut_a_jump(llm) -> None:
     assert not eng.scheduler.has_unfinished and not eng.structured._matchers
 
 
+def test_a_forced_stop_token_is_masked_before_min_tokens(llm, smollm_tokenizer) -> None:
+    """A stop token the grammar forces, before ``min_tokens`` outputs: the sampler would mask
+    it, so the jump ends before it and the row samples there, as without jumps (the same
+    tokens and finish reason), never emitting it early."""
+    eng = llm.engine
+    prompt = eng.encode_prompt("Answer:")
+    full = _greedy(llm, prompt).token_ids
+    ref = llguidance.LLMatcher(eng.structured.ll_tokenizer(), JSON.grammar_text(), log_level=0)
+    assert ref.consume_token(full[0])
+    forced = ref.compute_ff_tokens()  # what the first jump appends
+    assert forced and full[1:1 + len(forced)] == forced
+    stop, at = forced[-1], len(forced)  # output index of the forced stop token
+    plain = _llm(smollm_tokenizer, jump_forward=False)
+    kw = {"stop_token_ids": [stop], "min_tokens": at + 2}
+    want = _greedy(plain, prompt, **kw)
+    got = _greedy(llm, prompt, **kw)
+    assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason)
+    assert stop not in got.token_ids[:at + 2]
+
+
 @pytest.mark.parametrize("kw", [{"logprobs": 2}, {"repetition_penalty": 1.2},
                                 {"logit_bias": {7: 0.5}}],
                          ids=["logprobs", "penalty", "logit_bias"])

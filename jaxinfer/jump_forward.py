@@ -8,9 +8,9 @@ prefill step feeds all of them and samples the token after them: one step for se
 tokens.
 
 When to jump. A step is either a prefill or a decode step, so a prefill step that only the
-jumping rows need stalls every other decoding row for a step. Measured on the CPU (SmolLM2,
-benchmarks/jump_forward.py), jumping whenever a row could made 8 rows 10 % slower, 1 row
-8-19 % faster. So rows jump only when no row waits for them: when every decoding row jumps
+jumping rows need stalls every other decoding row for a step. On the CPU (SmolLM2,
+benchmarks/jump_forward.py; runs of the first version, not recorded) jumping whenever a row
+could made 8 rows 10 % slower, 1 row 8-19 % faster. So rows jump only when no row waits for them: when every decoding row jumps
 (one row alone; rows in step), or when a prefill step comes next anyway (a row is partly
 prefilled, or the first waiting request has a place and pages), which the jumping rows
 then join.
@@ -92,7 +92,7 @@ def jump(engine: LLMEngine, rows: list[tuple[Sequence, Any]]) -> list[Sequence]:
                               engine.scheduler.cfg.eos_token_ids)
         for tok in forced:
             if tok in masked and seq.num_output_tokens < sp.min_tokens:
-                break  # the sampler masks it there: the row samples it (and aborts), as
+                break  # the sampler masks it there: the row samples under the mask, as
                 # without jumps
             engine.num_jump_forward_tokens += 1
             ended = engine.scheduler.append_forced(seq, tok)

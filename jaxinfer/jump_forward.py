@@ -10,15 +10,16 @@ tokens.
 When to jump. A step is either a prefill or a decode step, so a prefill step that only the
 jumping rows need stalls every other decoding row for a step. On the CPU (SmolLM2,
 benchmarks/jump_forward.py; runs of the first version, not recorded) jumping whenever a row
-could made 8 rows 10 % slower, 1 row 8-19 % faster. So rows jump only when no row waits for them: when every decoding row jumps
-(one row alone; rows in step), or when a prefill step comes next anyway (a row is partly
-prefilled, or the first waiting request has a place and pages), which the jumping rows
-then join.
+could made 8 rows 10 % slower, 1 row 8-19 % faster. So rows jump only when no row waits
+for them: when every decoding row jumps (one row alone; rows in step), or when a prefill
+step comes next anyway (a row is partly prefilled, or the first waiting request has a place
+and pages), which the jumping rows then join.
 
 Rows that need every token sampled never jump: ``logprobs`` (one entry a token),
 penalties and ``bad_words`` (the device counts and matches each sampled token),
 ``logit_bias`` and ``allowed_token_ids`` (a forced token would skip them); a running row
-with them (or an unconstrained one) blocks the every-row rule. Plain Python; no JAX.
+with them (or an unconstrained one) blocks the every-row rule. This module is the policy
+(:func:`plan`); ``engine_outputs.append_forced`` appends the tokens. Plain Python; no JAX.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jaxinfer.prefill_plan import places
-from jaxinfer.request_checks import masked_stops
 
 if TYPE_CHECKING:
     from jaxinfer.engine import LLMEngine
@@ -63,52 +63,13 @@ def plan(engine: LLMEngine, rows: list[tuple[Sequence, Any]]
     jump, with the tokens each appends: (seq, state, forced) for each, under the rule in
     the module docstring; [] when none."""
     sched = engine.scheduler
-    jumps = []
-    for seq, st in rows:
-        if not seq.is_finished and can_jump(seq.sampling_params):
-            forced = engine.structured.forced(seq)
-            if forced:
-                jumps.append((seq, st, forced))
-    if not jumps:
+    rows = [(seq, st) for seq, st in rows
+            if not seq.is_finished and can_jump(seq.sampling_params)]
+    # A prefill step comes next anyway (the jumping rows join it), or every running row
+    # must jump (nobody waits): checked before asking the grammars, the costly part.
+    coming = any(not _decoding(s) for s in sched.running) or _admits(sched)
+    if not coming and len(rows) != len(sched.running):  # (rows: running, distinct)
         return []
-    if any(not _decoding(s) for s in sched.running) or _admits(sched):
-        return jumps  # a prefill step comes next anyway: the jumping rows join it
-    jumping = {seq.key for seq, _, _ in jumps}
-    if all(s.key in jumping for s in sched.running):
-        return jumps  # every decoding row jumps: nobody waits
-    return []
-
-
-def jump(engine: LLMEngine, rows: list[tuple[Sequence, Any]]) -> list[Sequence]:
-    """Append the forced tokens of the rows :func:`plan` picks, each under the rules of a
-    sampled token: the ``min_tokens`` mask (a stop token it would mask ends the jump before
-    it), the scheduler's stop rules (``Scheduler.append_forced``: EOS and stop ids,
-    ``max_tokens``, ``max_model_len``), stop strings, the grammar's end. Adds their count
-    to ``engine.num_jump_forward_tokens``; returns the sequences they finished."""
-    finished = []
-    for seq, st, forced in plan(engine, rows):
-        sp = seq.sampling_params
-        masked = masked_stops(sp, engine.model_config.vocab_size,
-                              engine.scheduler.cfg.eos_token_ids)
-        for tok in forced:
-            if tok in masked and seq.num_output_tokens < sp.min_tokens:
-                break  # the sampler masks it there: the row samples under the mask, as
-                # without jumps
-            engine.num_jump_forward_tokens += 1
-            ended = engine.scheduler.append_forced(seq, tok)
-            stop_token = ended and seq.finish_reason == "stop"
-            if st.add_token(tok, None, stop_token):  # a stop string ("stop" over "length")
-                if not ended:
-                    engine.scheduler.finish_sample(seq, "stop")
-                seq.finish_reason = "stop"
-                ended = True
-            if not ended:
-                grammar = engine.structured.accept(seq, tok)  # "stop": grammar complete
-                if grammar is not None:
-                    engine.scheduler.finish_sample(seq, "stop" if grammar == "stop"
-                                                   else "abort")
-                    ended = True
-            if ended:
-                finished.append(seq)
-                break
-    return finished
+    jumps = [(seq, st, forced) for seq, st in rows
+             if (forced := engine.structured.forced(seq))]
+    return jumps if coming or len(jumps) == len(sched.running) else []

@@ -351,28 +351,31 @@ class Scheduler:
             if not chunk.samples:
                 continue
             tok = int(tok)
-            seq.output_token_ids.append(tok)
             new_tokens.append((seq, tok))
-            reason = self._stop_reason(seq, tok)
-            if reason is not None:
-                self._finish(seq, reason)
+            if self._append(seq, tok):
                 finished.append(seq)
         return StepResult(new_tokens, finished)
 
-    def append_forced(self, seq: Sequence, tok: int) -> bool:
+    def append_token(self, seq: Sequence, tok: int) -> bool:
         """Append ``tok`` to running ``seq``'s outputs without a step (a token its
         structured-outputs grammar forces: jump-forward decoding) under the stop rules of a
-        sampled token; its K/V is computed by the next prefill step, which feeds it with the
-        sequence's other uncomputed tokens and samples the token after them. Returns True
-        when the token finished the sequence (its pages are free).
+        sampled token (``postprocess`` appends those the same way); its K/V is computed by
+        the next prefill step, which feeds it with the sequence's other uncomputed tokens
+        and samples the token after them. Returns True when the token finished the
+        sequence (its pages are free).
 
         Raises:
           SequenceStateError: ``seq`` is not running.
         """
         if seq.status is not SequenceStatus.RUNNING:
-            raise SequenceStateError(f"append_forced: {seq!r} is not running")
-        seq.output_token_ids.append(int(tok))
-        reason = self._stop_reason(seq, int(tok))
+            raise SequenceStateError(f"append_token: {seq!r} is not running")
+        return self._append(seq, int(tok))
+
+    def _append(self, seq: Sequence, tok: int) -> bool:
+        """Append ``tok`` (an int) to running ``seq``'s outputs under the stop rules;
+        True when it finished the sequence."""
+        seq.output_token_ids.append(tok)
+        reason = self._stop_reason(seq, tok)
         if reason is not None:
             self._finish(seq, reason)
             return True

@@ -8,12 +8,12 @@ prefill step feeds all of them and samples the token after them: one step for se
 tokens.
 
 When to jump. A step is either a prefill or a decode step, so a prefill step that only the
-jumping rows need stalls every other decoding row for a step. On the CPU (SmolLM2,
-benchmarks/jump_forward.py; runs of the first version, not recorded) jumping whenever a row
-could made 8 rows 10 % slower, 1 row 8-19 % faster. So rows jump only when no row waits
-for them: when every decoding row jumps (one row alone; rows in step), or when a prefill
-step comes next anyway (a row is partly prefilled, or the first waiting request has a place
-and pages), which the jumping rows then join.
+jumping rows need stalls every other decoding row for a step: a first version that jumped
+whenever a row could ran 8 rows slower than no jumps on the CPU (benchmarks/jump_forward.py;
+those runs were not kept). So rows jump only when no row waits for them: when every
+decoding row jumps (one row alone; rows in step), or when a prefill step comes next anyway
+(a row is partly prefilled, or the first waiting request has a place and pages), which the
+jumping rows then join.
 
 Rows that need every token sampled never jump: ``logprobs`` (one entry a token),
 penalties and ``bad_words`` (the device counts and matches each sampled token),

@@ -112,6 +112,13 @@ def _llm(mm: str, model=None, **extra) -> LLM:
                matmul_backend=mm, **{**kw, **extra})
 
 
+# A 32-token prefill bucket for the hidden-512 engines whose subject is decode: at 128 tokens
+# their prefill GEMMs take the Mosaic GPU decode kernel (fp8_engine_plan), whose interpreter
+# ran ~15 s a prefill step on the CPU. test_rope_kv_write_takes_the_qkv_gemms_split_k_partials
+# keeps the 128-token bucket: the engine-level run of that kernel in a prefill program.
+_DECODE_ONLY = dict(max_num_batched_tokens=32, prefill_buckets=(32,))
+
+
 def _weight(llm: LLM, name: str) -> jax.Array:
     """The runner's weight array whose path contains ``name`` (not its scale)."""
     flat = {"/".join(map(str, k)): v for k, v in
@@ -418,8 +425,8 @@ def test_split_k_residual_fused_engine_equals_xla(scan, monkeypatch, request):
     for on in (False, True):
         monkeypatch.setattr(T, "FUSE_SPLITK_RESIDUAL", on)
         jax.clear_caches()
-        outs[on] = _llm("pallas", model, dtype="float32",
-                        scan_layers=scan).generate(prompts, sp)
+        outs[on] = _llm("pallas", model, dtype="float32", scan_layers=scan,
+                        **_DECODE_ONLY).generate(prompts, sp)
     _assert_same_outputs(outs[True], outs[False], atol=1e-5)
     # on, the o projection's partials reach a norm-quant (scanned too); off, none do
     assert "SplitKPartials" in residuals[True] and "SplitKPartials" not in residuals[False]
@@ -432,12 +439,12 @@ def test_split_k_residual_fused_engine_equals_xla(scan, monkeypatch, request):
     monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", True)
     jax.clear_caches()
     both = _llm("pallas", model, dtype="float32", kv_cache_dtype="fp8",
-                attention_backend="pallas").generate(prompts, sp)
+                attention_backend="pallas", **_DECODE_ONLY).generate(prompts, sp)
     monkeypatch.setattr(T, "FUSE_SPLITK_RESIDUAL", False)
     monkeypatch.setattr(pa, "ROPE_KV_WRITE_KERNEL", False)
     jax.clear_caches()
     neither = _llm("pallas", model, dtype="float32", kv_cache_dtype="fp8",
-                   attention_backend="pallas").generate(prompts, sp)
+                   attention_backend="pallas", **_DECODE_ONLY).generate(prompts, sp)
     _assert_same_outputs(both, neither, atol=1e-5)
     monkeypatch.setattr(T, "FUSE_SPLITK_RESIDUAL", True)
     cfg = tiny_config("llama", **dims)

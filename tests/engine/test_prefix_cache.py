@@ -26,7 +26,8 @@ class Counted:
     """An LLM whose executed steps are counted (tokens computed, preemptions)."""
 
     def __init__(self, family: str, **kw) -> None:
-        args = {"max_model_len": 64, "block_size": PS, "max_num_seqs": 8, "max_num_batched_tokens": 32}
+        args = {"max_model_len": 64, "block_size": PS, "max_num_seqs": 8,
+                "max_num_batched_tokens": 32}
         args.update(kw)
         self.llm = LLM(tiny_loaded(family), **args)
         self.computed = self.preempted = 0
@@ -118,7 +119,7 @@ def test_max_queue_len_rejects_new_requests():
     free places take at the next step are not queued (a helper sent 6 requests at once to a
     server with 2 places and max_queue_len 1: 2 were taken, not 3)."""
     eng = LLM(tiny_loaded("llama"), max_model_len=64, block_size=PS, max_num_seqs=2,
-              max_queue_len=1).engine
+              max_num_batched_tokens=32, max_queue_len=1).engine
     eng.add_request([3, 4, 5], GREEDY)
     eng.add_request([3, 4, 6], GREEDY)
     eng.add_request([3, 4, 7], GREEDY)  # the two places are taken: this one is queued

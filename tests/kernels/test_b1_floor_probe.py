@@ -32,7 +32,8 @@ def test_cpu_smoke_records_every_probe(tmp_path):
     assert impls == {*fp.MODES, "ours", "ours u0", "ours pre0", "bt S2w4b32",
                      "ours S2w4b32"}, impls
     swept = [r for r in recs if r["config"]["impl"] == "bt S2w4b32"]
-    assert {r["config"]["splits"] for r in swept} == {2}, swept  # ctx 256 / 200: 2 splits
+    assert {r["config"]["splits"] for r in swept} == {2}, swept  # ctx 200: 2 splits
+    assert {r["config"]["ctx"] for r in recs} == {200}
     assert all(r["value"] > 0 and r["unit"] == "us" for r in recs)
 
 

@@ -265,12 +265,11 @@ def test_compaction_at_exactly_the_capacity():
     _, args, lo = _normal_rows(7, S, V)
     base, stats = ts.nucleus_cut(*args, lo=lo, compact=V, return_stats=True, **GEO)
     stats = np.asarray(stats)
-    assert (stats[:, 1] > 1).sum() >= S // 2
-    for i in range(S):
+    copied = [i for i in range(S) if stats[i, 1] > 1]  # rows whose bracket was copied
+    assert len(copied) >= S // 2
+    for i in copied[:3]:  # each capacity is its own compiled kernel (~3 s in interpret mode)
         one = [a[i:i + 1] for a in args]
         n = int(stats[i, 1])
-        if n <= 1:
-            continue
         cut, st = ts.nucleus_cut(*one, lo=lo[i:i + 1], compact=n, return_stats=True, **GEO)
         assert np.asarray(st).tolist() == [[1, n]]
         np.testing.assert_array_equal(np.asarray(cut)[0], np.asarray(base)[i])

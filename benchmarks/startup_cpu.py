@@ -1,6 +1,6 @@
 """Start-up on the CPU: how to load precompiled programs, cold vs warm start, compile vs depth.
 
-    PYTHONPATH=. python benchmarks/startup_cpu.py [--parts methods,start,depth]
+    PYTHONPATH=. python benchmarks/startup_cpu.py [--parts methods,start,cli,depth]
         [--model smollm2-135m] [--cache-dir DIR] [--repeats 2]
 
 * methods: load the same few programs of ``--model`` in a fresh process by (a) compiling
@@ -10,6 +10,8 @@
 * start: a fresh ``LLM`` process to its first token and to 32 tokens, cold (no compile cache)
   and warm (``--cache-dir`` from ``jaxinfer compile`` of the default bucket set), then the time
   to load the rest of the bucket set (warm) for comparison with compiling it.
+* cli: the demo's `jaxinfer generate --chat` in a fresh process with JAX's persistent
+  compilation cache off, cold and warm (``--xla-cache-dir``; jaxinfer/xla_cache.py).
 * depth: seconds to compile the same buckets for models of 2 to 80 layers (abstract weights,
   bfloat16), scanned and, for SmolLM2, unrolled.
 
@@ -30,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import record
+from benchmarks.common import record  # noqa: E402
 
 PROGRAMS = [("sample", "decode", 1, 1, 16), ("sample", "decode", 8, 8, 128),
             ("sample", "prefill", 16, 1, 16), ("sample", "prefill", 512, 8, 128),
@@ -197,9 +199,9 @@ def part_methods(model: str, repeats: int, scan: bool | None) -> None:
     print(f"\nload {len(PROGRAMS)} {model} programs (scan_layers={scan}) in a fresh process "
           f"(s per program, median of {repeats})")
     for m in methods:
-        args = {"model": model, "method": m, "scan": scan, "store": str(tmp / "store") if m == "serialized"
-                else str(tmp), "pcache": str(tmp / ("pcache-export" if m == "export"
-                                                     else "pcache"))}
+        args = {"model": model, "method": m, "scan": scan,
+                "store": str(tmp / "store") if m == "serialized" else str(tmp),
+                "pcache": str(tmp / ("pcache-export" if m == "export" else "pcache"))}
         runs = [run_child("methods", args)[0] for _ in range(repeats)]
         wall = statistics.median(statistics.mean(r["wall"]) for r in runs)
         cpu = statistics.median(statistics.mean(r["cpu"]) for r in runs)
@@ -245,6 +247,41 @@ def part_start(model: str, cache: str, repeats: int) -> None:
            {"model": model, "programs": len(manifest["programs"]), "source": "manifest"})
 
 
+def part_cli(model: str, repeats: int) -> None:
+    """The demo's command (`jaxinfer generate --chat "What is 2+2?"`) in fresh processes:
+    JAX's persistent compilation cache off, then cold (an empty cache) and warm (what the
+    cold run wrote; jaxinfer/xla_cache.py)."""
+    import re
+
+    xla = Path(tempfile.mkdtemp(prefix="startup-xla-"))
+    print(f"\n`jaxinfer generate --chat` on {model}, fresh processes (median of {repeats}; "
+          f"cold: once)")
+    for mode in ("off", "cold", "warm"):
+        runs = []
+        for _ in range(1 if mode == "cold" else repeats):
+            t0 = time.perf_counter()
+            out = subprocess.run(
+                [sys.executable, "-m", "jaxinfer.cli", "generate", "--model", model, "--chat",
+                 "--xla-cache-dir", "off" if mode == "off" else str(xla), "What is 2+2?"],
+                capture_output=True, text=True, check=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)})
+            wall = time.perf_counter() - t0
+            m = re.search(r"after ([\d.]+) s loading and ([\d.]+) s building (\d+) compiled "
+                          r"\+ (\d+) cached", out.stderr)
+            if not m:
+                raise SystemExit(f"no summary line in: {out.stderr[-2000:]}")
+            runs.append((wall, float(m[1]), float(m[2]), int(m[3]), int(m[4])))
+        wall, load, build = (statistics.median(r[i] for r in runs) for i in range(3))
+        compiled, cached = runs[-1][3:]
+        print(f"  {mode:5}: process {wall:6.2f} s (loading {load:.2f}, building {build:.2f}: "
+              f"{compiled} compiled + {cached} cached)")
+        cfg = {"model": model, "xla_cache": mode, "command": "jaxinfer generate --chat",
+               "compiled": compiled, "cached": cached, "runs": len(runs),
+               "loading_s": load}
+        record("startup_cli_generate_wall", wall, "s", cfg)
+        record("startup_cli_generate_build", build, "s", cfg)
+
+
 def part_depth(n_programs: int) -> None:
     print(f"\ncompile seconds per program, bfloat16, abstract weights; buckets "
           f"{DEPTH_PROGRAMS[:n_programs]}")
@@ -285,6 +322,8 @@ def main() -> None:
         part_methods(ns.model, ns.repeats, scan)
     if "start" in parts:
         part_start(ns.model, ns.cache_dir, ns.repeats)
+    if "cli" in parts:
+        part_cli(ns.model, ns.repeats)
     if "depth" in parts:
         part_depth(ns.depth_programs)
 

@@ -50,6 +50,21 @@ def _engine_args(ns: argparse.Namespace) -> dict:
     return args
 
 
+def _add_xla_cache_option(p: argparse.ArgumentParser) -> None:
+    """``--xla-cache-dir`` for the commands that build an engine to run it (generate, chat,
+    serve): JAX's persistent compilation cache, on by default (jaxinfer/xla_cache.py)."""
+    p.add_argument("--xla-cache-dir", default=None, metavar="DIR",
+                   help="JAX's persistent compilation cache: programs compiled once are "
+                        "reused at the next start ('off' turns it off; default "
+                        "$JAXINFER_XLA_CACHE_DIR, else ~/.cache/jaxinfer/xla)")
+
+
+def _xla_cache(ns: argparse.Namespace) -> None:
+    from jaxinfer.xla_cache import enable
+
+    enable(getattr(ns, "xla_cache_dir", None))
+
+
 def _ints(text: str) -> tuple[int, ...]:
     """``"1,2,4"`` -> (1, 2, 4), for the bucket-set and bench list options.
 
@@ -218,6 +233,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     if ns.chat and (empty := [i for i, p in enumerate(ns.prompt) if not p.strip()]):
         raise ValueError(f"--chat: prompt {empty[0]} is empty (nothing to say)")
     t_start = time.perf_counter()
+    _xla_cache(ns)
     llm = LLM(ns.model, **_engine_args(ns))
     t_load = time.perf_counter() - t_start
     engine, runner = llm.engine, llm.engine.runner
@@ -263,6 +279,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     params = _sampling(ns)
     if params.n != 1:
         raise ValueError(f"chat streams one reply a turn: --n must be 1, got {params.n}")
+    _xla_cache(ns)
     engine = LLMEngine(ns.model, **_engine_args(ns))
     if engine.tokenizer is None:
         raise SystemExit("jaxinfer: error: this model has no tokenizer, so no chat")
@@ -352,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for one or more prompts")
     _add_engine_options(g)
+    _add_xla_cache_option(g)
     _add_sampling_options(g, max_tokens=64)
     form = g.add_mutually_exclusive_group()  # a prompt is chat text or token ids, not both
     form.add_argument("--chat", action="store_true",
@@ -366,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("chat", help="interactive chat (streams tokens)")
     _add_engine_options(c)
+    _add_xla_cache_option(c)
     _add_sampling_options(c, max_tokens=256)
     c.add_argument("--system", default=None, help="system prompt")
     c.set_defaults(func=cmd_chat, generation_config="vllm")  # as generate's

@@ -18,6 +18,8 @@ _CACHE = os.path.join(os.path.dirname(__file__), "..", ".cache", "jax-test-compi
 jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# `jaxinfer generate | chat | serve` run as subprocesses use the same cache, not ~/.cache
+os.environ.setdefault("JAXINFER_XLA_CACHE_DIR", os.path.abspath(_CACHE))
 
 from jaxinfer.config import ModelConfig  # noqa: E402
 from jaxinfer.models.params import param_shapes  # noqa: E402

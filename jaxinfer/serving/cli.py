@@ -43,11 +43,12 @@ def _add_if_missing(p: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
 
 def add_serve_parser(sub: Any) -> None:
     """Register ``jaxinfer serve`` on the CLI's subparsers."""
-    from jaxinfer.cli import _add_engine_options
+    from jaxinfer.cli import _add_engine_options, _add_xla_cache_option
     from jaxinfer.serving import DEFAULT_PORT
 
     p = sub.add_parser("serve", help="serve the model over gRPC (jaxinfer.v1.Inference)")
     _add_engine_options(p)
+    _add_xla_cache_option(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=port_number, default=DEFAULT_PORT,
                    help="gRPC port, 0-65535 (0: any free)")
@@ -89,7 +90,7 @@ def _warmup_mode(ns: argparse.Namespace) -> bool | str:
 def cmd_serve(ns: argparse.Namespace) -> int:
     import asyncio
 
-    from jaxinfer.cli import _engine_args
+    from jaxinfer.cli import _engine_args, _xla_cache
     from jaxinfer.engine import LLMEngine
     from jaxinfer.serving.server import ServerError, check_port_free, serve
 
@@ -101,6 +102,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         check_port_free(ns.host, ns.port)
         if ns.metrics_port is not None:
             check_port_free(ns.host, ns.metrics_port, "serve metrics")
+        _xla_cache(ns)
         engine = LLMEngine(ns.model, **args)
         return asyncio.run(serve(engine, ns.host, ns.port, ns.metrics_port, ns.max_queue_len,
                                  ns.drain_timeout, warmup=_warmup_mode(ns)))

@@ -1,0 +1,79 @@
+"""JAX's persistent compilation cache for `jaxinfer generate | chat | serve`
+(jaxinfer/xla_cache.py): where it goes, that a second start compiles nothing, that ``off``
+changes nothing, and that an unusable directory fails by name."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+
+from jaxinfer import cli
+from jaxinfer.xla_cache import ENV, choose, default_dir, enable
+
+
+def test_choose_follows_the_documented_precedence(tmp_path, monkeypatch):
+    f, e, c = str(tmp_path / "flag"), str(tmp_path / "env"), str(tmp_path / "jax")
+    assert choose(f, e, c) == (Path(f), "--xla-cache-dir")  # the flag beats everything
+    assert choose("off", e, c) == (None, "--xla-cache-dir")
+    assert choose(None, e, c) == (Path(c), "jax.config (JAX_COMPILATION_CACHE_DIR)")
+    assert choose(None, e, None) == (Path(e), f"${ENV}")
+    assert choose(None, "OFF", None) == (None, f"${ENV}")
+    assert choose(None, "", None) == (None, f"${ENV}")  # set but empty: off
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert choose(None, None, None) == (tmp_path / "xdg" / "jaxinfer" / "xla", "default")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_dir() == Path.home() / ".cache" / "jaxinfer" / "xla"
+    assert choose("~/x", None, None)[0] == Path.home() / "x"
+
+
+def test_a_cache_this_process_has_is_left_as_it_is():
+    before = jax.config.jax_compilation_cache_dir  # the test suite's (conftest)
+    assert before and enable() == Path(before)
+    assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_an_unusable_directory_is_refused_by_name(tmp_path, capsys):
+    not_dir = tmp_path / "a-file"
+    not_dir.write_text("x")
+    before = jax.config.jax_compilation_cache_dir
+    assert cli.main(["generate", "--model", "dummy:tiny-llama", "--token-ids",
+                     "--xla-cache-dir", str(not_dir), "1 2"]) == 2
+    err = capsys.readouterr().err
+    assert f"jaxinfer: error: --xla-cache-dir {not_dir}: cannot be used as the XLA " \
+           "compilation cache (not a directory)" in err, err
+    assert jax.config.jax_compilation_cache_dir == before  # nothing changed
+
+
+def _generate(env: dict[str, str], *extra: str) -> tuple[int, int]:
+    """(programs compiled, programs from a cache) of one `jaxinfer generate` process."""
+    out = subprocess.run([sys.executable, "-m", "jaxinfer.cli", "generate", "--model",
+                          "dummy:tiny-llama", "--token-ids", "--max-tokens", "2", *extra,
+                          "1 2 3"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    m = re.search(r"building (\d+) compiled \+ (\d+) cached programs", out.stderr)
+    assert m, out.stderr
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_off_changes_nothing(monkeypatch):
+    updates = []
+    monkeypatch.setattr(jax.config, "update", lambda *a: updates.append(a))
+    assert enable("off") is None and enable(" None ") is None
+    assert updates == []
+
+
+def test_second_start_compiles_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in (ENV, "JAX_COMPILATION_CACHE_DIR")}
+    env.update(XDG_CACHE_HOME=str(tmp_path), JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    compiled, cached = _generate(env)
+    assert compiled > 0 and cached == 0
+    where = tmp_path / "jaxinfer" / "xla"
+    assert len(list(where.iterdir())) >= compiled  # written at the default location
+    assert _generate(env) == (0, compiled)  # the next start: every program from the cache

@@ -13,8 +13,10 @@ set, serialized ahead of time and loaded without tracing (jaxinfer/compile.py).
 Where (:func:`choose`): ``--xla-cache-dir DIR``; else a cache this process already has
 (``$JAX_COMPILATION_CACHE_DIR`` or ``jax.config``), left as it is; else
 ``$JAXINFER_XLA_CACHE_DIR``; else ``$XDG_CACHE_HOME/jaxinfer/xla`` (``~/.cache/jaxinfer/xla``).
-``off`` (flag or variable) turns it off. Entries are never evicted: delete the directory to
-reclaim the space.
+``off`` (flag or variable) turns it off. A cache set up here holds at most
+:data:`MAX_BYTES` (JAX's ``jax_compilation_cache_max_size``: least recently used entries go
+first, and reads and writes take a file lock, so processes starting together do not read a
+half-written entry); a cache JAX already had keeps its own settings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ OFF = ("off", "none", "0", "")
 # Every program is written (JAX's default skips those compiled in under 1 s: most of a small
 # model's programs on the CPU, which a start would then compile again).
 MIN_COMPILE_SECONDS = 0.0
+# Bytes on disk before the least recently used entries are evicted (the demo's 13 SmolLM2
+# programs on the CPU take ~1 MB).
+MAX_BYTES = 8 << 30
 
 
 def default_dir() -> Path:
@@ -89,5 +94,6 @@ def enable(flag: str | None = None) -> Path | None:
                          f"({why}); give a writable directory, or 'off'") from None
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     log.info("XLA compilation cache: %s (%s)", directory, source)
     return directory

@@ -75,5 +75,6 @@ def test_second_start_compiles_nothing(tmp_path):
     compiled, cached = _generate(env)
     assert compiled > 0 and cached == 0
     where = tmp_path / "jaxinfer" / "xla"
-    assert len(list(where.iterdir())) >= compiled  # written at the default location
+    assert len(list(where.glob("*-cache"))) >= compiled  # written at the default location
+    assert (where / ".lockfile").exists()  # a size cap (MAX_BYTES): LRU eviction, file lock
     assert _generate(env) == (0, compiled)  # the next start: every program from the cache

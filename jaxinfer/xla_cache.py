@@ -13,7 +13,8 @@ set, serialized ahead of time and loaded without tracing (jaxinfer/compile.py).
 Where (:func:`choose`): ``--xla-cache-dir DIR``; else a cache this process already has
 (``$JAX_COMPILATION_CACHE_DIR`` or ``jax.config``), left as it is; else
 ``$JAXINFER_XLA_CACHE_DIR``; else ``$XDG_CACHE_HOME/jaxinfer/xla`` (``~/.cache/jaxinfer/xla``).
-``off`` (flag or variable) turns it off. A cache set up here holds at most
+``off`` (flag or variable) turns it off; ``--xla-cache-dir off`` also turns off a cache
+JAX already had. A cache set up here holds at most
 :data:`MAX_BYTES` (JAX's ``jax_compilation_cache_max_size``: least recently used entries go
 first, and reads and writes take a file lock, so processes starting together do not read a
 half-written entry); a cache JAX already had keeps its own settings.
@@ -59,6 +60,13 @@ def choose(flag: str | None, env: str | None, configured: str | None
     return default_dir(), "default"
 
 
+def _jax_cache_dir() -> str | None:
+    """The persistent cache directory JAX has in this process (None: none)."""
+    import jax
+
+    return jax.config.jax_compilation_cache_dir
+
+
 def enable(flag: str | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache where :func:`choose` says; returns the
     directory, or None when it is off or the default location cannot be written (a warning
@@ -70,9 +78,11 @@ def enable(flag: str | None = None) -> Path | None:
     """
     import jax
 
-    configured = jax.config.jax_compilation_cache_dir
+    configured = _jax_cache_dir()
     directory, source = choose(flag, os.environ.get(ENV), configured)
     if directory is None:
+        if configured and flag is not None:  # an explicit "off" also stops JAX's own cache
+            jax.config.update("jax_enable_compilation_cache", False)
         log.info("XLA compilation cache off (%s)", source)
         return None
     if source.startswith("jax.config") and flag is None:

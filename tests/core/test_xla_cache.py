@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache for `jaxinfer generate | chat | serve`
 (jaxinfer/xla_cache.py): where it goes, that a second start compiles nothing, that ``off``
-changes nothing, and that an unusable directory fails by name."""
+turns it off, and that an unusable directory fails by name."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jax
 
-from jaxinfer import cli
+from jaxinfer import cli, xla_cache
 from jaxinfer.xla_cache import ENV, choose, default_dir, enable
 
 
@@ -60,11 +60,16 @@ def _generate(env: dict[str, str], *extra: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def test_off_changes_nothing(monkeypatch):
+def test_off_sets_nothing_up_and_turns_off_a_cache_jax_had(monkeypatch):
     updates = []
     monkeypatch.setattr(jax.config, "update", lambda *a: updates.append(a))
-    assert enable("off") is None and enable(" None ") is None
-    assert updates == []
+    monkeypatch.setenv(ENV, "off")  # JAX already has the suite's cache: that one stays
+    assert enable() == Path(jax.config.jax_compilation_cache_dir) and updates == []
+    assert enable("off") is None and enable(" None ") is None  # the flag: JAX's off too
+    assert updates == [("jax_enable_compilation_cache", False)] * 2
+    monkeypatch.setattr(xla_cache, "_jax_cache_dir", lambda: None)
+    updates.clear()
+    assert enable("off") is None and updates == []  # no cache anywhere: nothing to do
 
 
 def test_second_start_compiles_nothing(tmp_path):

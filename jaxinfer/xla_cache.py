@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 ENV = "JAXINFER_XLA_CACHE_DIR"
-OFF = ("off", "none", "0", "")
+OFF = ("off", "none")  # and an empty $JAXINFER_XLA_CACHE_DIR (an empty flag is refused)
 # Every program is written (JAX's default skips those compiled in under 1 s: most of a small
 # model's programs on the CPU, which a start would then compile again).
 MIN_COMPILE_SECONDS = 0.0
@@ -51,12 +52,15 @@ def choose(flag: str | None, env: str | None, configured: str | None
     module docstring. ``flag``: ``--xla-cache-dir``; ``env``: ``$JAXINFER_XLA_CACHE_DIR``;
     ``configured``: the directory JAX already has in this process."""
     if flag is not None:
+        if not flag.strip():
+            raise ValueError("--xla-cache-dir is empty: give a directory, or 'off'")
         return (None if flag.strip().lower() in OFF else Path(flag).expanduser()), \
             "--xla-cache-dir"
     if configured:
         return Path(configured), "jax.config (JAX_COMPILATION_CACHE_DIR)"
     if env is not None:
-        return (None if env.strip().lower() in OFF else Path(env).expanduser()), f"${ENV}"
+        off = not env.strip() or env.strip().lower() in OFF
+        return (None if off else Path(env).expanduser()), f"${ENV}"
     return default_dir(), "default"
 
 
@@ -74,7 +78,8 @@ def enable(flag: str | None = None) -> Path | None:
 
     Raises:
       ValueError: a directory named by ``--xla-cache-dir`` or ``$JAXINFER_XLA_CACHE_DIR``
-        cannot be created or written (the message names it and where it came from).
+        cannot be created or written (the message names it and where it came from), or
+        ``--xla-cache-dir`` is empty.
     """
     import jax
 
@@ -91,8 +96,10 @@ def enable(flag: str | None = None) -> Path | None:
         if directory.exists() and not directory.is_dir():
             raise NotADirectoryError("not a directory")
         directory.mkdir(parents=True, exist_ok=True)
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise PermissionError("not writable")
+        # a file really written (os.access says yes to root everywhere, /proc included,
+        # where JAX then waits out its file lock's timeout at every read and write)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
+            pass
     except OSError as e:
         why = e.strerror or str(e)
         if source == "default":

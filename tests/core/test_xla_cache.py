@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import jax
+import pytest
 
 from jaxinfer import cli, xla_cache
 from jaxinfer.xla_cache import ENV, choose, default_dir, enable
@@ -24,6 +25,8 @@ def test_choose_follows_the_documented_precedence(tmp_path, monkeypatch):
     assert choose(None, e, None) == (Path(e), f"${ENV}")
     assert choose(None, "OFF", None) == (None, f"${ENV}")
     assert choose(None, "", None) == (None, f"${ENV}")  # set but empty: off
+    with pytest.raises(ValueError, match="--xla-cache-dir is empty"):
+        choose(" ", e, c)  # an empty "$DIR" in a script: refused, not silently off
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert choose(None, None, None) == (tmp_path / "xdg" / "jaxinfer" / "xla", "default")
     monkeypatch.delenv("XDG_CACHE_HOME")
@@ -47,6 +50,16 @@ def test_an_unusable_directory_is_refused_by_name(tmp_path, capsys):
     assert f"jaxinfer: error: --xla-cache-dir {not_dir}: cannot be used as the XLA " \
            "compilation cache (not a directory)" in err, err
     assert jax.config.jax_compilation_cache_dir == before  # nothing changed
+
+
+def test_a_directory_that_takes_no_file_is_refused(tmp_path):
+    """/proc: os.access says writable to root, JAX's file lock then times out at every
+    read and write (a helper's run hung): a real file is written first."""
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    with pytest.raises(ValueError, match=r"--xla-cache-dir /proc: cannot be used as the "
+                                         r"XLA compilation cache"):
+        enable("/proc")
 
 
 def _generate(env: dict[str, str], *extra: str) -> tuple[int, int]:

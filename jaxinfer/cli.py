@@ -62,7 +62,7 @@ def _add_xla_cache_option(p: argparse.ArgumentParser) -> None:
 def _xla_cache(ns: argparse.Namespace) -> None:
     from jaxinfer.xla_cache import enable
 
-    enable(getattr(ns, "xla_cache_dir", None))
+    enable(ns.xla_cache_dir)
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -38,12 +38,18 @@ MIN_COMPILE_SECONDS = 0.0
 # Bytes on disk before the least recently used entries are evicted (the demo's 13 SmolLM2
 # programs on the CPU take ~1 MB).
 MAX_BYTES = 8 << 30
+FROM_JAX = "jax.config (JAX_COMPILATION_CACHE_DIR)"  # choose()'s source for JAX's own cache
 
 
 def default_dir() -> Path:
     """``$XDG_CACHE_HOME/jaxinfer/xla``, or ``~/.cache/jaxinfer/xla`` without the variable."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "jaxinfer" / "xla"
+
+
+def _dir_or_off(value: str) -> Path | None:
+    """``value`` as a directory, or None where it says off (empty counts as off)."""
+    return None if value.strip().lower() in (*OFF, "") else Path(value).expanduser()
 
 
 def choose(flag: str | None, env: str | None, configured: str | None
@@ -54,13 +60,11 @@ def choose(flag: str | None, env: str | None, configured: str | None
     if flag is not None:
         if not flag.strip():
             raise ValueError("--xla-cache-dir is empty: give a directory, or 'off'")
-        return (None if flag.strip().lower() in OFF else Path(flag).expanduser()), \
-            "--xla-cache-dir"
+        return _dir_or_off(flag), "--xla-cache-dir"
     if configured:
-        return Path(configured), "jax.config (JAX_COMPILATION_CACHE_DIR)"
+        return Path(configured), FROM_JAX
     if env is not None:
-        off = not env.strip() or env.strip().lower() in OFF
-        return (None if off else Path(env).expanduser()), f"${ENV}"
+        return _dir_or_off(env), f"${ENV}"
     return default_dir(), "default"
 
 
@@ -86,11 +90,11 @@ def enable(flag: str | None = None) -> Path | None:
     configured = _jax_cache_dir()
     directory, source = choose(flag, os.environ.get(ENV), configured)
     if directory is None:
-        if configured and flag is not None:  # an explicit "off" also stops JAX's own cache
+        if configured:  # only an explicit --xla-cache-dir off gets here: JAX's cache off too
             jax.config.update("jax_enable_compilation_cache", False)
         log.info("XLA compilation cache off (%s)", source)
         return None
-    if source.startswith("jax.config") and flag is None:
+    if source == FROM_JAX:
         return directory  # the user's own JAX setting, as they made it
     try:
         if directory.exists() and not directory.is_dir():

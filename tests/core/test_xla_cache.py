@@ -14,14 +14,14 @@ import jax
 import pytest
 
 from jaxinfer import cli, xla_cache
-from jaxinfer.xla_cache import ENV, choose, default_dir, enable
+from jaxinfer.xla_cache import ENV, FROM_JAX, choose, default_dir, enable
 
 
 def test_choose_follows_the_documented_precedence(tmp_path, monkeypatch):
     f, e, c = str(tmp_path / "flag"), str(tmp_path / "env"), str(tmp_path / "jax")
     assert choose(f, e, c) == (Path(f), "--xla-cache-dir")  # the flag beats everything
     assert choose("off", e, c) == (None, "--xla-cache-dir")
-    assert choose(None, e, c) == (Path(c), "jax.config (JAX_COMPILATION_CACHE_DIR)")
+    assert choose(None, e, c) == (Path(c), FROM_JAX)
     assert choose(None, e, None) == (Path(e), f"${ENV}")
     assert choose(None, "OFF", None) == (None, f"${ENV}")
     assert choose(None, "", None) == (None, f"${ENV}")  # set but empty: off

@@ -142,9 +142,14 @@ class EngineThread:
         """Run ``fn(engine)`` in the engine thread between steps (tests, maintenance)."""
         self._inbox.put(("call", fn))
 
+    def request_stop(self) -> None:
+        """Ask the thread to abort what is left and end after its current step (any
+        thread; returns at once)."""
+        self._inbox.put(("stop", None))
+
     def stop(self, timeout: float | None = 10.0) -> None:
         """Abort what is left, end the thread and wait for it (at most ``timeout`` s)."""
-        self._inbox.put(("stop", None))
+        self.request_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long stop() waits for the engine thread to end its step: normally, and after stop_now()
+# (a second signal), where a program build in progress is not waited out.
+ENGINE_STOP_TIMEOUT_S = 10.0
+STOP_NOW_TIMEOUT_S = 1.0
+
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # "jaxinfer.v1.Inference"
 
 
@@ -118,6 +123,8 @@ class InferenceServer:
         self._server: grpc.aio.Server | None = None
         self._servicer: InferenceServicer | None = None
         self.warmup_seconds = 0.0
+        self._stopping_now = asyncio.Event()
+        self._pending: list[asyncio.Future] = []
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -163,16 +170,41 @@ class InferenceServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float | None = 30.0) -> None:
-        """Drain and stop: NOT_SERVING, no new RPCs, in-flight ones get ``grace`` seconds."""
+        """Drain and stop: NOT_SERVING, no new RPCs, in-flight ones get ``grace`` seconds;
+        then the engine thread gets up to ``ENGINE_STOP_TIMEOUT_S`` to end its step (one
+        that builds a program can take seconds), or ``STOP_NOW_TIMEOUT_S`` after
+        :meth:`stop_now`; a thread still busy then is left behind (a daemon) with a warning."""
         await self.health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
         if self.engine_thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.engine_thread.stop)
+            await self._join_engine_thread(self.engine_thread)
         if self._servicer is not None:
             self._servicer.close()
         self.metrics.close()
         unfreeze_gc_heap()
+
+    def stop_now(self) -> None:
+        """Cancel the in-flight RPCs (their requests are aborted) and cut the wait for the
+        engine thread to ``STOP_NOW_TIMEOUT_S``: the second SIGTERM / SIGINT of ``serve``.
+        Call it on the event loop while :meth:`stop` runs."""
+        self._stopping_now.set()
+        if self._server is not None:  # the smaller grace wins (grpc.aio Server.stop)
+            self._pending.append(asyncio.ensure_future(self._server.stop(None)))
+
+    async def _join_engine_thread(self, thread: EngineThread) -> None:
+        thread.request_stop()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        while thread.is_alive:
+            limit = STOP_NOW_TIMEOUT_S if self._stopping_now.is_set() else ENGINE_STOP_TIMEOUT_S
+            if loop.time() - t0 >= limit:
+                log.warning("the engine thread is still in a step after %.1f s (building a "
+                            "program?): not waiting for it", loop.time() - t0)
+                break
+            await asyncio.sleep(0.02)
+        if self._pending:
+            await asyncio.gather(*self._pending)
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:
@@ -199,19 +231,15 @@ async def serve(engine: LLMEngine, host: str, port: int, metrics_port: int | Non
     await stop.wait()
     print(f"jaxinfer: draining (up to {drain_timeout:g} s; signal again to stop now)",
           file=sys.stderr, flush=True)
-    pending: list[asyncio.Task] = []
 
     def stop_now() -> None:  # a second SIGINT / SIGTERM (used to be ignored until the end)
         print("jaxinfer: stopping now: in-flight requests are cancelled", file=sys.stderr,
               flush=True)
-        if server._server is not None:  # the smaller grace wins (grpc.aio Server.stop)
-            pending.append(asyncio.ensure_future(server._server.stop(None)))
+        server.stop_now()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_now)
     await server.stop(drain_timeout)
-    if pending:
-        await asyncio.gather(*pending)
     print("jaxinfer: stopped", file=sys.stderr, flush=True)
     return 0
 

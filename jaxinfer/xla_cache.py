@@ -28,6 +28,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from jaxinfer.cache_root import cache_root
+
 log = logging.getLogger(__name__)
 
 ENV = "JAXINFER_XLA_CACHE_DIR"
@@ -42,9 +44,9 @@ FROM_JAX = "jax.config (JAX_COMPILATION_CACHE_DIR)"  # choose()'s source for JAX
 
 
 def default_dir() -> Path:
-    """``$XDG_CACHE_HOME/jaxinfer/xla``, or ``~/.cache/jaxinfer/xla`` without the variable."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "jaxinfer" / "xla"
+    """``$XDG_CACHE_HOME/jaxinfer/xla``, or ``~/.cache/jaxinfer/xla`` without the variable
+    (:func:`jaxinfer.cache_root.cache_root`)."""
+    return cache_root() / "xla"
 
 
 def _dir_or_off(value: str) -> Path | None:

@@ -41,6 +41,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from jaxinfer.cache_root import cache_root
 from jaxinfer.config import ModelConfig
 from jaxinfer.loading.base import CheckpointError, LoadedModel, check_finite, np_dtype
 from jaxinfer.loading.converted_check import (
@@ -75,7 +76,8 @@ def checkpoint_dir() -> Path:
 
     ``$JAXINFER_CHECKPOINT_DIR`` if set; else ``<repo>/checkpoints`` when running from a source
     tree (a ``checkpoints/`` folder beside ``pyproject.toml``); else
-    ``~/.cache/jaxinfer/checkpoints``.
+    ``$XDG_CACHE_HOME/jaxinfer/checkpoints`` (``~/.cache/jaxinfer/checkpoints`` without the
+    variable; :func:`jaxinfer.cache_root.cache_root`).
     """
     env = os.environ.get("JAXINFER_CHECKPOINT_DIR")
     if env:
@@ -83,7 +85,7 @@ def checkpoint_dir() -> Path:
     repo = Path(__file__).resolve().parents[2]
     if (repo / "checkpoints").is_dir() and (repo / "pyproject.toml").is_file():
         return repo / "checkpoints"
-    return Path.home() / ".cache" / "jaxinfer" / "checkpoints"
+    return cache_root() / "checkpoints"
 
 
 def source_stamp(path: str | Path) -> dict[str, Any]:

@@ -96,3 +96,29 @@ def test_second_start_compiles_nothing(tmp_path):
     assert len(list(where.glob("*-cache"))) >= compiled  # written at the default location
     assert (where / ".lockfile").exists()  # a size cap (MAX_BYTES): LRU eviction, file lock
     assert _generate(env) == (0, compiled)  # the next start: every program from the cache
+
+
+def test_the_caches_share_one_root_that_follows_xdg_cache_home(tmp_path, monkeypatch):
+    """The XLA cache and the checkpoint store's fallback both live under cache_root():
+    $XDG_CACHE_HOME/jaxinfer (the fallback used to ignore the variable); a relative or empty
+    value is ignored, as the XDG specification says."""
+    from jaxinfer.cache_root import cache_root
+    from jaxinfer.loading import orbax_store
+
+    monkeypatch.delenv("JAXINFER_CHECKPOINT_DIR", raising=False)
+    # a module path outside a source tree, so checkpoint_dir() falls back to the cache
+    monkeypatch.setattr(orbax_store, "__file__", str(tmp_path / "site" / "pkg" / "m.py"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "jaxinfer"
+    assert default_dir() == tmp_path / "xdg" / "jaxinfer" / "xla"
+    assert orbax_store.checkpoint_dir() == tmp_path / "xdg" / "jaxinfer" / "checkpoints"
+    home = Path.home() / ".cache" / "jaxinfer"
+    for ignored in ("relative/dir", ""):
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert cache_root() == home
+        assert orbax_store.checkpoint_dir() == home / "checkpoints"
+    monkeypatch.setattr(orbax_store, "__file__", str(tmp_path / "repo" / "jaxinfer" / "loading"
+                                                     / "orbax_store.py"))
+    (tmp_path / "repo" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "repo" / "pyproject.toml").write_text("")
+    assert orbax_store.checkpoint_dir() == tmp_path / "repo" / "checkpoints"  # a source tree

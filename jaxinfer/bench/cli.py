@@ -117,7 +117,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     them from its workload (number of requests, lengths) unless given.
     """
     from jaxinfer.bench.records import RESULTS
-    from jaxinfer.cli import _add_engine_options
+    from jaxinfer.cli_options import _add_engine_options
 
     before = len(p._actions)
     _add_engine_options(p)

@@ -110,7 +110,7 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """``LLMEngine`` from the CLI's engine options; with a compile cache every program in it is
     loaded now. Returns (engine, {"load_s", "preload_s", "programs_preloaded", and the
     engine's start phases as "start_<phase>_s", see ``LLMEngine.start_seconds``})."""
-    from jaxinfer.cli import _engine_args
+    from jaxinfer.cli_options import _engine_args
     from jaxinfer.compile import preload
     from jaxinfer.engine import LLMEngine
 

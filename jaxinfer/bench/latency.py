@@ -25,7 +25,7 @@ from jaxinfer.bench.records import check_out_dir, make_record, write_run
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    from jaxinfer.cli import _ints as parse
+    from jaxinfer.cli_options import _ints as parse
 
     vals = parse(text)
     if not vals or min(vals) < 1:

@@ -52,7 +52,7 @@ def add_parser(sub: Any, add_common: Any) -> None:
 
 def _counts(text: str) -> tuple[int, ...]:
     """A comma list of integers (``cli._ints``; checked >= 1 by :func:`check_lengths`)."""
-    from jaxinfer.cli import _ints
+    from jaxinfer.cli_options import _ints
 
     return _ints(text)
 

@@ -43,7 +43,7 @@ def _add_if_missing(p: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
 
 def add_serve_parser(sub: Any) -> None:
     """Register ``jaxinfer serve`` on the CLI's subparsers."""
-    from jaxinfer.cli import _add_engine_options, _add_xla_cache_option
+    from jaxinfer.cli_options import _add_engine_options, _add_xla_cache_option
     from jaxinfer.serving import DEFAULT_PORT
 
     p = sub.add_parser("serve", help="serve the model over gRPC (jaxinfer.v1.Inference)")
@@ -90,7 +90,7 @@ def _warmup_mode(ns: argparse.Namespace) -> bool | str:
 def cmd_serve(ns: argparse.Namespace) -> int:
     import asyncio
 
-    from jaxinfer.cli import _engine_args, _xla_cache
+    from jaxinfer.cli_options import _engine_args, _xla_cache
     from jaxinfer.engine import LLMEngine
     from jaxinfer.serving.server import ServerError, check_port_free, serve
 

@@ -226,5 +226,5 @@ def test_a_second_signal_stops_at_once_instead_of_draining(long_step):
             assert engine_thread.is_alive
     finally:
         building.set()
-    engine_thread._thread.join(30)  # then it takes the stop request
+    engine_thread._thread.join(90)  # then it takes the stop request (after its step)
     assert not engine_thread.is_alive

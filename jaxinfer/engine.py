@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxinfer import engine_logits, engine_outputs, engine_slots, prompts
+from jaxinfer import engine_logits, engine_outputs, engine_slots, kv_pages_memo, prompts
 from jaxinfer.batch import SlotTable, StepInputs, build_step
 from jaxinfer.config import ConfigError, ModelConfig
 from jaxinfer.engine_async import plan_next_decode
@@ -142,6 +142,8 @@ class LLMEngine:
         jax.block_until_ready(nnx.state(net))
         t2 = time.perf_counter()
         self.kv_sizing = size_for_engine(net, cfg, ec, self.dtype)  # pages from memory
+        # the same count on every start where the XLA cache keeps the programs
+        self.kv_sizing = kv_pages_memo.stabilize(self.kv_sizing, cfg, ec)
         self.runner = ModelRunner(net, num_pages=self.kv_sizing.num_pages,
                                   page_size=ec.block_size,
                                   attention=get_backend(ec.attention_backend),

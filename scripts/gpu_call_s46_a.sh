@@ -5,6 +5,8 @@
 # with `-v` (one line per program: compiled / loaded and its seconds) and JAX's compiler
 # logging (PERSISTENT COMPILATION CACHE MISS / hit, per module); Gemma 3 started three
 # times (a miss on the third start too means a cache key that changes between processes).
+# Its H100 run (RESULTS, session 46) found the 8B's pool sized 45,529 then 45,601 pages; run
+# again after jaxinfer/kv_pages_memo.py, the 8B's second start should compile nothing.
 #   OUT=... bash scripts/gpu_call_s46_a.sh
 set -u
 # shellcheck source=scripts/gpu_call_lib.sh

@@ -301,8 +301,12 @@ class GrammarMatchers:
         allowed, e.g. only EOS while ``min_tokens`` masked it)."""
         m = self._matcher(seq)
         if not m.consume_token(int(token)):
-            log.warning("request %s: token %d does not match its structured_outputs grammar: "
-                        "%s", seq.seq_id, token, _short_error(m.get_error()))
+            # a token the grammar refuses, or the grammar itself failing on it (llguidance
+            # builds a regex lazily: `a{1000000}` passes check() and fails here, "lexer
+            # error: too many expressions constructed")
+            log.warning("request %s: its structured_outputs grammar ends the output at token "
+                        "%d (finish_reason abort): %s", seq.seq_id, token,
+                        _short_error(m.get_error()))
             return "rejected"
         return "stop" if m.is_stopped() else None
 

@@ -8,4 +8,6 @@ export JAX_PLATFORMS=cpu
 # keeps each module on one worker, so module-scoped fixtures are built once and the modules
 # that convert a real model into checkpoints/ never race on it. JAXINFER_TEST_WORKERS=0 runs
 # in-process (pdb, -s); extra args go after ours, so "-n N" there wins too.
-exec .venv/bin/python -m pytest -q -n "${JAXINFER_TEST_WORKERS:-2}" --dist loadscope "$@"
+# --durations: the 30 slowest tests at the end of the log, for the next trim (~30 min budget).
+exec .venv/bin/python -m pytest -q -n "${JAXINFER_TEST_WORKERS:-2}" --dist loadscope \
+  --durations=30 "$@"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 
 def cache_root() -> Path:
-    """``$XDG_CACHE_HOME/jaxinfer``; ``~/.cache/jaxinfer`` where the variable is unset, empty
-    or relative (the specification: "a relative path ... should be considered invalid and
-    ignored"). Nothing is created here."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    """``$XDG_CACHE_HOME/jaxinfer`` (a leading ``~`` expanded, as before this helper);
+    ``~/.cache/jaxinfer`` where the variable is unset, empty or relative (the specification:
+    "a relative path ... should be considered invalid and ignored"). Nothing is created."""
+    xdg = Path(os.environ.get("XDG_CACHE_HOME", "")).expanduser()  # "" -> Path(".")
+    base = xdg if xdg.is_absolute() else Path.home() / ".cache"
     return base / "jaxinfer"

@@ -47,7 +47,8 @@ def _add_xla_cache_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--xla-cache-dir", default=None, metavar="DIR",
                    help="JAX's persistent compilation cache: programs compiled once are "
                         "reused at the next start ('off' turns it off; default "
-                        "$JAXINFER_XLA_CACHE_DIR, else ~/.cache/jaxinfer/xla)")
+                        "$JAXINFER_XLA_CACHE_DIR, else $XDG_CACHE_HOME/jaxinfer/xla or "
+                        "~/.cache/jaxinfer/xla)")
 
 
 def _xla_cache(ns: argparse.Namespace) -> None:

@@ -6,13 +6,17 @@ command: Llama-3.1-8B FP8 on an H100 found 8.79 GiB in use on its first start an
 its second, so 45,529 then 45,601 pages of 1 MiB, and the second start compiled its prefill and
 decode programs again instead of loading them (session 46, scripts/gpu_call_s46_a.sh).
 
-So where the XLA cache is on (``jax_compilation_cache_dir``) and the pool is sized from device
-memory, the first start takes ``SLACK`` fewer pages than fit and records the count in
-``<cache dir>/jaxinfer-kv-pages.json`` under a key of everything else that shapes the pool (model
-and engine configuration, KV dtype, device kind, XLA's memory limit, jax version); a later start
-adopts the recorded count where it still fits and is at most ``ADOPT_WITHIN`` below what fits
-now (a start with much more room sizes afresh). An explicit ``num_kv_pages``, a compile cache
-(which fixes the count itself) and the CPU (sized from ``max_num_seqs``) are left as they are.
+So where the XLA cache is on (``jax_compilation_cache_dir`` on a local disk, and
+``jax_enable_compilation_cache``) and the pool is sized from device memory, the first start
+takes ``SLACK`` fewer pages than fit and records the count in
+``<cache dir>/jaxinfer-kv-pages.json`` under a key of what shapes a page and the memory (model
+configuration, KV dtype and page, device kind, XLA's memory limit, jax version); a later start
+adopts a recorded count where it still fits and is at most ``ADOPT_WITHIN`` below what fits now
+(a start with much more room sizes afresh). Any such count is a valid pool for any engine
+configuration, so the key leaves the engine's out, and up to ``KEEP`` counts are kept a key:
+two engines in one process (the second sees the first's pool in use) or two bucket sets with
+different activations each find theirs. An explicit ``num_kv_pages``, a compile cache (which
+fixes the count itself) and the CPU (sized from ``max_num_seqs``) are left as they are.
 vLLM needs none of this: its compiled graphs do not hold the block count.
 """
 
@@ -35,29 +39,43 @@ log = logging.getLogger(__name__)
 MEMO_FILE = "jaxinfer-kv-pages.json"
 SLACK = 0.005  # the first start leaves this fraction of the pages that fit (0.2 GiB of 45 GiB)
 ADOPT_WITHIN = 0.02  # a recorded count this fraction or less below what fits now is adopted
+KEEP = 8  # counts kept a key, the latest last
 
 
-def memo_key(model_config: Any, engine_config: Any, sizing: KVSizing, device_kind: str,
-             bytes_limit: int, jax_version: str) -> str:
-    """A hex digest of what fixes the pool's size apart from free memory (dataclass configs
-    as their fields; ``num_kv_pages`` is None here: the memo serves memory-sized pools)."""
+def memo_key(model_config: Any, sizing: KVSizing, device_kind: str, bytes_limit: int,
+             jax_version: str) -> str:
+    """A hex digest of what fixes a page's bytes and the memory the pool comes from (the
+    model configuration as its dataclass fields; not the engine's: module docstring)."""
     fields = {"model": dataclasses.asdict(model_config),
-              "engine": dataclasses.asdict(engine_config),
               "kv": [sizing.kv_dtype, sizing.page_size, sizing.page_bytes, sizing.scale_bytes],
               "device": [device_kind, int(bytes_limit)], "jax": jax_version}
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _counts(record: Any) -> list[int]:
+    """The page counts of one record: a list of ints (an int alone also read); others
+    ignored (bools, floats, strings: a memo edited by hand)."""
+    items = record if isinstance(record, list) else [record]
+    return [r for r in items if isinstance(r, int) and not isinstance(r, bool)]
+
+
 def choose_pages(records: dict[str, Any], key: str, fit: int, need: int) -> tuple[int, bool]:
-    """``(pages, adopted)``: the recorded count under ``key`` where ``need <= it <= fit`` and
-    ``it >= fit * (1 - ADOPT_WITHIN)``; else ``fit`` less ``SLACK`` (at least ``need``, the
-    pages one ``max_model_len`` sequence needs, and at most ``fit``), which the caller records."""
-    rec = records.get(key)
-    if (isinstance(rec, int) and not isinstance(rec, bool) and need <= rec <= fit
-            and rec >= fit * (1 - ADOPT_WITHIN)):
-        return rec, True
+    """``(pages, adopted)``: the largest count recorded under ``key`` with ``need <= it <=
+    fit`` and ``it >= fit * (1 - ADOPT_WITHIN)``; else ``fit`` less ``SLACK`` (at least
+    ``need``, the pages one ``max_model_len`` sequence needs, at most ``fit``), which the
+    caller records (:func:`remember`)."""
+    ok = [r for r in _counts(records.get(key)) if need <= r <= fit
+          and r >= fit * (1 - ADOPT_WITHIN)]
+    if ok:
+        return max(ok), True
     return min(fit, max(need, fit - int(fit * SLACK))), False
+
+
+def remember(records: dict[str, Any], key: str, pages: int) -> None:
+    """Add ``pages`` to ``key``'s counts (the latest last; the oldest beyond ``KEEP`` go)."""
+    counts = [r for r in _counts(records.get(key)) if r != pages] + [pages]
+    records[key] = counts[-KEEP:]
 
 
 def read_records(path: Path) -> dict[str, Any]:
@@ -73,6 +91,7 @@ def read_records(path: Path) -> dict[str, Any]:
 def write_records(path: Path, records: dict[str, Any]) -> None:
     """Replace the memo atomically (a temporary file renamed over it: two starts writing at
     once leave one of their versions, never a torn file); an OSError is logged, not raised."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".kv-pages-", dir=path.parent)
@@ -81,13 +100,24 @@ def write_records(path: Path, records: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except OSError as e:
         log.info("KV page memo %s not written: %s", path, e)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def cache_directory() -> str | None:
-    """JAX's persistent compilation cache directory in this process (None: the cache is off)."""
+    """JAX's persistent compilation cache directory in this process, where it is on and on a
+    local disk (None otherwise: off, or a ``gs://`` URL, where the memo is not kept)."""
     import jax
 
-    return jax.config.jax_compilation_cache_dir or None
+    return usable_directory(jax.config.jax_compilation_cache_dir,
+                            jax.config.jax_enable_compilation_cache)
+
+
+def usable_directory(directory: str | None, enabled: bool) -> str | None:
+    """``directory`` where the cache is ``enabled`` and it is a local path, else None."""
+    if not directory or not enabled or "://" in directory:
+        return None
+    return directory
 
 
 def stabilize(sizing: KVSizing, model_config: Any, engine_config: Any) -> KVSizing:
@@ -100,14 +130,14 @@ def stabilize(sizing: KVSizing, model_config: Any, engine_config: Any) -> KVSizi
     if sizing.source != "device memory" or not directory:
         return sizing
     stats = kv_sizing.device_memory_stats() or {}  # the sizing's source (tests fake it)
-    key = memo_key(model_config, engine_config, sizing, jax.devices()[0].device_kind,
+    key = memo_key(model_config, sizing, jax.devices()[0].device_kind,
                    stats.get("bytes_limit", 0), jax.__version__)
     path = Path(directory) / MEMO_FILE
     records = read_records(path)
     need = engine_config.max_pages_per_seq + 1
     pages, adopted = choose_pages(records, key, sizing.num_pages, need)
     if not adopted:
-        records[key] = pages
+        remember(records, key, pages)
         write_records(path, records)
     note = (f"{pages - 1} as an earlier start, for its cached programs; {sizing.num_pages - 1} "
             f"fit" if adopted else f"{sizing.num_pages - 1} fit, {SLACK:.1%} left so that later "

@@ -179,6 +179,8 @@ class InferenceServer:
             await self._server.stop(grace)
         if self.engine_thread is not None:
             await self._join_engine_thread(self.engine_thread)
+        if self._pending:  # stop_now's cancelling stop()
+            await asyncio.gather(*self._pending)
         if self._servicer is not None:
             self._servicer.close()
         self.metrics.close()
@@ -203,8 +205,6 @@ class InferenceServer:
                             "program?): not waiting for it", loop.time() - t0)
                 break
             await asyncio.sleep(0.02)
-        if self._pending:
-            await asyncio.gather(*self._pending)
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:

@@ -10,10 +10,13 @@ import pytest
 from jaxinfer import kv_pages_memo, kv_sizing
 from jaxinfer.kv_pages_memo import (
     ADOPT_WITHIN,
+    KEEP,
     MEMO_FILE,
     SLACK,
     choose_pages,
     read_records,
+    remember,
+    usable_directory,
     write_records,
 )
 
@@ -31,8 +34,35 @@ def test_choose_pages_adopts_a_close_record_that_fits():
     assert choose_pages({"k": first}, "k", roomy, need=257)[1] is False
     # Other keys, and records that are not counts, are not used.
     assert choose_pages({"other": first}, "k", 45_529, need=257)[1] is False
-    for bad in (True, "45302", 45_302.0, None, [45_302]):
+    for bad in (True, "45302", 45_302.0, None, [45_302.0], {"a": 45_302}):
         assert choose_pages({"k": bad}, "k", 45_529, need=257) == (45_302, False)
+
+
+def test_several_counts_a_key_each_engine_finds_its_own():
+    """Two engines in one process: the second sees the first's pool in use, so fits far
+    fewer pages; both counts are kept and each start adopts the one near its own fit."""
+    records: dict = {}
+    remember(records, "k", 45_302)
+    remember(records, "k", 2_000)
+    assert records["k"] == [45_302, 2_000]
+    assert choose_pages(records, "k", 45_529, need=257) == (45_302, True)
+    assert choose_pages(records, "k", 2_010, need=257) == (2_000, True)
+    remember(records, "k", 45_302)  # known again: moved to the end, not doubled
+    assert records["k"] == [2_000, 45_302]
+    for n in range(20):
+        remember(records, "k", 10_000 + n)
+    assert records["k"] == list(range(10_020 - KEEP, 10_020))  # the latest KEEP
+    records["k"] = [45_100, 45_302, "x"]  # the largest that fits wins
+    assert choose_pages(records, "k", 45_400, need=257) == (45_302, True)
+    # a memo written with one int per key (before lists) is read too
+    assert choose_pages({"old": 45_302}, "old", 45_400, need=257) == (45_302, True)
+
+
+def test_the_memo_is_kept_only_in_a_local_cache_that_is_on():
+    assert usable_directory("/c/xla", True) == "/c/xla"
+    assert usable_directory("/c/xla", False) is None  # --xla-cache-dir off left the dir set
+    assert usable_directory("gs://bucket/xla", True) is None  # not a local path
+    assert usable_directory(None, True) is None and usable_directory("", True) is None
 
 
 def test_choose_pages_never_goes_below_one_sequence_nor_above_the_fit():
@@ -53,7 +83,19 @@ def test_records_round_trip_and_damage_costs_nothing(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     write_records(blocker / MEMO_FILE, {"a": 1})  # cannot be written: logged, not raised
-    assert not list(path.parent.glob(".kv-pages-*"))  # no temporary left behind
+
+
+def test_a_failed_write_leaves_the_memo_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / MEMO_FILE
+    write_records(path, {"a": [1]})
+
+    def fail(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kv_pages_memo.os, "replace", fail)
+    write_records(path, {"a": [2]})  # logged, not raised
+    assert read_records(path) == {"a": [1]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MEMO_FILE]
 
 
 @pytest.mark.parametrize("cache_on", [True, False])
@@ -91,7 +133,7 @@ def test_engines_on_a_device_keep_the_first_starts_pool(tmp_path, monkeypatch, c
     if cache_on:
         assert pools[0] == pools[1] == pools[2] and pools[0] > 1000
         memo = json.loads((tmp_path / MEMO_FILE).read_text())
-        assert list(memo.values()) == [pools[0]]
+        assert list(memo.values()) == [[pools[0]]]
     else:
         assert pools[1] == pools[0] + 3 and pools[2] == pools[0] - 2
         assert not (tmp_path / MEMO_FILE).exists()

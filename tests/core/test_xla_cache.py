@@ -113,6 +113,8 @@ def test_the_caches_share_one_root_that_follows_xdg_cache_home(tmp_path, monkeyp
     assert default_dir() == tmp_path / "xdg" / "jaxinfer" / "xla"
     assert orbax_store.checkpoint_dir() == tmp_path / "xdg" / "jaxinfer" / "checkpoints"
     home = Path.home() / ".cache" / "jaxinfer"
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")  # expanded, as the XLA cache did before
+    assert cache_root() == Path.home() / "xdg" / "jaxinfer"
     for ignored in ("relative/dir", ""):
         monkeypatch.setenv("XDG_CACHE_HOME", ignored)
         assert cache_root() == home

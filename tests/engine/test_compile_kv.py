@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxinfer import cli, kv_sizing
+from jaxinfer import cli, kv_pages_memo, kv_sizing
 from jaxinfer.compile_kv import (
     abstract_net,
     estimate_activation_bytes,
@@ -118,8 +118,10 @@ def test_device_memory_limits_the_pool_as_the_engine_would(monkeypatch):
     assert (s.num_pages, s.source) == (6, "device memory")
     assert s.weights_bytes == weights + 2**20 and s.activation_bytes == act
     assert "from the parameter shapes" in s.describe(64)
-    # The engine on the same device, weights loaded: bytes_in_use = 1 MiB + its weights.
+    # The engine on the same device, weights loaded: bytes_in_use = 1 MiB + its weights
+    # (without the XLA cache: the suite's is on, and would keep a page count in its memo).
     _fake_device(monkeypatch, limit, 2**20 + weights)
+    monkeypatch.setattr(kv_pages_memo, "cache_directory", lambda: None)
     engine = LLMEngine(MODEL, **ENGINE)
     assert (engine.kv_sizing.num_pages, engine.kv_sizing.activation_bytes) == (6, act)
     # Ample memory: max_num_seqs full sequences.

@@ -263,17 +263,16 @@ def compile_bucket_set(model_config: ModelConfig, ec: EngineConfig, programs: li
     The manifest is rewritten after every program, so an interrupted run keeps what it
     finished. ``phases`` logs the steps (see :class:`PhaseLog`).
     """
-    import jax
     from tqdm.auto import tqdm
 
     from jaxinfer.compile_cache import ProgramStore, fingerprint
+    from jaxinfer.xla_cache import active_dir
 
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     t_start = time.perf_counter()
     phases = pool.phases if pool is not None else phases or PhaseLog()
-    persistent = (jax.config.jax_compilation_cache_dir is not None
-                  and jax.config.jax_enable_compilation_cache)
+    persistent = active_dir() is not None  # JAX's persistent cache is on
     if pool is None and programs and (jobs > 1 or persistent):
         pool = CompilePool(min(jobs, len(programs)), phases)
     try:

@@ -105,19 +105,17 @@ def write_records(path: Path, records: dict[str, Any]) -> None:
 
 
 def cache_directory() -> str | None:
-    """JAX's persistent compilation cache directory in this process, where it is on and on a
-    local disk (None otherwise: off, or a ``gs://`` URL, where the memo is not kept)."""
-    import jax
+    """JAX's persistent compilation cache directory in this process, where it is on
+    (``xla_cache.active_dir``) and on a local disk (None otherwise: off, or a ``gs://`` URL,
+    where the memo is not kept)."""
+    from jaxinfer.xla_cache import active_dir
 
-    return usable_directory(jax.config.jax_compilation_cache_dir,
-                            jax.config.jax_enable_compilation_cache)
+    return local_directory(active_dir())
 
 
-def usable_directory(directory: str | None, enabled: bool) -> str | None:
-    """``directory`` where the cache is ``enabled`` and it is a local path, else None."""
-    if not directory or not enabled or "://" in directory:
-        return None
-    return directory
+def local_directory(directory: str | None) -> str | None:
+    """``directory`` where it is a local path, else None (none, empty, or a URL)."""
+    return directory if directory and "://" not in directory else None
 
 
 def stabilize(sizing: KVSizing, model_config: Any, engine_config: Any) -> KVSizing:

@@ -77,6 +77,17 @@ def _jax_cache_dir() -> str | None:
     return jax.config.jax_compilation_cache_dir
 
 
+def active_dir() -> str | None:
+    """JAX's persistent cache directory where the cache is on in this process (a directory
+    set and ``jax_enable_compilation_cache``, as JAX's own ``is_persistent_cache_enabled``);
+    None otherwise."""
+    import jax
+
+    directory = _jax_cache_dir()
+    return directory if directory is not None and jax.config.jax_enable_compilation_cache \
+        else None
+
+
 def enable(flag: str | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache where :func:`choose` says; returns the
     directory, or None when it is off or the default location cannot be written (a warning

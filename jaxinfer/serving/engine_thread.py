@@ -144,14 +144,8 @@ class EngineThread:
 
     def request_stop(self) -> None:
         """Ask the thread to abort what is left and end after its current step (any
-        thread; returns at once)."""
+        thread; returns at once; ``InferenceServer.stop`` waits for it, bounded)."""
         self._inbox.put(("stop", None))
-
-    def stop(self, timeout: float | None = 10.0) -> None:
-        """Abort what is left, end the thread and wait for it (at most ``timeout`` s)."""
-        self.request_stop()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     @property
     def is_alive(self) -> bool:

@@ -123,7 +123,7 @@ class InferenceServer:
         self._server: grpc.aio.Server | None = None
         self._servicer: InferenceServicer | None = None
         self.warmup_seconds = 0.0
-        self._stopping_now = asyncio.Event()
+        self._stopping_now = False
         self._pending: list[asyncio.Future] = []
 
     async def start(self) -> None:
@@ -190,7 +190,7 @@ class InferenceServer:
         """Cancel the in-flight RPCs (their requests are aborted) and cut the wait for the
         engine thread to ``STOP_NOW_TIMEOUT_S``: the second SIGTERM / SIGINT of ``serve``.
         Call it on the event loop while :meth:`stop` runs."""
-        self._stopping_now.set()
+        self._stopping_now = True
         if self._server is not None:  # the smaller grace wins (grpc.aio Server.stop)
             self._pending.append(asyncio.ensure_future(self._server.stop(None)))
 
@@ -199,7 +199,7 @@ class InferenceServer:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         while thread.is_alive:
-            limit = STOP_NOW_TIMEOUT_S if self._stopping_now.is_set() else ENGINE_STOP_TIMEOUT_S
+            limit = STOP_NOW_TIMEOUT_S if self._stopping_now else ENGINE_STOP_TIMEOUT_S
             if loop.time() - t0 >= limit:
                 log.warning("the engine thread is still in a step after %.1f s (building a "
                             "program?): not waiting for it", loop.time() - t0)

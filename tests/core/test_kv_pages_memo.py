@@ -14,9 +14,9 @@ from jaxinfer.kv_pages_memo import (
     MEMO_FILE,
     SLACK,
     choose_pages,
+    local_directory,
     read_records,
     remember,
-    usable_directory,
     write_records,
 )
 
@@ -59,10 +59,19 @@ def test_several_counts_a_key_each_engine_finds_its_own():
 
 
 def test_the_memo_is_kept_only_in_a_local_cache_that_is_on():
-    assert usable_directory("/c/xla", True) == "/c/xla"
-    assert usable_directory("/c/xla", False) is None  # --xla-cache-dir off left the dir set
-    assert usable_directory("gs://bucket/xla", True) is None  # not a local path
-    assert usable_directory(None, True) is None and usable_directory("", True) is None
+    import jax
+
+    assert local_directory("/c/xla") == "/c/xla"
+    assert local_directory("gs://bucket/xla") is None  # not a local path
+    assert local_directory(None) is None and local_directory("") is None
+    suite = jax.config.jax_compilation_cache_dir  # the suite's cache (conftest): on
+    assert kv_pages_memo.cache_directory() == suite
+    enabled = jax.config.jax_enable_compilation_cache
+    try:  # --xla-cache-dir off with a directory left set: off
+        jax.config.update("jax_enable_compilation_cache", False)
+        assert kv_pages_memo.cache_directory() is None
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
 
 
 def test_choose_pages_never_goes_below_one_sequence_nor_above_the_fit():
